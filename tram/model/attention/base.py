@@ -1,0 +1,54 @@
+"""The seam between the model runner and attention kernels.
+
+The runner builds one `AttentionMetadata` per step for a flattened variable-length batch:
+request i owns query tokens [query_start_loc[i], query_start_loc[i+1]) of the step; its context
+(cached prefix + this step's tokens) is seq_lens[i] tokens long, stored in the blocks listed in
+block_tables[i]. Query tokens of a request are the last query_len positions of its context, so
+token j of request i sits at absolute position seq_lens[i] - query_len_i + j and attends causally
+to every context position <= its own.
+
+KV cache layout, one tensor per layer: [2, num_blocks, block_size, num_kv_heads, head_dim]
+(index 0 = keys, 1 = values). A token's slot is block_id * block_size + offset.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    num_tokens: int  # T: tokens in the flattened batch
+    slot_mapping: torch.Tensor  # [T] int64, where each new token's K/V goes
+    query_start_loc: torch.Tensor  # [B+1] int32, cumulative query lengths
+    seq_lens: torch.Tensor  # [B] int32, context length including this step's tokens
+    block_tables: torch.Tensor  # [B, max_blocks_per_seq] int32, padded with 0
+    # Host-side copies so CPU backends can plan without device syncs.
+    query_lens_list: list[int]
+    seq_lens_list: list[int]
+    max_query_len: int
+    max_seq_len: int
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.seq_lens_list)
+
+
+class AttentionBackend(Protocol):
+    """Writes the step's new K/V into the paged cache, then attends over the cache."""
+
+    name: str
+
+    def forward(
+        self,
+        query: torch.Tensor,  # [T, num_heads, head_dim]
+        key: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        value: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        meta: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor:  # [T, num_heads, head_dim]
+        ...
