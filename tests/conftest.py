@@ -1,0 +1,71 @@
+"""Shared fixtures: the real stories260K model, the transformers oracle, and the leak check that
+runs after every engine workload."""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import pytest
+import torch
+
+from tram import LLM
+from tram.engine.llm_engine import LLMEngine
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+STORIES = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models", "stories260K"))
+STORIES_EOS = [2, 1]
+
+
+def assert_no_leak(engine: LLMEngine) -> None:
+    """After a workload every block is free or cached, and nothing is left in the scheduler."""
+    counts = engine.check_kv_integrity()
+    assert counts["in_use"] == 0, counts
+    assert not engine.engine_core.scheduler.requests
+    assert not engine.engine_core.scheduler.running and not engine.engine_core.scheduler.waiting
+    assert not engine.has_unfinished_requests()
+
+
+@pytest.fixture(scope="session")
+def stories_path() -> str:
+    assert os.path.isdir(STORIES), f"test model missing: {STORIES}"
+    return STORIES
+
+
+@pytest.fixture(scope="session")
+def stories_llm(stories_path: str) -> LLM:
+    return LLM(stories_path, max_num_seqs=64)
+
+
+@pytest.fixture
+def llm(stories_llm: LLM):
+    """The shared stories260K LLM; its block pool is checked for leaks after each test."""
+    yield stories_llm
+    assert_no_leak(stories_llm.llm_engine)
+
+
+@lru_cache(maxsize=8)
+def hf_model(path: str):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    return model.eval()
+
+
+def hf_greedy(path: str, prompt_ids: list[int], max_new_tokens: int, eos: list[int] | None) -> list[int]:
+    """transformers' greedy continuation: the oracle, including the stop token if one ended it."""
+    model = hf_model(path)
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False,
+            eos_token_id=eos, pad_token_id=0, attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+        )
+    return out[0, len(prompt_ids):].tolist()
+
+
+def hf_logprobs(path: str, token_ids: list[int]) -> torch.Tensor:
+    """log_softmax of transformers' logits at every position: [len, vocab]."""
+    model = hf_model(path)
+    with torch.no_grad():
+        logits = model(torch.tensor([token_ids])).logits[0].float()
+    return torch.log_softmax(logits, dim=-1)

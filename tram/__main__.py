@@ -1,0 +1,5 @@
+import sys
+
+from tram.entrypoints.cli import main
+
+sys.exit(main())

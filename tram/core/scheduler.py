@@ -1,0 +1,203 @@
+"""Iteration-level scheduler: every step, hand out a token budget so computed counts catch up.
+
+Running requests go first (in admission order), then waiting ones in arrival order. A prompt
+longer than the remaining budget is chunked across steps, so decodes never starve. When the KV
+cache runs out, the newest running request is preempted by recompute: its blocks are freed and
+it goes back to the front of the waiting queue with its output kept.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from tram.core.config import CacheConfig, SchedulerConfig
+from tram.core.kv_cache_manager import KVCacheManager
+from tram.core.outputs import EngineCoreOutput, EngineCoreOutputs, ModelRunnerOutput, SchedulerStats
+from tram.core.request import Request, RequestStatus
+from tram.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+
+
+class Scheduler:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
+        self.config = scheduler_config
+        self.block_size = cache_config.block_size
+        self.kv_cache_manager = KVCacheManager(
+            cache_config.num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
+        )
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        # Ids finished since the last schedule(): the worker drops their state.
+        self.finished_req_ids: set[str] = set()
+        self.num_preemptions = 0
+
+    # ---- requests in and out -------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_requests(self, request_ids: list[str], status: RequestStatus) -> list[Request]:
+        """End requests from outside the step (abort, stop string); unknown ids are ignored."""
+        done = []
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is None or req.status.is_finished:
+                continue
+            if req.status == RequestStatus.RUNNING:
+                self.running.remove(req)
+            else:
+                self.waiting.remove(req)
+            self._free(req, status)
+            done.append(req)
+        return done
+
+    def _free(self, req: Request, status: RequestStatus) -> None:
+        req.status = status
+        req.prefix_source = None
+        self.kv_cache_manager.free(req)
+        del self.requests[req.request_id]
+        self.finished_req_ids.add(req.request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # ---- one step ------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput(finished_req_ids=self.finished_req_ids)
+        self.finished_req_ids = set()
+        budget = self.config.max_num_batched_tokens
+        budget, preempted = self._schedule_running(out, budget)
+        if not preempted:
+            self._schedule_waiting(out, budget)
+        for rid, n in out.num_scheduled_tokens.items():
+            self.requests[rid].num_computed_tokens += n
+        out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens.values())
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> tuple[int, bool]:
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            assert num_new > 0, f"running request with nothing to compute: {req}"
+            new_blocks = self.kv_cache_manager.allocate_slots(req, num_new)
+            while new_blocks is None:
+                victim = self.running.pop()  # newest first; never one already scheduled
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+                new_blocks = self.kv_cache_manager.allocate_slots(req, num_new)
+            if new_blocks is None:
+                break
+            out.scheduled_cached_reqs.append(
+                CachedRequestData(req.request_id, [b.block_id for b in new_blocks], req.num_computed_tokens)
+            )
+            out.num_scheduled_tokens[req.request_id] = num_new
+            budget -= num_new
+            i += 1
+        return budget, preempted
+
+    def _preempt(self, req: Request) -> None:
+        self.kv_cache_manager.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        deferred: list[Request] = []
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            if self._waits_for_sibling(req):
+                deferred.append(self.waiting.popleft())
+                continue
+            computed_blocks, num_hit = self._find_computed_blocks(req)
+            num_new = min(req.num_tokens - num_hit, budget)
+            new_blocks = self.kv_cache_manager.allocate_slots(req, num_new, computed_blocks)
+            if new_blocks is None:
+                break
+            self.waiting.popleft()
+            resumed = req.status == RequestStatus.PREEMPTED
+            req.status = RequestStatus.RUNNING
+            req.prefix_source = None
+            req.num_computed_tokens = num_hit
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_hit
+            self.running.append(req)
+            block_ids = self.kv_cache_manager.get_block_ids(req.request_id)
+            if resumed:
+                out.scheduled_cached_reqs.append(CachedRequestData(req.request_id, block_ids, num_hit, True))
+            else:
+                out.scheduled_new_reqs.append(
+                    NewRequestData(
+                        req.request_id, req.prompt_token_ids, req.sampling_params, block_ids, num_hit,
+                        self._sampler_stop_ids(req),
+                    )
+                )
+            out.num_scheduled_tokens[req.request_id] = num_new
+            budget -= num_new
+        self.waiting.extendleft(reversed(deferred))
+
+    def _waits_for_sibling(self, req: Request) -> bool:
+        """An n > 1 sample waits until its sibling has computed the shared prompt."""
+        src = req.prefix_source
+        if src is None:
+            return False
+        if src.status == RequestStatus.RUNNING and src.num_computed_tokens < src.num_prompt_tokens:
+            return True
+        if src.status != RequestStatus.RUNNING:
+            req.prefix_source = None  # sibling gone or preempted: fall back to the prefix cache
+        return False
+
+    def _find_computed_blocks(self, req: Request):
+        if req.prefix_source is not None:
+            return self.kv_cache_manager.get_shared_prefix_blocks(req, req.prefix_source)
+        return self.kv_cache_manager.get_computed_blocks(req)
+
+    @staticmethod
+    def _sampler_stop_ids(req: Request) -> frozenset[int]:
+        eos = frozenset() if req.eos_token_id is None else frozenset((req.eos_token_id,))
+        return req.stop_token_ids | eos
+
+    # ---- after the step -------------------------------------------------------------------
+    def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> EngineCoreOutputs:
+        outputs: list[EngineCoreOutput] = []
+        for rid in sched.num_scheduled_tokens:
+            req = self.requests.get(rid)
+            if req is None:  # finished from outside while the step ran
+                continue
+            token = result.sampled_token_ids.get(rid)
+            prompt_lp = result.prompt_logprobs.get(rid)
+            if token is None:
+                if prompt_lp is not None:
+                    outputs.append(EngineCoreOutput(rid, [], new_prompt_logprobs=prompt_lp))
+                continue
+            req.append_output_token(token)
+            status = req.check_stop()
+            out = EngineCoreOutput(
+                rid, [token], new_logprobs=result.logprobs.get(rid), new_prompt_logprobs=prompt_lp,
+                num_cached_tokens=max(req.num_cached_tokens, 0),
+            )
+            if status is not None:
+                self.running.remove(req)
+                self._free(req, status)
+                out.finish_reason = status.finish_reason
+                out.stop_reason = req.stop_reason
+            outputs.append(out)
+        return EngineCoreOutputs(outputs, self.make_stats(sched.total_num_scheduled_tokens))
+
+    def make_stats(self, num_scheduled_tokens: int = 0) -> SchedulerStats:
+        kv = self.kv_cache_manager
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=kv.usage(),
+            prefix_cache_queries=kv.prefix_cache_queries,
+            prefix_cache_hits=kv.prefix_cache_hits,
+            num_preemptions=self.num_preemptions,
+            num_scheduled_tokens=num_scheduled_tokens,
+        )

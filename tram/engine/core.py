@@ -1,0 +1,96 @@
+"""The engine core: schedule -> execute -> update, over token ids only.
+
+It runs in-process under the offline `LLM` and, for the server, in its own process behind ZMQ;
+that is why its inputs and outputs are msgspec structs.
+"""
+from __future__ import annotations
+
+import logging
+
+import msgspec
+import torch
+
+from tram.core.outputs import EngineCoreOutputs, SchedulerStats
+from tram.core.request import Request, RequestStatus
+from tram.core.scheduler import Scheduler
+from tram.engine.arg_utils import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
+from tram.sampling_params import SamplingParams
+from tram.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCoreRequest(msgspec.Struct, omit_defaults=True):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: list[int]  # the tokenizer's eos first, then other ids that end generation
+    arrival_time: float
+    prefix_source_id: str | None = None  # a sibling (n > 1) whose prompt KV to share
+
+
+def determine_num_blocks(config: EngineConfig, bytes_per_block: int) -> int:
+    """Blocks from an explicit count, else from a memory budget."""
+    if config.num_gpu_blocks_override is not None:
+        return config.num_gpu_blocks_override
+    mc, sc, cc = config.model_config, config.scheduler_config, config.cache_config
+    if config.kv_cache_memory_bytes is not None:
+        return max(1, config.kv_cache_memory_bytes // bytes_per_block)
+    if mc.device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(mc.device)
+        return max(1, int(free * config.gpu_memory_utilization) // bytes_per_block)
+    # On CPU, never reserve more than every sequence at full length could use at once.
+    most_useful = sc.max_num_seqs * -(-sc.max_model_len // cc.block_size)
+    return max(1, min(DEFAULT_CPU_KV_CACHE_BYTES // bytes_per_block, most_useful))
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        cc, sc = config.cache_config, config.scheduler_config
+        self.model_runner = ModelRunner(config.model_config, cc.block_size)
+        cc.num_blocks = determine_num_blocks(config, self.model_runner.bytes_per_block())
+        capacity = cc.num_blocks * cc.block_size
+        if capacity < sc.max_model_len:
+            raise ValueError(
+                f"The KV cache holds {capacity} tokens ({cc.num_blocks} blocks of {cc.block_size}), fewer "
+                f"than max_model_len={sc.max_model_len}. Lower max_model_len or give the cache more "
+                "room (num_gpu_blocks_override, kv_cache_memory_bytes or gpu_memory_utilization)."
+            )
+        self.model_runner.initialize_kv_cache(cc.num_blocks)
+        logger.info(
+            "KV cache: %d blocks, %d tokens (%.1f MiB); maximum concurrency at %d tokens per request: %.2fx",
+            cc.num_blocks, capacity, cc.num_blocks * self.model_runner.bytes_per_block() / 2**20,
+            sc.max_model_len, capacity / sc.max_model_len,
+        )
+        self.scheduler = Scheduler(sc, cc)
+
+    def add_request(self, req: EngineCoreRequest) -> None:
+        source = None
+        if req.prefix_source_id is not None:
+            source = self.scheduler.requests.get(req.prefix_source_id)
+        request = Request(
+            req.request_id, req.prompt_token_ids, req.sampling_params, req.eos_token_ids,
+            self.config.scheduler_config.max_model_len, req.arrival_time, source,
+        )
+        self.scheduler.add_request(request)
+
+    def abort_requests(self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
+        self.scheduler.finish_requests(request_ids, status)
+
+    def step(self) -> EngineCoreOutputs:
+        sched = self.scheduler.schedule()
+        result = self.model_runner.execute_model(sched)
+        return self.scheduler.update_from_output(sched, result)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def get_stats(self) -> SchedulerStats:
+        return self.scheduler.make_stats()
+
+    def check_kv_integrity(self) -> dict[str, int]:
+        return self.scheduler.kv_cache_manager.check_integrity()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.scheduler.kv_cache_manager.reset_prefix_cache()

@@ -1,0 +1,203 @@
+"""Incremental detokenization of one request, with stop strings, and single-token decoding for logprobs.
+
+Why `tokenizers.decoders.DecodeStream` and not the classic prefix_offset/read_offset loop over
+convert_ids_to_tokens: the stream runs the tokenizer's real decoder pipeline in Rust (byte fallback,
+byte-level BPE, metaspace and strip rules all come for free, and they match `tokenizer.decode`), it
+withholds text while the bytes of a character are incomplete, and it costs ~1.5 us per token. Its
+gaps are covered here:
+
+* Priming with prompt ids works only when the primed ids decode cleanly; if they end inside a
+  character the stream silently keeps an empty prefix and would replay the prompt text as output.
+  `_prime_stream` picks a short clean prompt suffix and feeds any incomplete tail as held tokens.
+* It raises "Invalid prefix" when later tokens rewrite earlier text (byte fallback turns an already
+  emitted valid run into U+FFFD when an invalid byte joins it; only malformed output does this).
+  `_step` restarts the stream on the held tokens; text already streamed is never taken back.
+* Bytes of a character that never completes (generation cut off mid-character) are never emitted,
+  as in vLLM: the user sees no trailing U+FFFD.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from tokenizers.decoders import DecodeStream
+
+_REPLACEMENT = "\ufffd"
+# Enough prompt context for the decoder's left-sensitive rules (leading-space strip, metaspace).
+_MIN_PRIME_TOKENS = 6
+_MAX_PRIME_TOKENS = 24
+_MAX_TAIL_TOKENS = 3
+_INVALID_PREFIX = "Invalid prefix"
+
+
+class IncrementalDetokenizer:
+    """Turns one request's output token ids into text as they arrive, and watches for stop strings.
+
+    `output_text` is the text so far (truncated at a matched stop string). `update` feeds new token
+    ids; `get_next_output_text` hands out the text for streaming without exposing a partial stop
+    string.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        prompt_token_ids: list[int],
+        skip_special_tokens: bool = True,
+        stop: list[str] | None = None,
+        include_stop_str_in_output: bool = False,
+    ) -> None:
+        self._backend = tokenizer.backend_tokenizer
+        self._skip_special_tokens = skip_special_tokens
+        self._held_ids: list[int] = []  # fed to the stream but not yet rendered (incomplete bytes)
+        self._stream = self._prime_stream(prompt_token_ids)
+        self.output_text = ""
+        self.stop = list(dict.fromkeys(s for s in (stop or []) if s))
+        self.include_stop_str_in_output = include_stop_str_in_output
+        self.stop_string: str | None = None  # set once a stop string ended the request
+        max_stop_len = max((len(s) for s in self.stop), default=0)
+        self._stop_window = max(max_stop_len - 1, 0)
+        # An included stop string is output anyway, so its prefix may stream early.
+        self._stream_holdback = 0 if include_stop_str_in_output else self._stop_window
+        self._streamed_len = 0
+
+    def _prime_stream(self, prompt_token_ids: list[int]) -> DecodeStream:
+        primer, tail = _split_prompt_tail(self._backend, prompt_token_ids, self._skip_special_tokens)
+        stream = DecodeStream(primer, skip_special_tokens=self._skip_special_tokens)
+        # The tail ends inside a character; it stays held so that a generated token completing
+        # the character renders it (the prompt's own complete text is never replayed).
+        for token_id in tail:
+            if stream.step(self._backend, token_id) is None:
+                self._held_ids.append(token_id)
+            else:
+                self._held_ids.clear()
+        return stream
+
+    def update(self, new_token_ids: list[int], stop_terminated: bool) -> str | None:
+        """Decode `new_token_ids`; return the stop string that ended the request, if one matched.
+
+        With `stop_terminated` the last id is the stop token that ended the request; like vLLM it
+        is rendered only when include_stop_str_in_output is set.
+        """
+        if self.stop_string is not None or not new_token_ids:
+            return None  # nothing after a matched stop string may reach the text
+        if stop_terminated and not self.include_stop_str_in_output:
+            new_token_ids = new_token_ids[:-1]
+        pieces = [self._step(token_id) for token_id in new_token_ids]
+        new_text = "".join(pieces)
+        if not new_text:
+            return None
+        old_len = len(self.output_text)
+        self.output_text += new_text
+        if not self.stop:
+            return None
+        return self._check_stop(old_len)
+
+    def _step(self, token_id: int) -> str:
+        # One id per call: a multi-id step withholds everything when its last id is incomplete, and
+        # a held complete word would be lost if the request ends there.
+        try:
+            piece = self._stream.step(self._backend, token_id)
+        except Exception as e:  # tokenizers raises a bare Exception for this
+            if _INVALID_PREFIX not in str(e):
+                raise
+            piece = self._restart_stream(token_id)
+        if piece is None:
+            self._held_ids.append(token_id)
+            return ""
+        self._held_ids.clear()
+        return piece
+
+    def _restart_stream(self, token_id: int) -> str | None:
+        # Decoding restarts from the held ids alone. With byte fallback they start with the byte
+        # token that broke the run, so the decoder's leading-space strip has nothing to eat.
+        self._stream = DecodeStream(skip_special_tokens=self._skip_special_tokens)
+        ids = self._held_ids + [token_id]
+        self._held_ids = []
+        piece = self._stream.step(self._backend, ids)
+        if piece is None:
+            self._held_ids = ids[:-1]  # _step appends token_id itself
+        return piece
+
+    def _check_stop(self, old_len: int) -> str | None:
+        # A match must end in the new text (the old text had none), so scanning from
+        # (max stop length - 1) characters before it catches stop strings straddling tokens.
+        text = self.output_text
+        search_from = max(old_len - self._stop_window, 0)
+        best: tuple[int, int, str] | None = None  # (end, start, stop string)
+        for stop_str in self.stop:
+            start = text.find(stop_str, search_from)
+            if start == -1:
+                continue
+            candidate = (start + len(stop_str), start, stop_str)
+            if best is None or candidate < best:
+                best = candidate
+        if best is None:
+            return None
+        # The stop string that completes first wins: that is what token-by-token decoding would
+        # see, so the result does not depend on how the tokens were chunked.
+        end, start, stop_str = best
+        self.output_text = text[:end] if self.include_stop_str_in_output else text[:start]
+        self.stop_string = stop_str
+        return stop_str
+
+    def get_next_output_text(self, finished: bool, delta: bool) -> str:
+        """Text to stream now: the whole text, or with `delta` only what was not handed out before.
+
+        Until the request finishes, the last (max stop length - 1) characters are held back so a
+        stop string that is still being completed never reaches the client.
+        """
+        holdback = 0 if finished else self._stream_holdback
+        ready_len = len(self.output_text) - holdback
+        if not delta:
+            return self.output_text[:ready_len] if holdback else self.output_text
+        if ready_len <= self._streamed_len:
+            return ""
+        start, self._streamed_len = self._streamed_len, ready_len
+        return self.output_text[start:ready_len]
+
+
+def _split_prompt_tail(
+    backend: Any, prompt_token_ids: list[int], skip_special_tokens: bool
+) -> tuple[list[int], list[int]]:
+    """(primer, tail): a short end of the prompt that decodes cleanly, and the few ids after it.
+
+    A primer cut inside a multi-byte character would decode as U+FFFD and poison a byte run that
+    the output continues, so it must start and end on character boundaries. The tail is empty
+    unless the prompt itself ends inside a character (at most 3 ids: a character has <= 4 bytes).
+    With no clean end near the prompt's end (long invalid byte runs) nothing primes the stream.
+    """
+    n = len(prompt_token_ids)
+    for cut in range(n, max(n - _MAX_TAIL_TOKENS, 0) - 1, -1):
+        if cut == 0:
+            return [], prompt_token_ids
+        for size in _primer_sizes(cut):
+            primer = prompt_token_ids[cut - size:cut]
+            if _REPLACEMENT not in backend.decode(primer, skip_special_tokens=skip_special_tokens):
+                return primer, prompt_token_ids[cut:]
+    return [], []
+
+
+def _primer_sizes(available: int) -> list[int]:
+    # Prefer a few tokens of context; shorter primers are the last resort before giving up.
+    longer = range(min(_MIN_PRIME_TOKENS, available), min(_MAX_PRIME_TOKENS, available) + 1)
+    shorter = range(min(_MIN_PRIME_TOKENS, available) - 1, 0, -1)
+    return [*longer, *shorter]
+
+
+_token_text_cache: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
+
+
+def decode_token(tokenizer: Any, token_id: int) -> str:
+    """The text of one token as vLLM users see it in logprobs: `tokenizer.decode([token_id])`.
+
+    Logprobs decode up to (1 + top_logprobs) ids per generated token, so results are memoized per
+    tokenizer; the cache dies with the tokenizer.
+    """
+    cache = _token_text_cache.get(tokenizer)
+    if cache is None:
+        cache = _token_text_cache.setdefault(tokenizer, {})
+    text = cache.get(token_id)
+    if text is None:
+        text = tokenizer.decode([token_id])
+        cache[token_id] = text
+    return text

@@ -1,0 +1,60 @@
+"""Validates and tokenizes what users submit, before anything reaches the core."""
+from __future__ import annotations
+
+from typing import Any, Union
+
+from tram.sampling_params import SamplingParams
+
+# A prompt: text, {"prompt": text}, or {"prompt_token_ids": [...] (, "prompt": text)}.
+PromptType = Union[str, dict[str, Any]]
+
+
+class InputProcessor:
+    def __init__(self, tokenizer: Any | None, vocab_size: int, max_model_len: int, max_logprobs: int) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.max_logprobs = max_logprobs
+
+    def process(self, prompt: PromptType, params: SamplingParams) -> tuple[str | None, list[int]]:
+        """Return (prompt text or None, prompt token ids); raise ValueError on bad input."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        text, token_ids = self._tokenize(prompt)
+        self._validate(token_ids, params)
+        return text, token_ids
+
+    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                ids = prompt["prompt_token_ids"]
+                if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                    raise ValueError("prompt_token_ids must be a list of integers")
+                return prompt.get("prompt"), list(ids)
+            if "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+        if not isinstance(prompt, str):
+            raise ValueError(f"a prompt must be a string or a dict, got {type(prompt).__name__}")
+        if self.tokenizer is None:
+            raise ValueError("text prompts need a tokenizer; this engine was started with skip_tokenizer_init")
+        return prompt, list(self.tokenizer.encode(prompt))
+
+    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+        if not token_ids:
+            raise ValueError("The prompt is empty: it must contain at least one token")
+        if len(token_ids) > self.max_model_len:
+            raise ValueError(
+                f"The prompt (length {len(token_ids)}) is longer than the maximum model length "
+                f"of {self.max_model_len}."
+            )
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt_token_ids contains ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(params, name)
+            if k is not None and k > self.max_logprobs:
+                raise ValueError(f"{name}={k} is more than the maximum allowed ({self.max_logprobs}, max_logprobs)")
+        if params.stop and (self.tokenizer is None or not params.detokenize):
+            raise ValueError("stop strings need detokenization (a tokenizer and detokenize=True)")

@@ -1,0 +1,116 @@
+"""Loading a tokenizer and the two prompt-side jobs that need it: stop token ids and chat templates.
+
+Tram only works with "fast" tokenizers (a Rust `tokenizers.Tokenizer` behind the transformers object),
+because the incremental detokenizer streams through that backend.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
+
+
+def load_tokenizer(
+    path_or_id: str, revision: str | None = None, trust_remote_code: bool = False
+) -> PreTrainedTokenizerBase:
+    """Load the fast tokenizer of a model directory or hub id; ValueError if that is not possible."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            path_or_id, revision=revision, trust_remote_code=trust_remote_code, use_fast=True
+        )
+    except Exception as e:  # noqa: BLE001 - loaders raise many types; the user needs one clear message
+        raise ValueError(
+            f"could not load a tokenizer from {path_or_id!r}"
+            f"{f' (revision {revision!r})' if revision else ''}: {e}"
+        ) from e
+    # The detokenizer streams through the Rust backend, so a slow (pure Python) tokenizer is no use.
+    if not getattr(tokenizer, "is_fast", False) or getattr(tokenizer, "backend_tokenizer", None) is None:
+        raise ValueError(
+            f"the tokenizer of {path_or_id!r} has no fast (tokenizers) backend; "
+            "Tram needs a model that ships tokenizer.json"
+        )
+    return tokenizer
+
+
+def _as_id_list(value: int | Iterable[int] | None) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value]
+
+
+def _generation_config_eos(model_path: str) -> list[int]:
+    try:
+        gen_config = GenerationConfig.from_pretrained(model_path)
+    except (OSError, ValueError):
+        # Many models ship no generation_config.json; the model config and tokenizer still name an eos.
+        return []
+    return _as_id_list(gen_config.eos_token_id)
+
+
+def _hf_config_eos(hf_config: Any) -> list[int]:
+    eos = getattr(hf_config, "eos_token_id", None)
+    # Multimodal configs keep the language model's ids on the text sub-config.
+    if eos is None and hasattr(hf_config, "get_text_config"):
+        eos = getattr(hf_config.get_text_config(), "eos_token_id", None)
+    return _as_id_list(eos)
+
+
+def get_stop_token_ids(model_path: str, tokenizer: PreTrainedTokenizerBase, hf_config: Any) -> list[int]:
+    """Every token id that ends generation, deduplicated, in order of authority.
+
+    generation_config.json comes first because that is what the model authors run generation with
+    (it often lists more than one id, e.g. stories260K stops on </s> and on <s>), then the model
+    config, then the tokenizer's eos token.
+    """
+    candidates = (
+        _generation_config_eos(model_path)
+        + _hf_config_eos(hf_config)
+        + _as_id_list(getattr(tokenizer, "eos_token_id", None))
+    )
+    return list(dict.fromkeys(candidates))
+
+
+def apply_chat_template(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, Any]],
+    chat_template: str | None = None,
+    add_generation_prompt: bool = True,
+    *,
+    add_special_tokens: bool = False,
+    **kwargs: Any,
+) -> list[int]:
+    """Render `messages` with the chat template and return the prompt token ids.
+
+    `chat_template` overrides the tokenizer's own template; extra kwargs (tools, documents,
+    enable_thinking, ...) are handed to the template. `add_special_tokens` mirrors the OpenAI-server
+    flag of the same name: off by default because templates write their own BOS.
+    """
+    if chat_template is None and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "this tokenizer has no chat template and none was given; "
+            "pass a chat template or use a plain text prompt"
+        )
+    # Render to text first and tokenize ourselves: the return type of tokenize=True changed across
+    # transformers versions (list, BatchEncoding, dict), and we must control add_special_tokens.
+    text = tokenizer.apply_chat_template(
+        messages,
+        chat_template=chat_template,
+        add_generation_prompt=add_generation_prompt,
+        tokenize=False,
+        **kwargs,
+    )
+    if not isinstance(text, str):
+        raise ValueError(f"chat template rendered a {type(text).__name__}, expected a string")
+    ids = [int(t) for t in tokenizer.encode(text, add_special_tokens=add_special_tokens)]
+    return _drop_doubled_bos(ids, tokenizer.bos_token_id)
+
+
+def _drop_doubled_bos(ids: list[int], bos_token_id: int | None) -> list[int]:
+    # When the template writes BOS and the caller also asked for special tokens, the tokenizer adds
+    # another one; a doubled BOS measurably hurts some models, so keep one.
+    if bos_token_id is not None and len(ids) >= 2 and ids[0] == ids[1] == bos_token_id:
+        return ids[1:]
+    return ids

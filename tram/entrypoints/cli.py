@@ -1,0 +1,63 @@
+"""`tram` command line. For now: `tram generate MODEL` (a generation demo); `tram serve` comes next."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="local Hugging Face model folder or hub id")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-gpu-blocks-override", type=int)
+    p.add_argument("--kv-cache-memory-bytes", type=int)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "dummy"])
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _engine_kwargs(a: argparse.Namespace) -> dict:
+    return dict(
+        dtype=a.dtype, max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
+        max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size,
+        num_gpu_blocks_override=a.num_gpu_blocks_override, kv_cache_memory_bytes=a.kv_cache_memory_bytes,
+        enable_prefix_caching=a.enable_prefix_caching, load_format=a.load_format, seed=a.seed,
+    )
+
+
+def _generate(a: argparse.Namespace) -> int:
+    from tram import LLM, SamplingParams
+
+    llm = LLM(a.model, **_engine_kwargs(a))
+    params = SamplingParams(temperature=a.temperature, top_p=a.top_p, max_tokens=a.max_tokens, seed=a.sampling_seed)
+    prompts = a.prompt or ["Once upon a time", "Tom and his dog"]
+    for out in llm.generate(prompts, params, use_tqdm=False):
+        print(f"--- {out.prompt!r}\n{out.prompt}{out.outputs[0].text}  [{out.outputs[0].finish_reason}]")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tram", description="Tram LLM inference engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate completions for a few prompts (offline demo)")
+    _add_engine_args(gen)
+    gen.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--sampling-seed", type=int)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return _generate(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

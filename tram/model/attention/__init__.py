@@ -1,0 +1,30 @@
+"""Attention backends: pick one by name; all implement `AttentionBackend` from base.py."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tram.model.attention.base import AttentionBackend, AttentionMetadata
+
+
+def _torch_backend() -> AttentionBackend:
+    from tram.model.attention.torch_backend import TorchAttentionBackend
+
+    return TorchAttentionBackend()
+
+
+# Name -> factory. Factories import lazily so that a GPU-only backend (e.g. a future "triton"
+# entry here) costs nothing, and fails nowhere, on machines that never select it.
+_BACKENDS: dict[str, Callable[[], AttentionBackend]] = {
+    "torch": _torch_backend,
+}
+
+
+def get_attention_backend(name: str) -> AttentionBackend:
+    """A fresh backend instance for `name`; ValueError listing the supported names otherwise."""
+    factory = _BACKENDS.get(name)
+    if factory is None:
+        raise ValueError(f"Unknown attention backend {name!r}. Supported backends: {', '.join(sorted(_BACKENDS))}")
+    return factory()
+
+
+__all__ = ["AttentionBackend", "AttentionMetadata", "get_attention_backend"]

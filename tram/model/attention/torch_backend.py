@@ -1,0 +1,220 @@
+"""Paged attention in plain PyTorch: correct everywhere, fast enough on CPU and as a GPU fallback.
+
+A step's flattened batch is split on the host (from meta's host lists, so no device syncs) into
+  * decodes (query_len == 1): one batched SDPA over K/V gathered through their block tables,
+    padded to the longest context and masked by seq_len;
+  * prefill chunks (query_len > 1): one SDPA per request with an offset-causal mask over
+    cached prefix + chunk (a plain causal SDPA on the step's own K/V when there is no prefix).
+The split and the masks are planned once per step and reused by every layer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from tram.model.attention.base import AttentionMetadata
+
+
+def _sdpa_supports_gqa() -> bool:
+    """enable_gqa arrived in torch 2.5; older versions get K/V heads repeated instead."""
+    q, kv = torch.zeros(1, 2, 1, 1), torch.zeros(1, 1, 1, 1)
+    try:
+        F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+    except TypeError:
+        return False
+    return True
+
+
+_SDPA_HAS_GQA = _sdpa_supports_gqa()
+
+TokenIndex = slice | torch.Tensor
+
+
+@dataclass
+class _Prefill:
+    """One request with query_len > 1: tokens [start, end) of the step, context seq_len long."""
+
+    start: int
+    end: int
+    seq_len: int
+    block_table: torch.Tensor  # [max_blocks_per_seq], this request's row of meta.block_tables
+    masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)  # by sliding window
+
+    @property
+    def query_len(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class _StepPlan:
+    """How one step's batch is attended; built once, shared by all layers of the step."""
+
+    num_real_tokens: int
+    decode_tokens: TokenIndex | None  # rows of the batch that are decodes
+    decode_block_tables: torch.Tensor | None  # [Bd, blocks covering the longest decode context]
+    decode_seq_lens: torch.Tensor | None  # [Bd]
+    decode_max_len: int
+    prefills: list[_Prefill]
+    decode_masks: dict[int | None, torch.Tensor] = field(default_factory=dict)  # by sliding window
+
+
+def _as_index(indices: list[int], device: torch.device) -> TokenIndex:
+    """A slice when indices are a contiguous run (a view, no host->device copy), else an index tensor."""
+    if indices == list(range(indices[0], indices[0] + len(indices))):
+        return slice(indices[0], indices[0] + len(indices))
+    return torch.tensor(indices, dtype=torch.long, device=device)
+
+
+def _plan(meta: AttentionMetadata, block_size: int, device: torch.device) -> _StepPlan:
+    decode_reqs: list[int] = []
+    decode_tokens: list[int] = []
+    prefills: list[_Prefill] = []
+    start = 0
+    for req, (q_len, seq_len) in enumerate(zip(meta.query_lens_list, meta.seq_lens_list)):
+        if q_len == 1:
+            decode_reqs.append(req)
+            decode_tokens.append(start)
+        elif q_len > 1:
+            prefills.append(_Prefill(start, start + q_len, seq_len, meta.block_tables[req]))
+        start += q_len
+    plan = _StepPlan(start, None, None, None, 0, prefills)
+    if decode_reqs:
+        max_len = max(meta.seq_lens_list[r] for r in decode_reqs)
+        num_blocks = -(-max_len // block_size)
+        reqs = _as_index(decode_reqs, device)
+        plan.decode_tokens = _as_index(decode_tokens, device)
+        plan.decode_block_tables = meta.block_tables[reqs, :num_blocks]  # [Bd, nblk]
+        plan.decode_seq_lens = meta.seq_lens[reqs].to(torch.long)  # [Bd]
+        plan.decode_max_len = num_blocks * block_size
+    return plan
+
+
+def _window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int | None) -> torch.Tensor:
+    """True where a query at q_pos may see a key at k_pos: causal, and within the window if any."""
+    mask = k_pos <= q_pos
+    if sliding_window is not None:
+        mask &= k_pos > q_pos - sliding_window  # the window counts the token itself
+    return mask
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+          scale: float, causal: bool = False) -> torch.Tensor:
+    """q [..., H, L, D], k/v [..., Hkv, S, D]; K/V heads are shared by H // Hkv query heads."""
+    groups = q.shape[-3] // k.shape[-3]
+    if groups == 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+    if _SDPA_HAS_GQA:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
+                                              enable_gqa=True)
+    k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+
+
+class TorchAttentionBackend:
+    """AttentionBackend in pure PyTorch (see base.py for the metadata and cache layout contract)."""
+
+    name = "torch"
+
+    def __init__(self) -> None:
+        # Every layer of a step gets the same metadata, so the plan is made once per step. The key
+        # includes the host lists in case a runner refills one metadata object in place.
+        self._planned_meta: AttentionMetadata | None = None  # held so that its id cannot be reused
+        self._plan_key: tuple[int, tuple[int, ...], tuple[int, ...], int] | None = None
+        self._plan: _StepPlan | None = None
+
+    def forward(
+        self,
+        query: torch.Tensor,  # [T, num_heads, head_dim]
+        key: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        value: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        meta: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor:  # [T, num_heads, head_dim]
+        block_size = kv_cache.shape[2]
+        plan = self._get_plan(meta, block_size, query.device)
+        n = plan.num_real_tokens  # rows past n are batch padding (e.g. graph capture sizes)
+        write_kv_cache(key[:n], value[:n], kv_cache, meta.slot_mapping[:n])
+        if n < query.shape[0]:
+            out = torch.zeros_like(query)
+        elif not plan.prefills and plan.decode_tokens is not None:  # decode-only step: no scatter into an output buffer
+            return self._decode(query, kv_cache, plan, scale, sliding_window)
+        else:
+            out = torch.empty_like(query)
+        if plan.decode_tokens is not None:
+            out[plan.decode_tokens] = self._decode(query[plan.decode_tokens], kv_cache, plan, scale, sliding_window)
+        for pre in plan.prefills:
+            out[pre.start:pre.end] = self._prefill(query, key, value, kv_cache, pre, scale, sliding_window)
+        return out
+
+    def _get_plan(self, meta: AttentionMetadata, block_size: int, device: torch.device) -> _StepPlan:
+        key = (id(meta), tuple(meta.query_lens_list), tuple(meta.seq_lens_list), block_size)
+        if key != self._plan_key or self._plan is None:
+            self._plan = _plan(meta, block_size, device)
+            self._plan_key = key
+            self._planned_meta = meta
+        return self._plan
+
+    def _decode(self, query: torch.Tensor, kv_cache: torch.Tensor, plan: _StepPlan, scale: float,
+                sliding_window: int | None) -> torch.Tensor:
+        """query [Bd, H, D] -> [Bd, H, D], one batched SDPA over every decode's padded context."""
+        num_kv_heads, head_dim = kv_cache.shape[-2:]
+        bd, num_heads = query.shape[0], query.shape[1]
+        groups = num_heads // num_kv_heads
+        tables = plan.decode_block_tables
+        length = plan.decode_max_len
+        k = kv_cache[0][tables].view(bd, length, num_kv_heads, head_dim).transpose(1, 2)  # [Bd, Hkv, L, D]
+        v = kv_cache[1][tables].view(bd, length, num_kv_heads, head_dim).transpose(1, 2)  # [Bd, Hkv, L, D]
+        mask = plan.decode_masks.get(sliding_window)
+        if mask is None:
+            q_pos = (plan.decode_seq_lens - 1).view(bd, 1, 1, 1)
+            k_pos = torch.arange(length, device=query.device).view(1, 1, 1, length)
+            mask = _window_mask(q_pos, k_pos, sliding_window)  # [Bd, 1, 1, L]
+            plan.decode_masks[sliding_window] = mask
+        # A decode has one query token, so the query heads sharing a K/V head can stand in the
+        # sequence axis: attention is then per K/V head and K/V are never repeated.
+        q = query.view(bd, num_kv_heads, groups, head_dim)  # [Bd, Hkv, G, D]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [Bd, Hkv, G, D]
+        return out.reshape(bd, num_heads, head_dim)
+
+    def _prefill(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                 pre: _Prefill, scale: float, sliding_window: int | None) -> torch.Tensor:
+        """One request's chunk: -> [q_len, H, D]."""
+        q = query[pre.start:pre.end].transpose(0, 1)  # [H, q_len, D]
+        if pre.seq_len == pre.query_len:
+            # No cached prefix: the step's own K/V are the whole context, no gather needed.
+            k = key[pre.start:pre.end].transpose(0, 1)  # [Hkv, q_len, D]
+            v = value[pre.start:pre.end].transpose(0, 1)  # [Hkv, q_len, D]
+            if sliding_window is None:
+                return _sdpa(q, k, v, None, scale, causal=True).transpose(0, 1)
+        else:
+            k, v = _gather_context(kv_cache, pre)  # [Hkv, seq_len, D] each
+        mask = pre.masks.get(sliding_window)
+        if mask is None:
+            device = query.device
+            q_pos = torch.arange(pre.seq_len - pre.query_len, pre.seq_len, device=device).view(-1, 1)
+            k_pos = torch.arange(pre.seq_len, device=device).view(1, -1)
+            mask = _window_mask(q_pos, k_pos, sliding_window)  # [q_len, seq_len]
+            pre.masks[sliding_window] = mask
+        return _sdpa(q, k, v, mask, scale).transpose(0, 1)
+
+
+def _gather_context(kv_cache: torch.Tensor, pre: _Prefill) -> tuple[torch.Tensor, torch.Tensor]:
+    """The request's first seq_len cached keys and values, each [Hkv, seq_len, D]."""
+    block_size, num_kv_heads, head_dim = kv_cache.shape[2:]
+    num_blocks = -(-pre.seq_len // block_size)
+    blocks = pre.block_table[:num_blocks]
+    k = kv_cache[0][blocks].view(-1, num_kv_heads, head_dim)[:pre.seq_len]  # [seq_len, Hkv, D]
+    v = kv_cache[1][blocks].view(-1, num_kv_heads, head_dim)[:pre.seq_len]  # [seq_len, Hkv, D]
+    return k.transpose(0, 1), v.transpose(0, 1)
+
+
+def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                   slot_mapping: torch.Tensor) -> None:
+    """Scatter key/value [T, Hkv, D] into their slots of kv_cache [2, num_blocks, block_size, Hkv, D]."""
+    num_kv_heads, head_dim = kv_cache.shape[-2:]
+    kv_cache[0].view(-1, num_kv_heads, head_dim)[slot_mapping] = key  # slots: [num_blocks*block_size, Hkv, D]
+    kv_cache[1].view(-1, num_kv_heads, head_dim)[slot_mapping] = value

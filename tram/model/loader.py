@@ -1,0 +1,190 @@
+"""From a model name to a ready nn.Module: config, files (local or hub), class, weights.
+
+The model is built on the meta device (no memory, no init cost), materialised empty on the target
+device, then filled: from safetensors by name, or with seeded random values ("dummy").
+"""
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from tram.config import LOAD_FORMATS, ModelConfig
+from tram.model.attention import get_attention_backend
+from tram.model.registry import get_model_class
+
+logger = logging.getLogger(__name__)
+
+_INDEX_FILE = "model.safetensors.index.json"
+_SINGLE_FILE = "model.safetensors"
+# Everything but the weights: configs, tokenizer files (sentencepiece, BPE merges, tiktoken), chat templates.
+_METADATA_PATTERNS = ["*.json", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
+# Buffers that old checkpoints saved but that we recompute.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+_DUMMY_STD = 0.02
+_DUMMY_POOL = 1_000_003  # prime, so that rows of power-of-two widths do not repeat
+
+
+def get_hf_config(model: str, revision: str | None = None, trust_remote_code: bool = False) -> Any:
+    """The transformers config of a local folder or a hub id."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(model, revision=revision, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as err:
+        raise ValueError(f"Could not load the config of model {model!r}: {err}") from err
+
+
+def resolve_model_path(model: str, revision: str | None = None) -> str:
+    """A local folder holding the model's config, tokenizer and safetensors weights.
+
+    A local folder is used as is. Otherwise the hub snapshot is downloaded (or found in the local
+    cache): metadata first, then only the weight files the index names, so that repos that also
+    ship a consolidated checkpoint are not downloaded twice.
+    """
+    if os.path.isdir(model):
+        return model
+    try:
+        # Offline, snapshot_download itself falls back to a cached snapshot.
+        return _download(model, revision)
+    except Exception as err:  # network, auth, unknown repo: all end in the same advice
+        raise ValueError(
+            f"Model {model!r} is not a local folder and could not be fetched from the Hugging Face hub "
+            f"({type(err).__name__}: {err}). Pass a local path, check the name and the network, "
+            "or log in (HF_TOKEN) for gated models."
+        ) from err
+
+
+def _download(model: str, revision: str | None) -> str:
+    from huggingface_hub import snapshot_download
+
+    path = snapshot_download(model, revision=revision, allow_patterns=_METADATA_PATTERNS)
+    index = os.path.join(path, _INDEX_FILE)
+    weights = sorted(set(_read_index(index).values())) if os.path.exists(index) else ["*.safetensors"]
+    return snapshot_download(model, revision=revision, allow_patterns=weights)
+
+
+def _read_index(index_path: str) -> dict[str, str]:
+    with open(index_path) as f:
+        return json.load(f)["weight_map"]
+
+
+def safetensors_files(path: str) -> list[str]:
+    """The checkpoint's weight files: those of the shard index, or model.safetensors, or any *.safetensors."""
+    index = os.path.join(path, _INDEX_FILE)
+    if os.path.exists(index):
+        return [os.path.join(path, name) for name in sorted(set(_read_index(index).values()))]
+    if os.path.exists(os.path.join(path, _SINGLE_FILE)):
+        return [os.path.join(path, _SINGLE_FILE)]
+    # Mistral-format consolidated files use other weight names; they are not this checkpoint.
+    files = sorted(f for f in glob.glob(os.path.join(path, "*.safetensors"))
+                   if not os.path.basename(f).startswith("consolidated"))
+    if not files:
+        raise ValueError(f"No safetensors weights found in {path}; only safetensors checkpoints are supported")
+    return files
+
+
+def load_model(model_config: ModelConfig) -> nn.Module:
+    """Build the architecture's model on model_config.device in model_config.dtype and fill its weights."""
+    start = time.perf_counter()
+    if model_config.load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}; got {model_config.load_format!r}")
+    cls = get_model_class(model_config.architecture)
+    backend = get_attention_backend(model_config.attention_backend)
+    with torch.device("meta"):
+        model = cls(model_config.hf_config, model_config.dtype, backend)
+    model.to_empty(device=model_config.device)
+    if model_config.load_format == "dummy":
+        init_dummy_weights(model, model_config.seed)
+    else:
+        path = resolve_model_path(model_config.model, model_config.revision)
+        load_safetensors_weights(model, safetensors_files(path), tied=_is_tied(model_config.hf_config))
+    model.eval()
+    model.requires_grad_(False)
+    num_params = sum(p.numel() for p in model.parameters())
+    logger.info("Loaded %s (%s, %.1fM parameters, %s, %s) in %.2f s", model_config.model, cls.__name__,
+                num_params / 1e6, model_config.dtype, model_config.load_format, time.perf_counter() - start)
+    return model
+
+
+def _is_tied(hf_config: Any) -> bool:
+    return bool(getattr(hf_config, "tie_word_embeddings", False))
+
+
+@torch.no_grad()
+def load_safetensors_weights(model: nn.Module, files: list[str], tied: bool) -> None:
+    """Copy each checkpoint tensor into the parameter of the same name, cast to its dtype.
+
+    Streams tensor by tensor so peak host memory is one tensor, not the checkpoint.
+    ValueError names every missing or unexpected weight (a wrong architecture or a broken file).
+    """
+    from safetensors import safe_open
+
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    unexpected: list[str] = []
+    for file in files:
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for name in f.keys():
+                if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
+                    continue
+                param = params.get(name)
+                if param is None:
+                    unexpected.append(name)
+                    continue
+                tensor = f.get_tensor(name)
+                if tensor.shape != param.shape:
+                    raise ValueError(f"Weight {name} has shape {tuple(tensor.shape)} in {file}, "
+                                     f"the model expects {tuple(param.shape)}")
+                param.copy_(tensor)
+                loaded.add(name)
+    missing = sorted(set(params) - loaded)
+    if missing or unexpected:
+        raise ValueError(f"Checkpoint does not match the model: missing weights {_names(missing)}; "
+                         f"unexpected weights {_names(sorted(unexpected))}")
+
+
+def _names(names: list[str], limit: int = 10) -> str:
+    if not names:
+        return "none"
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+@torch.no_grad()
+def init_dummy_weights(model: nn.Module, seed: int) -> None:
+    """Random weights from the seed alone: N(0, 0.02) matrices, ones for norms, zeros for biases.
+
+    For benchmarks and tests without a checkpoint; the same seed gives the same weights on a device.
+    Drawing a billion normals costs ~10 s on a small CPU, so matrices are tiled from one pool of
+    normals at seeded offsets instead: a memory copy, with values that are still N(0, 0.02).
+    """
+    pool: torch.Tensor | None = None
+    offsets = torch.Generator().manual_seed(seed)  # on the CPU: offsets are host ints
+    for name, param in model.named_parameters():
+        if pool is None:
+            device_gen = torch.Generator(device=param.device).manual_seed(seed)
+            normals = torch.randn(_DUMMY_POOL, generator=device_gen, device=param.device) * _DUMMY_STD
+            normals = normals.to(param.dtype)  # a same-dtype copy is a plain memcpy
+            pool = torch.cat((normals, normals))  # doubled so that any window of _DUMMY_POOL wraps around
+        if param.dim() >= 2:
+            start = int(torch.randint(_DUMMY_POOL, (1,), generator=offsets))
+            _fill_from_pool(param.view(-1), pool, start)
+        elif "norm" in name:
+            param.fill_(1.0)
+        else:
+            param.zero_()
+
+
+def _fill_from_pool(flat: torch.Tensor, pool: torch.Tensor, start: int) -> None:
+    """flat[i] = pool[(start + i) % _DUMMY_POOL], copied a pool-length window at a time."""
+    for begin in range(0, flat.numel(), _DUMMY_POOL):
+        length = min(_DUMMY_POOL, flat.numel() - begin)
+        offset = (start + begin) % _DUMMY_POOL
+        flat[begin:begin + length].copy_(pool[offset:offset + length])

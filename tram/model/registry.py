@@ -1,0 +1,33 @@
+"""Which class serves which Hugging Face architecture name (config.architectures[0])."""
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from tram.model.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, attention_dims
+
+_MODELS: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_MODELS)
+
+
+def get_model_class(arch: str) -> type[nn.Module]:
+    """The model class for an architecture name; ValueError naming the supported ones otherwise."""
+    cls = _MODELS.get(arch)
+    if cls is None:
+        raise ValueError(f"Model architecture {arch or '(none given)'} is not supported. "
+                         f"Supported architectures: {', '.join(supported_architectures())}")
+    return cls
+
+
+def kv_cache_shape_info(hf_config: Any) -> tuple[int, int, int]:
+    """(num_layers, num_kv_heads, head_dim): what the worker needs to size the paged KV cache."""
+    _, num_kv_heads, head_dim = attention_dims(hf_config)
+    return int(hf_config.num_hidden_layers), num_kv_heads, head_dim

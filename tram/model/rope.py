@@ -1,0 +1,112 @@
+"""Rotary position embedding (rotate-half convention, as Hugging Face Llama) with a cos/sin cache.
+
+The cache is indexed by absolute positions, so a flattened batch of prefill chunks and decodes
+needs no per-request bookkeeping: row t of the batch simply reads cache[positions[t]].
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+_DEFAULT_THETA = 10000.0
+# Rope types whose scaling stretches the usable context beyond max_position_embeddings.
+_STRETCHING_TYPES = ("linear", "dynamic")
+
+
+def rope_parameters(hf_config: Any) -> dict[str, Any]:
+    """The rope settings as one flat dict with at least rope_type and rope_theta.
+
+    transformers >= 5 configs carry `rope_parameters`; older ones carry `rope_theta` and an optional
+    `rope_scaling` dict whose type key is `rope_type` or the legacy `type`.
+    """
+    params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    if not params:
+        params = dict(getattr(hf_config, "rope_scaling", None) or {})
+    rope_type = params.get("rope_type") or params.get("type") or "default"
+    theta = params.get("rope_theta") or getattr(hf_config, "rope_theta", None) or _DEFAULT_THETA
+    params.update(rope_type=rope_type, rope_theta=float(theta))
+    return params
+
+
+def _inv_freq_and_scaling(hf_config: Any, head_dim: int) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies (float32, CPU) and the cos/sin multiplier, exactly as transformers computes them."""
+    params = rope_parameters(hf_config)
+    rope_type = params["rope_type"]
+    if rope_type == "default":
+        rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
+        exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device="cpu") / rotary_dim
+        return 1.0 / (params["rope_theta"] ** exponents), 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(
+            f"rope_type {rope_type!r} is not supported; supported: default, {', '.join(ROPE_INIT_FUNCTIONS)}"
+        )
+    # Positional device argument: the keyword name differs between transformers 4 and 5.
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
+    return inv_freq.to(device="cpu", dtype=torch.float32), float(scaling)
+
+
+def _cache_length(hf_config: Any) -> int:
+    max_pos = int(getattr(hf_config, "max_position_embeddings", 2048))
+    params = rope_parameters(hf_config)
+    if params["rope_type"] in _STRETCHING_TYPES and params.get("factor"):
+        max_pos = int(max_pos * float(params["factor"]))
+    return max_pos
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies RoPE to query and key of a flattened batch.
+
+    cos/sin are computed in float32 once, then cast to the activation dtype at use, as transformers does.
+    The cache is a plain attribute, not a buffer: the loader builds models on the meta device and
+    materialises them with `to_empty`, which would wipe a buffer. It follows the input's device lazily.
+
+    Dynamic NTK scaling is static here: it matches transformers for positions below
+    max_position_embeddings (transformers re-derives frequencies beyond that, which a KV cache cannot follow).
+    """
+
+    def __init__(self, hf_config: Any, head_dim: int, max_positions: int | None = None) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        # Forced onto the CPU so that building the model under a meta device context still yields numbers.
+        with torch.device("cpu"):
+            inv_freq, scaling = _inv_freq_and_scaling(hf_config, head_dim)
+            self.rotary_dim = 2 * inv_freq.numel()
+            num_pos = max_positions or _cache_length(hf_config)
+            freqs = torch.outer(torch.arange(num_pos, dtype=torch.float32), inv_freq)  # [P, rotary_dim/2]
+            emb = torch.cat((freqs, freqs), dim=-1)  # [P, rotary_dim]
+            self._cos_sin = torch.stack((emb.cos() * scaling, emb.sin() * scaling))  # [2, P, rotary_dim]
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin rows for positions [T], each [T, 1, rotary_dim] in dtype (broadcast over heads)."""
+        if self._cos_sin.device != positions.device:
+            self._cos_sin = self._cos_sin.to(positions.device)
+        cos_sin = self._cos_sin[:, positions].to(dtype)  # [2, T, rotary_dim]
+        return cos_sin[0].unsqueeze(1), cos_sin[1].unsqueeze(1)
+
+    def forward(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T]; query [T, H, D]; key [T, Hkv, D] -> rotated (query, key), same shapes."""
+        cos, sin = self.cos_sin(positions, query.dtype)
+        return apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D]; cos/sin [T, 1, rotary_dim] from `RotaryEmbedding.cos_sin`.
+
+    Only the first rotary_dim features rotate (partial rotary); the rest pass through.
+    """
+    rotary_dim = cos.shape[-1]
+    if rotary_dim == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
+    return torch.cat((x_rot * cos + _rotate_half(x_rot) * sin, x_pass), dim=-1)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

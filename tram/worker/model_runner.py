@@ -1,0 +1,117 @@
+"""The model runner: applies the scheduler's diff to its request state, runs one forward over the
+flattened batch, and samples. It never sees text."""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from tram.config import ModelConfig
+from tram.core.outputs import LogprobsLists, ModelRunnerOutput
+from tram.core.sched_output import SchedulerOutput
+from tram.model.loader import load_model
+from tram.model.registry import kv_cache_shape_info
+from tram.worker.input_batch import CachedRequestState, StepInputs, prepare_inputs
+from tram.worker.sampler import Sampler, compute_token_logprobs
+from tram.worker.sampling_metadata import SamplingRow, build_sampling_metadata
+
+logger = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    def __init__(self, model_config: ModelConfig, block_size: int) -> None:
+        self.model_config = model_config
+        self.device = model_config.device
+        self.dtype = model_config.dtype
+        self.block_size = block_size
+        self.vocab_size = model_config.vocab_size
+        t0 = time.perf_counter()
+        self.model = load_model(model_config)
+        logger.info("Loaded %s in %.2fs", model_config.model, time.perf_counter() - t0)
+        self.num_layers, self.num_kv_heads, self.head_dim = kv_cache_shape_info(model_config.hf_config)
+        self.sampler = Sampler()
+        self.requests: dict[str, CachedRequestState] = {}
+        self.kv_caches: list[torch.Tensor] = []
+
+    # ---- KV cache ------------------------------------------------------------------------
+    def bytes_per_block(self) -> int:
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        # Zeros, not empty: padded attention reads masked slots, and 0 * NaN would poison outputs.
+        shape = (2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+
+    # ---- one step ------------------------------------------------------------------------
+    def _update_states(self, sched: SchedulerOutput) -> None:
+        for rid in sched.finished_req_ids:
+            self.requests.pop(rid, None)
+        for new in sched.scheduled_new_reqs:
+            params = new.sampling_params
+            gen = None
+            if params.seed is not None:
+                gen = torch.Generator(device=self.device)
+                gen.manual_seed(params.seed)
+            self.requests[new.req_id] = CachedRequestState(
+                new.req_id, new.prompt_token_ids, params, list(new.block_ids), new.num_computed_tokens,
+                new.stop_token_ids, gen,
+            )
+        for cached in sched.scheduled_cached_reqs:
+            st = self.requests[cached.req_id]
+            if cached.resumed_from_preemption:
+                st.block_ids = list(cached.new_block_ids)
+            else:
+                st.block_ids.extend(cached.new_block_ids)
+            st.num_computed_tokens = cached.num_computed_tokens
+
+    @torch.inference_mode()
+    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(sched)
+        if sched.is_empty:
+            return ModelRunnerOutput()
+        inputs = prepare_inputs(self.requests, sched, self.block_size, self.device)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        out = ModelRunnerOutput(sampled_token_ids={}, logprobs={}, prompt_logprobs={})
+        if inputs.sample_req_ids:
+            self._sample(hidden, inputs, out)
+        for job in inputs.prompt_logprobs_jobs:
+            out.prompt_logprobs[job.req_id] = self._prompt_logprobs(hidden, job)
+        for rid, n in sched.num_scheduled_tokens.items():
+            self.requests[rid].num_computed_tokens += n
+        return out
+
+    def _sample(self, hidden: torch.Tensor, inputs: StepInputs, out: ModelRunnerOutput) -> None:
+        logits = self.model.compute_logits(hidden[inputs.sample_indices])  # [S, V] float32
+        states = [self.requests[rid] for rid in inputs.sample_req_ids]
+        rows = [
+            SamplingRow(st.sampling_params, st.prompt_token_ids, st.output_token_ids, st.generator, st.stop_token_ids)
+            for st in states
+        ]
+        meta = build_sampling_metadata(rows, self.vocab_size, self.device)
+        result = self.sampler(logits, meta)
+        tokens = result.sampled_token_ids.tolist()
+        for st, tok in zip(states, tokens):
+            st.append_output_token(tok)
+            out.sampled_token_ids[st.req_id] = tok
+        if result.logprobs is not None:
+            ids = result.logprobs.token_ids.tolist()
+            lps = result.logprobs.logprobs.tolist()
+            ranks = result.logprobs.ranks.tolist()
+            for i, st in enumerate(states):
+                k = st.sampling_params.logprobs
+                if k is None:
+                    continue
+                cols = len(ids[i]) if k < 0 else k + 1
+                out.logprobs[st.req_id] = LogprobsLists([ids[i][:cols]], [lps[i][:cols]], [ranks[i]])
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, job) -> LogprobsLists:
+        st = self.requests[job.req_id]
+        k = st.sampling_params.prompt_logprobs
+        idx = torch.from_numpy(job.hidden_indices).to(self.device)
+        logits = self.model.compute_logits(hidden[idx])
+        num = self.vocab_size if k < 0 else k
+        targets = torch.tensor(job.target_token_ids, dtype=torch.long, device=self.device)
+        lp = compute_token_logprobs(logits, targets, num)
+        return LogprobsLists(lp.token_ids.tolist(), lp.logprobs.tolist(), lp.ranks.tolist())
