@@ -1,5 +1,9 @@
 """Tram: an LLM inference and serving engine with a paged KV cache and continuous batching."""
-from tram.entrypoints.llm import LLM
+from tram.logger import configure_logging
+
+configure_logging()
+
+from tram.entrypoints.llm import LLM  # noqa: E402
 from tram.engine.arg_utils import EngineArgs
 from tram.engine.llm_engine import LLMEngine
 from tram.outputs import CompletionOutput, Logprob, RequestOutput

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 
@@ -51,7 +50,6 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--sampling-seed", type=int)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         return _generate(args)
     except ValueError as e:

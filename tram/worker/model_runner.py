@@ -3,7 +3,6 @@ flattened batch, and samples. It never sees text."""
 from __future__ import annotations
 
 import logging
-import time
 
 import torch
 
@@ -26,9 +25,7 @@ class ModelRunner:
         self.dtype = model_config.dtype
         self.block_size = block_size
         self.vocab_size = model_config.vocab_size
-        t0 = time.perf_counter()
         self.model = load_model(model_config)
-        logger.info("Loaded %s in %.2fs", model_config.model, time.perf_counter() - t0)
         self.num_layers, self.num_kv_heads, self.head_dim = kv_cache_shape_info(model_config.hf_config)
         self.sampler = Sampler()
         self.requests: dict[str, CachedRequestState] = {}
