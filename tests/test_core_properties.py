@@ -201,3 +201,11 @@ def test_any_add_step_abort_sequence_leaks_no_block(ops, num_blocks, block_size,
     assert counts["in_use"] == 0
     assert sched.kv_cache_manager.pool.num_free_blocks == num_blocks
     assert not sched.kv_cache_manager.req_blocks
+
+
+def test_core_imports_without_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, tram.core.scheduler, tram.core.kv_cache_manager; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

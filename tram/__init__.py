@@ -1,13 +1,30 @@
-"""Tram: an LLM inference and serving engine with a paged KV cache and continuous batching."""
+"""Tram: an LLM inference and serving engine with a paged KV cache and continuous batching.
+
+Public names load lazily so that `tram.core` (scheduler, block pool) imports without torch.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from tram.logger import configure_logging
 
 configure_logging()
 
-from tram.entrypoints.llm import LLM  # noqa: E402
-from tram.engine.arg_utils import EngineArgs
-from tram.engine.llm_engine import LLMEngine
-from tram.outputs import CompletionOutput, Logprob, RequestOutput
-from tram.sampling_params import SamplingParams
-
 __version__ = "0.1.0"
-__all__ = ["LLM", "LLMEngine", "EngineArgs", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
+_EXPORTS = {
+    "LLM": "tram.entrypoints.llm",
+    "LLMEngine": "tram.engine.llm_engine",
+    "EngineArgs": "tram.engine.arg_utils",
+    "SamplingParams": "tram.sampling_params",
+    "RequestOutput": "tram.outputs",
+    "CompletionOutput": "tram.outputs",
+    "Logprob": "tram.outputs",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'tram' has no attribute {name!r}")
