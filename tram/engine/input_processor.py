@@ -52,9 +52,15 @@ class InputProcessor:
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt_token_ids contains ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        params.verify_token_ids(self.vocab_size)
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(params, name)
-            if k is not None and k > self.max_logprobs:
-                raise ValueError(f"{name}={k} is more than the maximum allowed ({self.max_logprobs}, max_logprobs)")
+            # As in vLLM, -1 asks for the whole vocabulary and counts as that many.
+            num = self.vocab_size if k == -1 else k
+            if num is not None and num > self.max_logprobs:
+                raise ValueError(
+                    f"{name}={k} asks for {num} logprobs, more than the maximum allowed "
+                    f"({self.max_logprobs}; raise max_logprobs)"
+                )
         if params.stop and (self.tokenizer is None or not params.detokenize):
             raise ValueError("stop strings need detokenization (a tokenizer and detokenize=True)")

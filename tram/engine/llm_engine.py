@@ -56,8 +56,6 @@ class LLMEngine:
         arrival_time: float | None = None, final_only: bool = False,
     ) -> None:
         """Validate, tokenize and queue a request; `n > 1` becomes n core requests sharing the prompt."""
-        if request_id in self.output_processor.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
         text, prompt_ids = self.process_input(prompt, params)
         self.add_processed_request(request_id, text, prompt_ids, params, arrival_time, final_only)
 
@@ -67,6 +65,10 @@ class LLMEngine:
     ) -> None:
         arrival = time.time() if arrival_time is None else arrival_time
         sample_ids = [request_id] if params.n == 1 else [f"{i}_{request_id}" for i in range(params.n)]
+        # User ids and the core ids of n > 1 samples share one namespace: refuse any overlap.
+        taken = self.output_processor.sample_owner
+        if request_id in self.output_processor.requests or request_id in taken or any(s in taken for s in sample_ids):
+            raise ValueError(f"request id {request_id!r} is already in use")
         self.output_processor.add_request(
             request_id, prompt, prompt_token_ids, params, sample_ids, arrival, final_only
         )
