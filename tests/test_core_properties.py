@@ -209,3 +209,16 @@ def test_core_imports_without_torch():
 
     code = "import sys, tram.core.scheduler, tram.core.kv_cache_manager; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_stop_and_mask_ids_follow_vllm():
+    p = SamplingParams(stop_token_ids=[10], min_tokens=2)
+    req = Request("a", [5], p, [2, 1], 64)
+    assert req.eos_token_id == 2 and req.stop_token_ids == {10, 1}  # BOS-as-eos reports its id
+    assert req.min_tokens_mask_ids == {10, 2, 1}
+    q = Request("b", [5], SamplingParams(stop_token_ids=[10], min_tokens=2, ignore_eos=True), [2, 1], 64)
+    assert q.eos_token_id is None and q.stop_token_ids == {10}
+    assert q.min_tokens_mask_ids == {10, 2, 1}, "min_tokens masks eos even with ignore_eos"
+    for tok in (7, 2):  # below min_tokens nothing stops; then the tokenizer's eos stops
+        req.append_output_token(tok)
+    assert req.check_stop() is not None and req.stop_reason is None

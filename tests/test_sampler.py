@@ -185,14 +185,13 @@ def test_only_repetition_needs_prompt_tokens() -> None:
 
 def test_min_tokens_masks_stop_ids_including_eos() -> None:
     params = SamplingParams(temperature=0, min_tokens=3, stop_token_ids=[7], ignore_eos=True)
-    params.update_from_generation_config([2])
     logits = torch.zeros(1, V)
     logits[0, 2], logits[0, 7], logits[0, 9] = 10.0, 9.0, 8.0
-    assert run(logits, [row(params, output=[1])]).sampled_token_ids.item() == 9
+    assert run(logits, [row(params, output=[1], stop_ids={2, 7})]).sampled_token_ids.item() == 9
     # stop ids the runner passes in (the model's eos) are masked too
     runner_stop = row(SamplingParams(temperature=0, min_tokens=1), stop_ids={2})
     assert run(logits, [runner_stop]).sampled_token_ids.item() == 7
-    assert run(logits, [row(params, output=[1, 1, 1])]).sampled_token_ids.item() == 2
+    assert run(logits, [row(params, output=[1, 1, 1], stop_ids={2, 7})]).sampled_token_ids.item() == 2
 
 
 def test_logit_bias() -> None:

@@ -24,7 +24,6 @@ def test_defaults_match_vllm() -> None:
     for name, value in VLLM_DEFAULTS.items():
         assert getattr(p, name) == value, name
     assert p.sampling_type == SamplingType.RANDOM
-    assert p.eos_token_ids == [] and p.all_stop_token_ids == set()
 
 
 INVALID = [
@@ -80,8 +79,6 @@ def test_normalisation() -> None:
     assert p.stop == ["###"] and p.stop_token_ids == [5, 6] and p.top_k == 0
     assert isinstance(p.temperature, float)
     assert p.logit_bias == {7: -100.0, 8: 2.0}
-    assert p.output_text_buffer_length == 2
-    assert SamplingParams(stop="###", include_stop_str_in_output=True).output_text_buffer_length == 0
 
 
 def test_greedy_normalises_filters() -> None:
@@ -91,19 +88,6 @@ def test_greedy_normalises_filters() -> None:
     assert SamplingParams(temperature=1e-6).sampling_type == SamplingType.GREEDY
     assert SamplingParams(temperature=0.7, seed=1).sampling_type == SamplingType.RANDOM_SEED
     assert SamplingParams(temperature=0.7).sampling_type == SamplingType.RANDOM
-
-
-def test_eos_ids_and_stop_sets() -> None:
-    p = SamplingParams(stop_token_ids=[10])
-    p.update_from_generation_config([2, 3, 2])
-    assert p.eos_token_ids == [2, 3]
-    assert p.all_stop_token_ids == {2, 3, 10} == p.finish_token_ids
-    q = SamplingParams(stop_token_ids=[10], ignore_eos=True)
-    q.update_from_generation_config([2])
-    assert q.all_stop_token_ids == {2, 10}  # min_tokens still masks eos
-    assert q.finish_token_ids == {10}
-    with pytest.raises(ValueError, match="eos_token_ids"):
-        p.update_from_generation_config([-1])
 
 
 def test_verify_token_ids() -> None:
@@ -120,17 +104,14 @@ def test_clone_is_deep() -> None:
     c.stop.append("b")
     c.stop_token_ids.append(2)
     c.logit_bias[2] = 3.0
-    c.update_from_generation_config([0])
     assert p.stop == ["a"] and p.stop_token_ids == [1] and p.logit_bias == {1: 1.0}
-    assert p.eos_token_ids == [] and c.eos_token_ids == [0]
 
 
-def test_msgpack_round_trip_keeps_eos_ids() -> None:
+def test_msgpack_round_trip() -> None:
     p = SamplingParams(n=2, temperature=0.3, top_k=4, seed=11, stop=["x"], logprobs=-1,
                        max_tokens=None, logit_bias={3: -1.5})
-    p.update_from_generation_config([0, 1])
     back = msgspec.msgpack.decode(msgspec.msgpack.encode(p), type=SamplingParams)
-    assert back == p and back.eos_token_ids == [0, 1] and back.max_tokens is None
+    assert back == p and back.max_tokens is None and back.logit_bias == {3: -1.5}
 
 
 def test_defaults_encode_small() -> None:

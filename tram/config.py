@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -57,7 +57,6 @@ class ModelConfig:
     revision: str | None = None
     seed: int = 0
     attention_backend: str = "torch"
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def architecture(self) -> str:

@@ -1,7 +1,7 @@
 """Public output types, shaped like vLLM's so user code reads them unchanged."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 
@@ -50,4 +50,3 @@ class RequestOutput:
     prompt_logprobs: PromptLogprobs | None = None
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
-    encoder_prompt: str | None = field(default=None, repr=False)

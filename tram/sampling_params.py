@@ -55,7 +55,6 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     logit_bias: dict[int, float] | None = None
     # Filled by the engine from the model's generation config, not by users; travels with the
     # params so the engine core sees the same stop set as the front end that set it.
-    _eos_token_ids: list[int] = []
 
     def __post_init__(self) -> None:
         self._normalise_numbers()
@@ -169,39 +168,6 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         if self.seed is not None:
             return SamplingType.RANDOM_SEED
         return SamplingType.RANDOM
-
-    def update_from_generation_config(self, eos_token_ids: list[int]) -> None:
-        """Record the model's eos ids (engine side, once per request, before scheduling)."""
-        for t in eos_token_ids:
-            if not _is_int(t) or t < 0:
-                raise ValueError(f"eos_token_ids must contain non-negative ints, got {t!r}")
-        self._eos_token_ids = sorted(set(eos_token_ids))
-
-    @property
-    def eos_token_ids(self) -> list[int]:
-        return list(self._eos_token_ids)
-
-    @property
-    def all_stop_token_ids(self) -> set[int]:
-        """stop_token_ids plus eos: what min_tokens must mask, even with ignore_eos (as vLLM)."""
-        return set(self.stop_token_ids or ()) | set(self._eos_token_ids)
-
-    @property
-    def finish_token_ids(self) -> set[int]:
-        """Ids that end the request: stop_token_ids, plus eos unless ignore_eos.
-
-        Builds a new set on each call; the scheduler should keep it per request.
-        """
-        if self.ignore_eos:
-            return set(self.stop_token_ids or ())
-        return self.all_stop_token_ids
-
-    @property
-    def output_text_buffer_length(self) -> int:
-        """Characters the detokenizer must hold back so that a stop string never streams out."""
-        if self.stop and not self.include_stop_str_in_output:
-            return max(len(s) for s in self.stop) - 1
-        return 0
 
     def verify_token_ids(self, vocab_size: int) -> None:
         """Reject token ids the model cannot produce; the engine calls this on add_request."""

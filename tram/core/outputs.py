@@ -15,9 +15,6 @@ class LogprobsLists(msgspec.Struct, array_like=True, omit_defaults=True):
     logprobs: list[list[float]]
     ranks: list[int]  # 1-based rank of the chosen token in the whole vocabulary
 
-    def slice(self, start: int, end: int) -> LogprobsLists:
-        return LogprobsLists(self.token_ids[start:end], self.logprobs[start:end], self.ranks[start:end])
-
 
 class ModelRunnerOutput(msgspec.Struct):
     """What one step of the worker produced, keyed by request id."""

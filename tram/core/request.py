@@ -75,6 +75,9 @@ class Request:
             self.eos_token_id = eos_token_ids[0]
             stop_ids.update(eos_token_ids[1:])
         self.stop_token_ids = frozenset(stop_ids)
+        # While min_tokens is unmet, every stop id and every eos id is masked, even with
+        # ignore_eos (as vLLM does), so the sampler needs the full set.
+        self.min_tokens_mask_ids = frozenset(p.stop_token_ids or ()) | frozenset(eos_token_ids)
 
     @property
     def num_tokens(self) -> int:

@@ -18,7 +18,7 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int
-    # Tokens that decide min_tokens masking and stop-id handling in the sampler.
+    # Ids the sampler masks while the request is below min_tokens (stop ids and every eos id).
     stop_token_ids: frozenset[int] = frozenset()
 
 

@@ -135,7 +135,7 @@ class Scheduler:
                 out.scheduled_new_reqs.append(
                     NewRequestData(
                         req.request_id, req.prompt_token_ids, req.sampling_params, block_ids, num_hit,
-                        self._sampler_stop_ids(req),
+                        req.min_tokens_mask_ids,
                     )
                 )
             out.num_scheduled_tokens[req.request_id] = num_new
@@ -157,11 +157,6 @@ class Scheduler:
         if req.prefix_source is not None:
             return self.kv_cache_manager.get_shared_prefix_blocks(req, req.prefix_source)
         return self.kv_cache_manager.get_computed_blocks(req)
-
-    @staticmethod
-    def _sampler_stop_ids(req: Request) -> frozenset[int]:
-        eos = frozenset() if req.eos_token_id is None else frozenset((req.eos_token_id,))
-        return req.stop_token_ids | eos
 
     # ---- after the step -------------------------------------------------------------------
     def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> EngineCoreOutputs:

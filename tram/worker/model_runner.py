@@ -11,7 +11,7 @@ from tram.core.outputs import LogprobsLists, ModelRunnerOutput
 from tram.core.sched_output import SchedulerOutput
 from tram.model.loader import load_model
 from tram.model.registry import kv_cache_shape_info
-from tram.worker.input_batch import CachedRequestState, StepInputs, prepare_inputs
+from tram.worker.input_batch import CachedRequestState, PromptLogprobsJob, StepInputs, prepare_inputs
 from tram.worker.sampler import Sampler, compute_token_logprobs
 from tram.worker.sampling_metadata import SamplingRow, build_sampling_metadata
 
@@ -93,9 +93,7 @@ class ModelRunner:
             st.append_output_token(tok)
             out.sampled_token_ids[st.req_id] = tok
         if result.logprobs is not None:
-            ids = result.logprobs.token_ids.tolist()
-            lps = result.logprobs.logprobs.tolist()
-            ranks = result.logprobs.ranks.tolist()
+            ids, lps, ranks = result.logprobs.tolists()
             for i, st in enumerate(states):
                 k = st.sampling_params.logprobs
                 if k is None:
@@ -103,12 +101,11 @@ class ModelRunner:
                 cols = len(ids[i]) if k < 0 else k + 1
                 out.logprobs[st.req_id] = LogprobsLists([ids[i][:cols]], [lps[i][:cols]], [ranks[i]])
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, job) -> LogprobsLists:
+    def _prompt_logprobs(self, hidden: torch.Tensor, job: PromptLogprobsJob) -> LogprobsLists:
         st = self.requests[job.req_id]
         k = st.sampling_params.prompt_logprobs
         idx = torch.from_numpy(job.hidden_indices).to(self.device)
         logits = self.model.compute_logits(hidden[idx])
         num = self.vocab_size if k < 0 else k
         targets = torch.tensor(job.target_token_ids, dtype=torch.long, device=self.device)
-        lp = compute_token_logprobs(logits, targets, num)
-        return LogprobsLists(lp.token_ids.tolist(), lp.logprobs.tolist(), lp.ranks.tolist())
+        return LogprobsLists(*compute_token_logprobs(logits, targets, num).tolists())

@@ -19,7 +19,7 @@ class SamplingRow:
     # Seeded requests only. The model runner seeds it once and keeps it across steps, so that
     # the request's noise stream does not depend on which other requests share the batch.
     generator: torch.Generator | None = None
-    # Model eos ids plus stop_token_ids; unioned with params.all_stop_token_ids when masking.
+    # Masked while len(output_token_ids) < min_tokens: stop_token_ids plus every eos id.
     stop_token_ids: Set[int] = field(default_factory=frozenset)
 
 
@@ -136,7 +136,7 @@ def _build_min_tokens_mask(rows: list[SamplingRow], device: torch.device) -> Tok
     for i, r in enumerate(rows):
         if len(r.output_token_ids) >= r.params.min_tokens:
             continue
-        stop_ids = sorted(r.stop_token_ids | r.params.all_stop_token_ids)
+        stop_ids = sorted(r.stop_token_ids)
         row_idx.extend([i] * len(stop_ids))
         token_ids.extend(stop_ids)
     if not row_idx:
