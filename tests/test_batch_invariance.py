@@ -135,3 +135,18 @@ def test_n_samples_share_prompt_blocks_and_are_reproducible(llm):
     assert [c.index for c in a.outputs] == [0, 1, 2, 3]
     assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
     assert len({tuple(c.token_ids) for c in a.outputs}) > 1, "samples with distinct seeds should differ"
+    # Step by step: once every sample runs, all four hold the same prompt blocks.
+    engine = llm.llm_engine
+    assert engine.engine_core.reset_prefix_cache(), "no block may be in use between workloads"
+    engine.add_request("shared", prompt, params)
+    kv = engine.engine_core.scheduler.kv_cache_manager
+    sample_ids = [f"{i}_shared" for i in range(4)]
+    for _ in range(4):
+        engine.step()
+    num_full = len(a.prompt_token_ids) // 16
+    assert num_full >= 1
+    firsts = [kv.req_blocks[sid][:num_full] for sid in sample_ids]
+    assert all(blocks == firsts[0] for blocks in firsts)
+    assert all(b.ref_cnt == 4 for b in firsts[0])
+    while engine.has_unfinished_requests():
+        engine.step()
