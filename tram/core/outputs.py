@@ -43,6 +43,7 @@ class EngineCoreOutput(msgspec.Struct, omit_defaults=True):
     new_logprobs: LogprobsLists | None = None
     new_prompt_logprobs: LogprobsLists | None = None
     num_cached_tokens: int = 0
+    queue_time: float | None = None  # seconds from arrival to first scheduled; on the first token only
 
     @property
     def finished(self) -> bool:

@@ -51,12 +51,13 @@ class Request:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.sampling_params = sampling_params
-        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.arrival_time = time.time() if arrival_time is None else arrival_time
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # set when first scheduled
+        self.scheduled_time: float | None = None  # wall clock, first time scheduled (queue time)
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None

@@ -7,6 +7,7 @@ it goes back to the front of the waiting queue with its output kept.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 
 from tram.core.config import CacheConfig, SchedulerConfig
@@ -127,6 +128,7 @@ class Scheduler:
             req.num_computed_tokens = num_hit
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = num_hit
+                req.scheduled_time = time.time()
             self.running.append(req)
             block_ids = self.kv_cache_manager.get_block_ids(req.request_id)
             if resumed:
@@ -177,6 +179,8 @@ class Scheduler:
                 rid, [token], new_logprobs=result.logprobs.get(rid), new_prompt_logprobs=prompt_lp,
                 num_cached_tokens=max(req.num_cached_tokens, 0),
             )
+            if req.num_output_tokens == 1 and req.scheduled_time is not None:
+                out.queue_time = max(0.0, req.scheduled_time - req.arrival_time)
             if status is not None:
                 self.running.remove(req)
                 self._free(req, status)

@@ -147,7 +147,7 @@ class IncrementalDetokenizer:
         stop string that is still being completed never reaches the client.
         """
         holdback = 0 if finished else self._stream_holdback
-        ready_len = len(self.output_text) - holdback
+        ready_len = max(0, len(self.output_text) - holdback)
         if not delta:
             return self.output_text[:ready_len] if holdback else self.output_text
         if ready_len <= self._streamed_len:

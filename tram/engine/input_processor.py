@@ -47,7 +47,7 @@ class InputProcessor:
         if len(token_ids) > self.max_model_len:
             raise ValueError(
                 f"The prompt (length {len(token_ids)}) is longer than the maximum model length "
-                f"of {self.max_model_len}."
+                f"of {self.max_model_len}: this model's maximum context length is {self.max_model_len} tokens."
             )
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad:

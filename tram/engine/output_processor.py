@@ -8,6 +8,7 @@ from typing import Any
 
 from tram.core.outputs import EngineCoreOutput, LogprobsLists
 from tram.engine.detokenizer import IncrementalDetokenizer, decode_token
+from tram.engine.stats import FinishedRequestStats, IterationStats
 from tram.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestMetrics, RequestOutput
 from tram.sampling_params import SamplingParams
 
@@ -26,7 +27,10 @@ class SampleState:
 
     @property
     def text(self) -> str:
-        return self.detokenizer.output_text if self.detokenizer is not None else ""
+        # Unfinished text withholds a possible stop-string prefix, so streamed text never shrinks.
+        if self.detokenizer is None:
+            return ""
+        return self.detokenizer.get_next_output_text(self.finish_reason is not None, delta=False)
 
 
 @dataclass
@@ -40,6 +44,7 @@ class RequestState:
     metrics: RequestMetrics
     prompt_logprobs: PromptLogprobs | None = None
     num_cached_tokens: int = 0
+    queue_time: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -51,6 +56,7 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.requests: dict[str, RequestState] = {}
         self.sample_owner: dict[str, str] = {}  # core (child) request id -> request id
+        self.iteration_stats = IterationStats()  # of the last process_outputs call
 
     def add_request(
         self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
@@ -95,6 +101,7 @@ class OutputProcessor:
         """Apply one step's outputs; return the request outputs to emit and the core request ids
         that a stop string finished (the core must stop them)."""
         now = time.time()
+        self.iteration_stats = IterationStats()
         touched: dict[str, RequestState] = {}
         stopped_by_string: list[str] = []
         for out in outputs:
@@ -115,6 +122,7 @@ class OutputProcessor:
             if finished:
                 state.metrics.finished_time = now
                 del self.requests[rid]
+                self._record_finished(state)
             if finished or not state.final_only:
                 emitted.append(self._make_output(state, finished))
         return emitted, stopped_by_string
@@ -124,11 +132,19 @@ class OutputProcessor:
             state.prompt_logprobs.extend(self._logprob_dicts(out.new_prompt_logprobs))
         if not out.new_token_ids:
             return
-        m = state.metrics
+        m, it = state.metrics, self.iteration_stats
         if m.first_token_time is None:
             m.first_token_time = now
+            it.num_prompt_tokens += len(state.prompt_token_ids)
+            it.time_to_first_tokens.append(now - m.arrival_time)
+        else:
+            it.inter_token_latencies.append(now - m.last_token_time)
+        if out.queue_time is not None and state.queue_time is None:
+            state.queue_time = out.queue_time
+            it.queue_times.append(out.queue_time)
         m.last_token_time = now
         m.num_generation_tokens += len(out.new_token_ids)
+        it.num_generation_tokens += len(out.new_token_ids)
         state.num_cached_tokens = out.num_cached_tokens
         sample.token_ids.extend(out.new_token_ids)
         if out.new_logprobs is not None and sample.logprobs is not None:
@@ -142,6 +158,16 @@ class OutputProcessor:
             sample.finish_reason, sample.stop_reason = "stop", matched
         else:
             sample.finish_reason, sample.stop_reason = out.finish_reason, out.stop_reason
+
+    def _record_finished(self, state: RequestState) -> None:
+        m = state.metrics
+        reasons = [s.finish_reason for s in state.samples.values()]
+        # A request that ran out of room in any sample reports "length", like its worst sample.
+        reason = "length" if "length" in reasons else reasons[0] or "abort"
+        self.iteration_stats.finished_requests.append(FinishedRequestStats(
+            reason, (m.finished_time or m.arrival_time) - m.arrival_time, state.queue_time,
+            len(state.prompt_token_ids), m.num_generation_tokens,
+        ))
 
     def _logprob_dicts(self, lp: LogprobsLists) -> list[dict[int, Logprob]]:
         rows = []

@@ -1,7 +1,8 @@
-"""`tram` command line. For now: `tram generate MODEL` (a generation demo); `tram serve` comes next."""
+"""`tram` command line: `tram serve MODEL` (the OpenAI-compatible server) and `tram generate MODEL` (a demo)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -17,6 +18,11 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "dummy"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--tokenizer")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--attention-backend")
+    p.add_argument("--max-logprobs", type=int, default=20)
 
 
 def _engine_kwargs(a: argparse.Namespace) -> dict:
@@ -25,6 +31,8 @@ def _engine_kwargs(a: argparse.Namespace) -> dict:
         max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size,
         num_gpu_blocks_override=a.num_gpu_blocks_override, kv_cache_memory_bytes=a.kv_cache_memory_bytes,
         enable_prefix_caching=a.enable_prefix_caching, load_format=a.load_format, seed=a.seed,
+        gpu_memory_utilization=a.gpu_memory_utilization, tokenizer=a.tokenizer, device=a.device,
+        attention_backend=a.attention_backend, max_logprobs=a.max_logprobs,
     )
 
 
@@ -39,6 +47,34 @@ def _generate(a: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(a: argparse.Namespace) -> int:
+    from tram.engine.arg_utils import EngineArgs
+    from tram.server.api_server import ServerSettings, run_server
+
+    settings = ServerSettings(
+        engine_args=EngineArgs(a.model, **_engine_kwargs(a)), host=a.host, port=a.port,
+        served_model_names=a.served_model_name, api_key=a.api_key, chat_template=a.chat_template,
+        max_queued_requests=a.max_queued_requests, uvicorn_log_level=a.uvicorn_log_level,
+    )
+    run_server(settings)
+    return 0
+
+
+def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser("serve", help="start the OpenAI-compatible server")
+    _add_engine_args(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--served-model-name", nargs="+", help="name(s) clients use in 'model'")
+    serve.add_argument("--api-key", default=os.environ.get("TRAM_API_KEY"),
+                       help="require 'Authorization: Bearer KEY' on /v1 routes")
+    serve.add_argument("--chat-template", help="a Jinja chat template, or a file holding one")
+    serve.add_argument("--max-queued-requests", type=int,
+                       help="answer 429 while this many requests are already waiting")
+    serve.add_argument("--uvicorn-log-level", default="warning",
+                       choices=["critical", "error", "warning", "info", "debug", "trace"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tram", description="Tram LLM inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -49,9 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--sampling-seed", type=int)
+    _add_serve_parser(sub)
     args = parser.parse_args(argv)
     try:
-        return _generate(args)
+        return _serve(args) if args.command == "serve" else _generate(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,126 @@
+"""The server under many users, dropped clients, a dead engine and signals."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import time
+
+import httpx
+import pytest
+
+from conftest import STORIES
+from server_utils import RemoteServer, pid_alive
+
+
+def _metric(text: str, name: str) -> float:
+    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
+    assert m, f"{name} not in /metrics"
+    return float(m.group(1))
+
+
+def _wait_idle(server: RemoteServer, timeout: float = 10.0) -> dict:
+    deadline = time.time() + timeout
+    while True:
+        state = server.kv_state()
+        idle = state["blocks"]["in_use"] == 0 and state["num_running_reqs"] == 0 and state["num_waiting_reqs"] == 0
+        if idle or time.time() > deadline:
+            return state
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = RemoteServer(str(STORIES), ["--max-num-seqs", "32"])
+    yield s
+    state = _wait_idle(s)
+    assert state["blocks"]["in_use"] == 0 and state["num_unfinished_in_frontend"] == 0, state
+    assert s.stop() in (0, -signal.SIGTERM)
+
+
+async def _stream(client: httpx.AsyncClient, i: int, drop_after: int | None) -> tuple[int, str | None]:
+    """Stream one completion; return (chunks read, finish_reason), or drop it after some chunks."""
+    body = {"prompt": f"Once upon a time {i}", "max_tokens": 200, "temperature": 0.8, "seed": i,
+            "ignore_eos": True, "stream": True}
+    chunks, finish = 0, None
+    async with client.stream("POST", "/v1/completions", json=body) as resp:
+        assert resp.status_code == 200
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            choice = json.loads(line[6:])["choices"][0]
+            chunks += 1
+            finish = choice["finish_reason"] or finish
+            if drop_after is not None and chunks >= drop_after:
+                return chunks, None  # leaving the block closes the connection mid-stream
+    return chunks, finish
+
+
+def test_64_streams_with_a_quarter_dropped_midway(server: RemoteServer) -> None:
+    async def run() -> list[tuple[int, str | None]]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            return await asyncio.gather(*[_stream(client, i, 3 if i % 4 == 0 else None) for i in range(64)])
+
+    results = asyncio.run(run())
+    kept = [r for i, r in enumerate(results) if i % 4 != 0]
+    assert all(finish == "length" for _, finish in kept), kept
+    state = _wait_idle(server)
+    assert state["blocks"]["in_use"] == 0 and state["num_running_reqs"] == 0, state
+    metrics = httpx.get(server.url + "/metrics").text
+    assert _metric(metrics, "tram:num_requests_running") == 0
+    assert _metric(metrics, "tram:kv_cache_usage_perc") == 0
+    assert _metric(metrics, 'tram:request_success_total{finished_reason="length",model_name="%s"}' % STORIES) >= 48
+
+
+def test_dropped_non_streaming_request_is_aborted(server: RemoteServer) -> None:
+    body = {"prompt": "Hi", "max_tokens": 505, "ignore_eos": True, "temperature": 1.0}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json=body, timeout=0.3)
+    # The server notices the closed connection and aborts long before 505 tokens are done.
+    state = _wait_idle(server, timeout=5.0)
+    assert state["num_running_reqs"] == 0 and state["blocks"]["in_use"] == 0, state
+
+
+def test_sigint_with_streams_in_flight_shuts_down_cleanly() -> None:
+    s = RemoteServer(str(STORIES))
+    with httpx.Client(base_url=s.url, timeout=30) as client:
+        body = {"prompt": "Hello", "max_tokens": 500, "ignore_eos": True, "stream": True}
+        with client.stream("POST", "/v1/completions", json=body) as resp:
+            next(resp.iter_lines())
+            start = time.time()
+            s.stop(signal.SIGINT)  # raises if the server hangs or leaves its engine behind
+    assert time.time() - start < 15
+
+
+def test_engine_death_fails_requests_and_health() -> None:
+    s = RemoteServer(str(STORIES))
+    try:
+        engine_pid = next(p for p in s.engine_pids if _is_engine(p))
+        with httpx.Client(base_url=s.url, timeout=30) as client:
+            body = {"prompt": "Hello", "max_tokens": 500, "ignore_eos": True, "stream": True}
+            with client.stream("POST", "/v1/completions", json=body) as resp:
+                lines = resp.iter_lines()
+                next(lines)
+                os.kill(engine_pid, signal.SIGKILL)
+                start = time.time()
+                rest = [line for line in lines if line]
+            assert time.time() - start < 5
+            assert rest[-1] == "data: [DONE]"
+            error = json.loads(rest[-2][6:])["error"]
+            assert error["code"] == 503 and "engine" in error["message"]
+            assert client.get("/health").status_code == 503
+            r = client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
+            assert r.status_code == 503 and "error" in r.json()
+            r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}]})
+            assert r.status_code == 503
+    finally:
+        s.stop()
+    assert not pid_alive(engine_pid)
+
+
+def _is_engine(pid: int) -> bool:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        cmd = f.read()
+    return b"spawn_main" in cmd and b"resource_tracker" not in cmd

@@ -1,0 +1,208 @@
+"""AsyncLLM: the server's engine. Text in, streams of `RequestOutput` out; the core runs in another process.
+
+Each request gets an `OutputCollector`. Outputs are cumulative (full text and token ids so far), so a
+collector only keeps the newest one: a slow consumer skips intermediate states instead of queueing them.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from tram.core.outputs import EngineCoreOutputs, SchedulerStats
+from tram.engine.arg_utils import EngineConfig
+from tram.engine.core_client import EngineCoreClient, EngineDeadError
+from tram.engine.frontend import EngineFrontend
+from tram.engine.input_processor import PromptType
+from tram.engine.metrics import LoggingStatLogger, PrometheusStatLogger
+from tram.outputs import RequestOutput
+from tram.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class QueueFullError(RuntimeError):
+    """More requests are waiting than `max_queued_requests` allows."""
+
+
+class RequestFailedError(RuntimeError):
+    """The engine core could not run this request."""
+
+
+class OutputCollector:
+    def __init__(self) -> None:
+        self.output: RequestOutput | None = None
+        self.error: BaseException | None = None
+        self.ready = asyncio.Event()
+
+    def put(self, output: RequestOutput) -> None:
+        self.output = output
+        self.ready.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.ready.set()
+
+    async def get(self) -> RequestOutput:
+        await self.ready.wait()
+        self.ready.clear()
+        if self.error is not None:
+            raise self.error
+        out, self.output = self.output, None
+        assert out is not None
+        return out
+
+
+class RequestStream:
+    """The outputs of one submitted request. Stopping early (aclose, or a cancelled `__anext__`)
+    aborts the request in the engine, which frees its KV blocks on the next step."""
+
+    def __init__(self, engine: AsyncLLM, request_id: str, collector: OutputCollector) -> None:
+        self.engine = engine
+        self.request_id = request_id
+        self.collector = collector
+        self.done = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.done:
+            raise StopAsyncIteration
+        try:
+            out = await self.collector.get()
+        except BaseException:
+            self.close()
+            raise
+        self.done = out.finished
+        return out
+
+    def close(self) -> None:
+        if not self.done:
+            self.done = True
+            self.engine.abort(self.request_id)
+
+    async def aclose(self) -> None:
+        self.close()
+
+
+class AsyncLLM(EngineFrontend):
+    def __init__(
+        self, config: EngineConfig, served_model_name: str | None = None,
+        max_queued_requests: int | None = None, log_stats_interval: float = 5.0,
+    ) -> None:
+        super().__init__(config)
+        self.max_queued_requests = max_queued_requests
+        self.collectors: dict[str, OutputCollector] = {}
+        self.last_stats = SchedulerStats()
+        self.prometheus = PrometheusStatLogger(served_model_name or config.model_config.model)
+        self.log_stats = LoggingStatLogger(log_stats_interval)
+        self.core = EngineCoreClient(config, self._on_outputs, self._on_request_error, self._on_dead)
+        self._log_task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        await self.core.start()
+        self.log_stats.last_log = time.monotonic()
+        self._log_task = asyncio.create_task(self._log_loop())
+
+    @property
+    def is_running(self) -> bool:
+        return self.core.is_alive
+
+    @property
+    def dead_reason(self) -> str | None:
+        return self.core.dead_reason
+
+    # ---- requests ---------------------------------------------------------------------------
+    def _num_queued(self) -> int:
+        """Requests waiting for the running batch: exact from the core's last step, or from what
+        this front end has sent since (it cannot run more than max_num_seqs at once)."""
+        in_flight = len(self.output_processor.sample_owner)
+        max_seqs = self.config.scheduler_config.max_num_seqs
+        return max(self.last_stats.num_waiting_reqs, in_flight - max_seqs)
+
+    def add_request(self, prompt: PromptType, params: SamplingParams, request_id: str) -> RequestStream:
+        """Validate and submit a request now (ValueError, QueueFullError or EngineDeadError at once);
+        iterate the returned stream for its cumulative outputs."""
+        if not self.core.is_alive:
+            raise EngineDeadError(self.core.dead_reason or "the engine is not running")
+        text, prompt_ids = self.process_input(prompt, params)
+        if self.max_queued_requests is not None and self._num_queued() >= self.max_queued_requests:
+            raise QueueFullError(
+                f"The server is busy: {self.max_queued_requests} or more requests are already waiting "
+                "(--max-queued-requests). Retry later."
+            )
+        core_requests = self.register_request(request_id, text, prompt_ids, params)
+        collector = self.collectors[request_id] = OutputCollector()
+        for core_request in core_requests:
+            self.core.add_request(core_request)
+        return RequestStream(self, request_id, collector)
+
+    async def generate(
+        self, prompt: PromptType, params: SamplingParams, request_id: str,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield cumulative outputs until the request finishes. Closing the iterator early (a client
+        that went away, a cancelled task) aborts the request in the engine."""
+        stream = self.add_request(prompt, params, request_id)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            await stream.aclose()
+
+    def abort(self, request_id: str) -> None:
+        self.collectors.pop(request_id, None)
+        sample_ids = self.output_processor.abort_requests([request_id])
+        self.core.abort_requests(sample_ids)
+
+    # ---- engine core callbacks (on the event loop) -------------------------------------------
+    def _on_outputs(self, outputs: EngineCoreOutputs) -> None:
+        if outputs.scheduler_stats is not None:
+            self.last_stats = outputs.scheduler_stats
+        request_outputs, stopped = self.output_processor.process_outputs(outputs.outputs)
+        for out in request_outputs:
+            collector = self.collectors.get(out.request_id)
+            if collector is not None:
+                collector.put(out)
+                if out.finished:
+                    del self.collectors[out.request_id]
+        if stopped:
+            self.core.abort_requests(stopped, stopped=True)
+        it = self.output_processor.iteration_stats
+        self.prometheus.record(outputs.scheduler_stats, it)
+        self.log_stats.record(outputs.scheduler_stats, it)
+
+    def _on_request_error(self, sample_id: str, message: str) -> None:
+        request_id = self.output_processor.sample_owner.get(sample_id, sample_id)
+        collector = self.collectors.pop(request_id, None)
+        self.abort(request_id)
+        if collector is not None:
+            collector.fail(RequestFailedError(message))
+
+    def _on_dead(self, reason: str) -> None:
+        error = EngineDeadError(reason)
+        for collector in self.collectors.values():
+            collector.fail(error)
+        self.collectors.clear()
+        self.output_processor.abort_requests(list(self.output_processor.requests))
+
+    # ---- utilities ----------------------------------------------------------------------------
+    async def get_stats(self) -> SchedulerStats:
+        return SchedulerStats(**await self.core.call_utility("get_stats"))
+
+    async def check_kv_integrity(self) -> dict[str, int]:
+        return await self.core.call_utility("check_kv_integrity")
+
+    async def reset_prefix_cache(self) -> bool:
+        return await self.core.call_utility("reset_prefix_cache")
+
+    async def _log_loop(self) -> None:
+        while self.core.is_alive:
+            await asyncio.sleep(1.0)
+            self.log_stats.maybe_log()
+
+    def shutdown(self) -> None:
+        if self._log_task is not None:
+            self._log_task.cancel()
+        self.core.shutdown()

@@ -1,0 +1,117 @@
+"""The engine core in its own process: a busy loop of schedule -> execute -> sample -> update.
+
+It reads requests and aborts from a ZMQ PULL socket between steps and pushes each step's outputs
+(token ids, finish reasons, scheduler stats) to the API server. When idle it blocks on the socket, so
+an idle server costs no CPU. It exits when told (SIGTERM), when its parent dies, or after reporting a
+fatal error; a bad request only fails that request.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import traceback
+from typing import Any
+
+import zmq
+
+from tram.core.request import RequestStatus
+from tram.engine import ipc
+from tram.engine.arg_utils import EngineConfig
+from tram.engine.core import EngineCore
+
+logger = logging.getLogger(__name__)
+
+IDLE_POLL_MS = 500  # how often an idle engine checks that its parent is still alive
+
+
+class EngineCoreProc:
+    def __init__(self, core: EngineCore, input_socket: zmq.Socket, output_socket: zmq.Socket, parent_pid: int) -> None:
+        self.core = core
+        self.input_socket = input_socket
+        self.output_socket = output_socket
+        self.parent_pid = parent_pid
+
+    def run_busy_loop(self) -> None:
+        while True:
+            busy = self.core.has_unfinished_requests()
+            if not self._drain_inputs(0 if busy else IDLE_POLL_MS) and not busy:
+                if os.getppid() != self.parent_pid:
+                    logger.info("engine core: the API server is gone; exiting")
+                    return
+                continue
+            if self.core.has_unfinished_requests():
+                self._send(ipc.OUTPUTS, self.core.step())
+
+    def _drain_inputs(self, timeout_ms: int) -> bool:
+        """Handle every message already waiting (waiting up to timeout_ms for the first)."""
+        got = False
+        while self.input_socket.poll(timeout_ms):
+            got = True
+            timeout_ms = 0
+            kind, msg = ipc.decode(self.input_socket.recv_multipart(), ipc.INPUT_DECODERS)
+            if kind == ipc.ADD:
+                self._add_request(msg)
+            elif kind == ipc.ABORT:
+                status = RequestStatus.FINISHED_STOPPED if msg.stopped else RequestStatus.FINISHED_ABORTED
+                self.core.abort_requests(msg.request_ids, status)
+            elif kind == ipc.UTILITY:
+                self._call_utility(msg)
+        return got
+
+    def _add_request(self, req: Any) -> None:
+        try:
+            self.core.add_request(req)
+        except Exception as e:  # noqa: BLE001 - one bad request must not stop the loop
+            logger.exception("engine core: rejected request %s", req.request_id)
+            self._send(ipc.REQUEST_ERROR, ipc.RequestError(req.request_id, f"{type(e).__name__}: {e}"))
+
+    def _call_utility(self, call: ipc.UtilityCall) -> None:
+        result = ipc.UtilityResult(call.call_id)
+        if call.method not in ipc.UTILITY_METHODS:
+            result.error = f"unknown engine core method {call.method!r}"
+        else:
+            try:
+                result.result = getattr(self.core, call.method)(*call.args)
+            except Exception as e:  # noqa: BLE001 - report back to the caller
+                result.error = f"{type(e).__name__}: {e}"
+        self._send(ipc.UTILITY_RESULT, result)
+
+    def _send(self, kind: bytes, msg: Any) -> None:
+        self.output_socket.send_multipart(ipc.encode(kind, msg), copy=False)
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
+
+
+def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, parent_pid: int) -> None:
+    """Process entry point (spawned by the API server)."""
+    # Ctrl-C reaches the whole process group; the API server decides when the engine stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    ctx = zmq.Context()
+    input_socket = ctx.socket(zmq.PULL)
+    input_socket.connect(input_addr)
+    output_socket = ctx.socket(zmq.PUSH)
+    output_socket.setsockopt(zmq.LINGER, 1000)
+    output_socket.connect(output_addr)
+    proc: EngineCoreProc | None = None
+    try:
+        core = EngineCore(config)
+        proc = EngineCoreProc(core, input_socket, output_socket, parent_pid)
+        cc = config.cache_config
+        proc._send(ipc.READY, ipc.ReadyInfo(cc.num_blocks, cc.block_size, config.scheduler_config.max_model_len))
+        proc.run_busy_loop()
+    except SystemExit:
+        pass
+    except BaseException as e:  # noqa: BLE001 - report any crash to the server before dying
+        logger.error("engine core died:\n%s", traceback.format_exc())
+        output_socket.send_multipart(ipc.encode(ipc.FATAL, ipc.FatalError(f"{type(e).__name__}: {e}")))
+        output_socket.close()
+        ctx.term()
+        sys.exit(1)
+    output_socket.close(linger=0)
+    input_socket.close(linger=0)
+    ctx.term()

@@ -1,0 +1,78 @@
+"""The front end shared by the offline `LLMEngine` and the server's `AsyncLLM`.
+
+It owns everything on the text side of the engine core: the tokenizer, input validation, the output
+processor (detokenizing, stop strings, gathering the n samples) and the fan-out of one request into
+the core requests of its samples. The two engines differ only in how they reach the core: a direct
+call, or a message over ZMQ to another process.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tram.engine.arg_utils import EngineConfig
+from tram.engine.core import EngineCoreRequest
+from tram.engine.input_processor import InputProcessor, PromptType
+from tram.engine.output_processor import OutputProcessor
+from tram.engine.tokenizer import get_stop_token_ids, load_tokenizer
+from tram.sampling_params import SamplingParams
+
+
+def sample_request_ids(request_id: str, n: int) -> list[str]:
+    """Core request ids of the n samples of a request (vLLM's naming for parallel sampling)."""
+    return [request_id] if n == 1 else [f"{i}_{request_id}" for i in range(n)]
+
+
+class EngineFrontend:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        mc = config.model_config
+        self.tokenizer: Any | None = None
+        if not config.skip_tokenizer_init:
+            self.tokenizer = load_tokenizer(config.tokenizer, config.revision, config.trust_remote_code)
+        self.eos_token_ids = self._eos_token_ids()
+        self.input_processor = InputProcessor(self.tokenizer, mc.vocab_size, mc.max_model_len, config.max_logprobs)
+        self.output_processor = OutputProcessor(self.tokenizer)
+
+    def _eos_token_ids(self) -> list[int]:
+        """The tokenizer's eos first (it stops with stop_reason None), then the others."""
+        mc = self.config.model_config
+        ids = get_stop_token_ids(mc.model, self.tokenizer, mc.hf_config)
+        primary = getattr(self.tokenizer, "eos_token_id", None)
+        if primary in ids:
+            ids = [primary] + [i for i in ids if i != primary]
+        return ids
+
+    def get_tokenizer(self) -> Any | None:
+        return self.tokenizer
+
+    def process_input(self, prompt: PromptType, params: SamplingParams) -> tuple[str | None, list[int]]:
+        return self.input_processor.process(prompt, params)
+
+    def register_request(
+        self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
+        arrival_time: float | None = None, final_only: bool = False,
+    ) -> list[EngineCoreRequest]:
+        """Track a validated request; return the core requests (one per sample) to submit."""
+        arrival = time.time() if arrival_time is None else arrival_time
+        sample_ids = sample_request_ids(request_id, params.n)
+        # User ids and the core ids of n > 1 samples share one namespace: refuse any overlap.
+        taken = self.output_processor.sample_owner
+        if request_id in self.output_processor.requests or request_id in taken or any(s in taken for s in sample_ids):
+            raise ValueError(f"request id {request_id!r} is already in use")
+        self.output_processor.add_request(
+            request_id, prompt, prompt_token_ids, params, sample_ids, arrival, final_only
+        )
+        core_requests = []
+        for i, sid in enumerate(sample_ids):
+            child = params
+            if params.n > 1:
+                child = params.clone()
+                child.n = 1
+                if params.seed is not None:
+                    child.seed = params.seed + i  # distinct yet reproducible samples
+            core_requests.append(EngineCoreRequest(
+                sid, prompt_token_ids, child, self.eos_token_ids, arrival,
+                prefix_source_id=sample_ids[0] if i > 0 else None,
+            ))
+        return core_requests

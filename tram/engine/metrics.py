@@ -1,0 +1,115 @@
+"""Prometheus metrics (names mirror vLLM's, prefixed `tram:`) and the periodic throughput log line."""
+from __future__ import annotations
+
+import logging
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from tram.core.outputs import SchedulerStats
+from tram.engine.stats import IterationStats
+
+logger = logging.getLogger("tram.metrics")
+
+_LATENCY_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0]
+_ITL_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+                1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+class PrometheusStatLogger:
+    """Owns its registry, so several engines (tests) can live in one process."""
+
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        labels, values = ["model_name"], [model_name]
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(f"tram:{name}", doc, labels, registry=self.registry).labels(*values)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(f"tram:{name}", doc, labels, registry=self.registry).labels(*values)
+
+        def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
+            return Histogram(f"tram:{name}", doc, labels, buckets=buckets, registry=self.registry).labels(*values)
+
+        self.running = gauge("num_requests_running", "Requests in the running batch.")
+        self.waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1).")
+        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self.preemptions = counter("num_preemptions", "Requests preempted (recomputed later).")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed.")
+        self.generation_tokens = counter("generation_tokens", "Tokens generated.")
+        success = Counter("tram:request_success", "Finished requests by finish reason.",
+                          labels + ["finished_reason"], registry=self.registry)
+        self.success = {r: success.labels(model_name, r) for r in FINISH_REASONS}
+        self.ttft = histogram("time_to_first_token_seconds", "Time to first token.", _LATENCY_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds", "Time between output tokens.", _ITL_BUCKETS)
+        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", _LATENCY_BUCKETS)
+        self.queue = histogram("request_queue_time_seconds", "Arrival to first scheduled.", _LATENCY_BUCKETS)
+        self._last = SchedulerStats()
+
+    def record(self, sched: SchedulerStats | None, it: IterationStats | None) -> None:
+        if sched is not None:
+            self.running.set(sched.num_running_reqs)
+            self.waiting.set(sched.num_waiting_reqs)
+            self.kv_usage.set(sched.kv_cache_usage)
+            # The core reports running totals; counters take the increments.
+            self.prefix_queries.inc(max(0, sched.prefix_cache_queries - self._last.prefix_cache_queries))
+            self.prefix_hits.inc(max(0, sched.prefix_cache_hits - self._last.prefix_cache_hits))
+            self.preemptions.inc(max(0, sched.num_preemptions - self._last.num_preemptions))
+            self._last = sched
+        if it is None:
+            return
+        self.prompt_tokens.inc(it.num_prompt_tokens)
+        self.generation_tokens.inc(it.num_generation_tokens)
+        for v in it.time_to_first_tokens:
+            self.ttft.observe(v)
+        for v in it.inter_token_latencies:
+            self.itl.observe(v)
+        for v in it.queue_times:
+            self.queue.observe(v)
+        for f in it.finished_requests:
+            self.success.get(f.finish_reason, self.success["abort"]).inc()
+            self.e2e.observe(f.e2e_latency)
+
+
+class LoggingStatLogger:
+    """A log line every `interval` seconds while there is work: throughput, queue, KV and cache use."""
+
+    def __init__(self, interval: float = 5.0) -> None:
+        self.interval = interval
+        self.last_log = time.monotonic()
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.sched = SchedulerStats()
+        self._hits_at_log = (0, 0)
+
+    def record(self, sched: SchedulerStats | None, it: IterationStats | None) -> None:
+        if sched is not None:
+            self.sched = sched
+        if it is not None:
+            self.prompt_tokens += it.num_prompt_tokens
+            self.generation_tokens += it.num_generation_tokens
+
+    def maybe_log(self) -> None:
+        now = time.monotonic()
+        elapsed = now - self.last_log
+        if elapsed < self.interval:
+            return
+        s = self.sched
+        busy = self.prompt_tokens or self.generation_tokens or s.num_running_reqs or s.num_waiting_reqs
+        if busy:
+            queries = s.prefix_cache_queries - self._hits_at_log[0]
+            hits = s.prefix_cache_hits - self._hits_at_log[1]
+            logger.info(
+                "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
+                "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%",
+                self.prompt_tokens / elapsed, self.generation_tokens / elapsed, s.num_running_reqs,
+                s.num_waiting_reqs, 100 * s.kv_cache_usage, 100 * hits / queries if queries else 0.0,
+            )
+        self.last_log = now
+        self.prompt_tokens = self.generation_tokens = 0
+        self._hits_at_log = (s.prefix_cache_queries, s.prefix_cache_hits)

@@ -1,0 +1,195 @@
+"""The OpenAI-compatible HTTP server: FastAPI routes over an `AsyncLLM` whose core runs in its own process."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+import tram
+from tram.engine.arg_utils import EngineArgs
+from tram.engine.async_llm import AsyncLLM
+from tram.server.errors import APIError, error_response, install_exception_handlers
+from tram.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from tram.server.serving_chat import OpenAIServingChat
+from tram.server.serving_completion import OpenAIServingCompletion
+from tram.server.serving_generate import LegacyGenerate
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerSettings:
+    engine_args: EngineArgs
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_names: list[str] | None = None
+    api_key: str | None = None
+    chat_template: str | None = None
+    max_queued_requests: int | None = None
+    log_stats_interval: float = 5.0
+    uvicorn_log_level: str = "info"
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """A path to a Jinja file, or the template itself."""
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if "{" not in value:
+        raise ValueError(f"--chat-template {value!r} is neither a file nor a Jinja template")
+    return value
+
+
+class Handlers:
+    """The serving objects, created once the engine is up."""
+
+    def __init__(self, engine: AsyncLLM, settings: ServerSettings) -> None:
+        names = settings.served_model_names or [settings.engine_args.model]
+        template = load_chat_template(settings.chat_template)
+        self.engine = engine
+        self.completion = OpenAIServingCompletion(engine, names, template)
+        self.chat = OpenAIServingChat(engine, names, template)
+        self.generate = LegacyGenerate(engine, names, template)
+
+
+def _auth_middleware(app: FastAPI, api_key: str) -> None:
+    expected = f"Bearer {api_key}"
+
+    @app.middleware("http")
+    async def check_key(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if request.url.path.startswith("/v1") and request.method != "OPTIONS":
+            given = request.headers.get("authorization", "")
+            if not secrets.compare_digest(given.encode(), expected.encode()):
+                return error_response(401, "Invalid or missing API key", code="invalid_api_key")
+        return await call_next(request)
+
+
+def build_app(settings: ServerSettings, engine_config: object | None = None) -> FastAPI:
+    config = engine_config or settings.engine_args.create_engine_config()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = AsyncLLM(config, (settings.served_model_names or [None])[0] or settings.engine_args.model,
+                          settings.max_queued_requests, settings.log_stats_interval)
+        try:
+            await engine.start()
+            app.state.handlers = Handlers(engine, settings)
+            logger.info("Ready: http://%s:%d (OpenAI API under /v1)", settings.host, settings.port)
+            yield
+        finally:
+            engine.shutdown()
+
+    app = FastAPI(title="Tram", version=tram.__version__, lifespan=lifespan)
+    install_exception_handlers(app)
+    if settings.api_key:
+        _auth_middleware(app, settings.api_key)
+    _add_routes(app)
+    if os.environ.get("TRAM_SERVER_DEV_MODE") == "1":
+        _add_dev_routes(app)
+    return app
+
+
+def _h(request: Request) -> Handlers:
+    return request.app.state.handlers
+
+
+def _add_routes(app: FastAPI) -> None:
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        engine = _h(request).engine
+        if not engine.is_running:
+            return error_response(503, f"The engine is not running: {engine.dead_reason}")
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": tram.__version__}
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict:
+        h = _h(request)
+        s = h.completion
+        data = [{"id": name, "object": "model", "created": s.created(), "owned_by": "tram",
+                 "root": h.engine.config.model_config.model, "parent": None, "max_model_len": s.max_model_len}
+                for name in s.served_model_names]
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await _h(request).completion.create_completion(body, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        return await _h(request).chat.create_chat_completion(body, request)
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        return await _h(request).generate.generate(request)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest, request: Request) -> dict:
+        h = _h(request)
+        h.completion.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "give exactly one of 'prompt' and 'messages'")
+        if body.messages is not None:
+            ids = h.chat.render(body)
+        else:
+            ids = h.completion.tokenize(body.prompt, body.add_special_tokens)
+        return {"tokens": ids, "count": len(ids), "max_model_len": h.completion.max_model_len}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
+        h = _h(request)
+        h.completion.check_model(body.model)
+        vocab = h.engine.config.model_config.vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"token ids outside the vocabulary [0, {vocab}): {bad[:5]}", "tokens")
+        if h.engine.tokenizer is None:
+            raise APIError(400, "This server has no tokenizer")
+        return {"prompt": h.engine.tokenizer.decode(body.tokens)}
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(_h(request).engine.prometheus.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _add_dev_routes(app: FastAPI) -> None:
+    """Endpoints for tests and debugging only (TRAM_SERVER_DEV_MODE=1), as vLLM's dev mode."""
+
+    @app.get("/debug/kv_integrity")
+    async def kv_integrity(request: Request) -> dict:
+        engine = _h(request).engine
+        stats = await engine.get_stats()
+        return {"blocks": await engine.check_kv_integrity(), "num_running_reqs": stats.num_running_reqs,
+                "num_waiting_reqs": stats.num_waiting_reqs, "kv_cache_usage": stats.kv_cache_usage,
+                "num_unfinished_in_frontend": len(engine.output_processor.requests)}
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache(request: Request) -> dict:
+        return {"reset": await _h(request).engine.reset_prefix_cache()}
+
+
+def run_server(settings: ServerSettings) -> None:
+    """Serve until SIGINT/SIGTERM; the engine process is stopped on the way out."""
+    app = build_app(settings)
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_level=settings.uvicorn_log_level,
+        timeout_graceful_shutdown=3, access_log=False,
+    )
+    server = uvicorn.Server(config)
+    logger.info("Tram %s serving %s on http://%s:%d", tram.__version__, settings.engine_args.model,
+                settings.host, settings.port)
+    asyncio.run(server.serve())

@@ -1,0 +1,101 @@
+"""OpenAI-style error bodies: {"error": {"message", "type", "param", "code"}} with the right status."""
+from __future__ import annotations
+
+import json
+import logging
+from http import HTTPStatus
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tram.engine.async_llm import QueueFullError, RequestFailedError
+from tram.engine.core_client import EngineDeadError
+
+logger = logging.getLogger(__name__)
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
+          429: "rate_limit_error", 500: "internal_error", 503: "service_unavailable"}
+
+
+class APIError(Exception):
+    """Raised by handlers; becomes an error response with this status."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | int | None = None) -> dict:
+    return {"error": {
+        "message": message, "type": _TYPES.get(status, HTTPStatus(status).phrase.replace(" ", "")),
+        "param": param, "code": code if code is not None else status,
+    }}
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | int | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status_code=status)
+
+
+def exception_to_error(e: BaseException) -> APIError:
+    """Map an exception from validation or the engine to the status a client should see."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, (ValueError, TypeError)):
+        return APIError(400, str(e))
+    if isinstance(e, QueueFullError):
+        return APIError(429, str(e))
+    if isinstance(e, EngineDeadError):
+        return APIError(503, f"The engine is not running: {e}")
+    if isinstance(e, RequestFailedError):
+        return APIError(500, f"The engine failed this request: {e}")
+    logger.exception("unexpected error while serving a request", exc_info=e)
+    return APIError(500, f"Internal server error: {type(e).__name__}: {e}")
+
+
+def stream_error_event(e: BaseException) -> str:
+    err = exception_to_error(e)
+    return f"data: {json.dumps(error_body(err.status, err.message, err.param, err.code))}\n\n"
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "Invalid request body", None
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    if first.get("type") == "json_invalid":
+        return "The request body is not valid JSON", None
+    where = f" (at '{param}')" if param else ""
+    return f"Invalid request{where}: {first.get('msg', 'invalid value')}", param
+
+
+def install_exception_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(400, message, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(APIError)
+    async def _api(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param, exc.code)
+
+    async def _other(_: Request, exc: Exception) -> JSONResponse:
+        err = exception_to_error(exc)
+        return error_response(err.status, err.message, err.param, err.code)
+
+    # Starlette sends a handler registered for `Exception` to ServerErrorMiddleware, which re-raises
+    # after responding, so uvicorn logs a traceback and closes the keep-alive connection: the
+    # client's next request on it fails with a connection reset. Errors that are the client's fault
+    # (ValueError from validation) or expected (queue full, engine dead) get their own handlers,
+    # which run in ExceptionMiddleware and leave the connection usable.
+    for expected in (ValueError, TypeError, QueueFullError, EngineDeadError, RequestFailedError):
+        app.add_exception_handler(expected, _other)
+    app.add_exception_handler(Exception, _other)  # anything else: a 500, logged as a bug

@@ -1,0 +1,72 @@
+"""What every OpenAI endpoint shares: the engine, the served model names, defaults and prompt checks."""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from transformers import GenerationConfig
+
+from tram.engine.async_llm import AsyncLLM
+from tram.server.errors import APIError
+
+# Sampling fields a model's generation_config.json may set as defaults (vLLM's `--generation-config auto`).
+_GENERATION_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def generation_config_defaults(model_path: str) -> dict[str, Any]:
+    """Sampling defaults the model's authors chose; only the fields they set explicitly."""
+    try:
+        diff = GenerationConfig.from_pretrained(model_path).to_diff_dict()
+    except (OSError, ValueError):
+        return {}
+    return {k: diff[k] for k in _GENERATION_DEFAULT_FIELDS if diff.get(k) is not None}
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class OpenAIServing:
+    def __init__(self, engine: AsyncLLM, served_model_names: list[str], chat_template: str | None = None) -> None:
+        self.engine = engine
+        self.served_model_names = served_model_names
+        self.model_name = served_model_names[0]
+        self.chat_template = chat_template
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.config.scheduler_config.max_model_len
+        self.defaults = generation_config_defaults(engine.config.model_config.model)
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model not in self.served_model_names:
+            raise APIError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if self.tokenizer is None:
+            raise APIError(400, "This server has no tokenizer; send token ids")
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def check_length(self, num_prompt_tokens: int, max_tokens: int | None, what: str = "prompt") -> None:
+        """400 when the prompt, or the prompt plus the requested completion, does not fit (as vLLM)."""
+        if num_prompt_tokens > self.max_model_len:
+            raise APIError(
+                400, f"This model's maximum context length is {self.max_model_len} tokens. However, your "
+                f"{what} has {num_prompt_tokens} tokens. Please reduce the length of the {what}.",
+                "messages" if what == "messages" else "prompt", "context_length_exceeded",
+            )
+        if max_tokens is not None and num_prompt_tokens + max_tokens > self.max_model_len:
+            raise APIError(
+                400, f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                f"requested {num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the {what}, "
+                f"{max_tokens} for the completion). Please reduce the length of the {what} or completion.",
+                "max_tokens", "context_length_exceeded",
+            )
+
+    @staticmethod
+    def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens}
+
+    @staticmethod
+    def created() -> int:
+        return int(time.time())

@@ -1,0 +1,123 @@
+"""POST /v1/chat/completions: messages through the chat template, n choices, streamed or not."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from tram.engine.async_llm import RequestStream
+from tram.engine.tokenizer import apply_chat_template
+from tram.outputs import CompletionOutput, RequestOutput
+from tram.server.errors import APIError, stream_error_event
+from tram.server.protocol import ChatCompletionRequest, ChatMessage
+from tram.server.serving_base import OpenAIServing, random_id
+from tram.server.utils import DONE_EVENT, run_until_disconnected, sse
+
+
+def _message_dict(m: ChatMessage) -> dict[str, Any]:
+    """Flatten OpenAI content parts to text: templates of text models expect a string."""
+    d = m.model_dump(exclude_none=True)
+    if isinstance(m.content, list):
+        parts = []
+        for part in m.content:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise APIError(400, f"unsupported content part type {part.get('type')!r}: only text", "messages")
+            parts.append(part["text"])
+        d["content"] = "\n".join(parts)
+    return d
+
+
+class OpenAIServingChat(OpenAIServing):
+    def render(self, req: ChatCompletionRequest | Any) -> list[int]:
+        if self.tokenizer is None:
+            raise APIError(400, "This server has no tokenizer; chat needs one")
+        try:
+            return apply_chat_template(
+                self.tokenizer, [_message_dict(m) for m in req.messages], self.chat_template,
+                add_generation_prompt=req.add_generation_prompt, **(getattr(req, "chat_template_kwargs", None) or {}),
+            )
+        except APIError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a template that fails on these messages is a bad request
+            raise APIError(400, f"The chat template could not render these messages: {e}", "messages") from e
+
+    async def create_chat_completion(self, req: ChatCompletionRequest, raw: Request) -> Response:
+        self.check_model(req.model)
+        ids = self.render(req)
+        max_tokens = req.max_completion_tokens or req.max_tokens
+        self.check_length(len(ids), max_tokens, "messages")
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        params = req.to_sampling_params(max_tokens, self.defaults, logprobs)
+        request_id = random_id("chatcmpl")
+        stream = self.engine.add_request({"prompt_token_ids": ids}, params, request_id)
+        if req.stream:
+            return StreamingResponse(self._stream(req, request_id, stream), media_type="text/event-stream")
+        body = await run_until_disconnected(raw, self._collect(req, request_id, stream))
+        return JSONResponse(body) if body is not None else Response(status_code=499)
+
+    async def _collect(self, req: ChatCompletionRequest, request_id: str, stream: RequestStream) -> dict:
+        final: RequestOutput | None = None
+        async for out in stream:
+            final = out
+        assert final is not None
+        choices = [{
+            "index": c.index, "message": {"role": "assistant", "content": c.text},
+            "logprobs": self._logprobs(req, c, 0), "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+        } for c in final.outputs]
+        num_gen = sum(len(c.token_ids) for c in final.outputs)
+        return {"id": request_id, "object": "chat.completion", "created": self.created(), "model": self.model_name,
+                "choices": choices, "usage": self.usage(len(final.prompt_token_ids), num_gen)}
+
+    def _logprobs(self, req: ChatCompletionRequest, c: CompletionOutput, start: int) -> dict | None:
+        if not req.logprobs or c.logprobs is None:
+            return None
+        content = []
+        for token_id, row in zip(c.token_ids[start:], c.logprobs[start:]):
+            top = sorted((kv for kv in row.items() if kv[1].rank is not None and kv[1].rank <= (req.top_logprobs or 0)),
+                         key=lambda kv: kv[1].rank)
+            content.append({**self._entry(token_id, row), "top_logprobs": [self._entry(t, row) for t, _ in top]})
+        return {"content": content}
+
+    def _entry(self, token_id: int, row: dict) -> dict:
+        lp = row[token_id]
+        token = lp.decoded_token if lp.decoded_token is not None else self.tokenizer.decode([token_id])
+        return {"token": token, "logprob": max(lp.logprob, -9999.0), "bytes": list(token.encode("utf-8"))}
+
+    async def _stream(self, req: ChatCompletionRequest, request_id: str, stream: RequestStream) -> AsyncIterator[str]:
+        head = {"id": request_id, "object": "chat.completion.chunk", "created": self.created(), "model": self.model_name}
+        sent: dict[int, tuple[int, int]] = {}
+        final: RequestOutput | None = None
+        try:
+            async for out in stream:
+                final = out
+                for c in out.outputs:
+                    chunk = self._delta(req, c, sent)
+                    if chunk is not None:
+                        yield sse({**head, "choices": [chunk]})
+            if req.include_usage and final is not None:
+                num_gen = sum(len(c.token_ids) for c in final.outputs)
+                yield sse({**head, "choices": [], "usage": self.usage(len(final.prompt_token_ids), num_gen)})
+        except Exception as e:  # noqa: BLE001 - the status line is gone; report in the stream
+            yield stream_error_event(e)
+        finally:
+            await stream.aclose()
+        yield DONE_EVENT
+
+    def _delta(self, req: ChatCompletionRequest, c: CompletionOutput, sent: dict[int, tuple[int, int]]) -> dict | None:
+        """The next chunk of one choice, or None when it has nothing new."""
+        first = c.index not in sent
+        text_at, token_at = sent.get(c.index, (0, 0))
+        if text_at == -1:
+            return None  # already finished
+        finished = c.finish_reason is not None
+        if not first and not finished and (text_at, token_at) == (len(c.text), len(c.token_ids)):
+            return None
+        sent[c.index] = (-1, -1) if finished else (len(c.text), len(c.token_ids))
+        delta: dict[str, Any] = {"role": "assistant", "content": c.text[text_at:]} if first else {"content": c.text[text_at:]}
+        return {"index": c.index, "delta": delta, "logprobs": self._logprobs(req, c, token_at),
+                "finish_reason": c.finish_reason if finished else None,
+                "stop_reason": c.stop_reason if finished else None}

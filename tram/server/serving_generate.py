@@ -1,0 +1,101 @@
+"""vLLM's legacy POST /generate: {"prompt", "stream", SamplingParams fields...} -> {"text": [prompt + output]}.
+
+`use_beam_search: true` runs beam search with `n` as the beam width; streaming sends newline-delimited
+cumulative JSON objects.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from tram.engine.async_llm import RequestStream
+from tram.outputs import RequestOutput
+from tram.sampling_params import SamplingParams
+from tram.server.beam_search import beam_search
+from tram.server.errors import APIError, exception_to_error, error_body
+from tram.server.serving_base import OpenAIServing, random_id
+from tram.server.utils import run_until_disconnected
+
+
+async def _read_body(raw: Request) -> dict[str, Any]:
+    try:
+        body = await raw.json()
+    except (ValueError, UnicodeDecodeError):
+        raise APIError(400, "The request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise APIError(400, f"The request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _line(payload: dict) -> str:
+    return json.dumps(payload, ensure_ascii=False) + "\n"
+
+
+class LegacyGenerate(OpenAIServing):
+    async def generate(self, raw: Request) -> Response:
+        body = await _read_body(raw)
+        prompt = body.pop("prompt", None)
+        if not isinstance(prompt, str) or not prompt:
+            raise APIError(400, "'prompt' must be a non-empty string", "prompt")
+        stream = bool(body.pop("stream", False))
+        use_beam_search = bool(body.pop("use_beam_search", False))
+        length_penalty = float(body.pop("length_penalty", 1.0))
+        body.pop("model", None)
+        try:
+            params = SamplingParams(**body)
+        except TypeError as e:
+            raise APIError(400, f"invalid sampling parameters: {e}") from None
+        ids = self.tokenize(prompt)
+        self.check_length(len(ids), params.max_tokens)
+        request_id = random_id("generate")
+        if use_beam_search:
+            work = self._beam(prompt, ids, params, length_penalty, request_id)
+            if stream:
+                return StreamingResponse(self._beam_stream(work), media_type="application/x-ndjson")
+        else:
+            handle = self.engine.add_request({"prompt_token_ids": ids, "prompt": prompt}, params, request_id)
+            if stream:
+                return StreamingResponse(self._stream(prompt, handle), media_type="application/x-ndjson")
+            work = self._collect(prompt, handle)
+        body_out = await run_until_disconnected(raw, work)
+        return JSONResponse(body_out) if body_out is not None else Response(status_code=499)
+
+    async def _beam(self, prompt: str, ids: list[int], params: SamplingParams, length_penalty: float,
+                    request_id: str) -> dict:
+        beams = await beam_search(
+            self.engine, ids, params.n, params.max_tokens or self.max_model_len - len(ids),
+            length_penalty=length_penalty, ignore_eos=params.ignore_eos, request_id=request_id,
+        )
+        return {"text": [prompt + (b.text or "") for b in beams]}
+
+    async def _beam_stream(self, work: Any) -> AsyncIterator[str]:
+        try:
+            yield _line(await work)
+        except Exception as e:  # noqa: BLE001 - the status line is gone; report in the stream
+            err = exception_to_error(e)
+            yield _line(error_body(err.status, err.message))
+
+    @staticmethod
+    def _texts(prompt: str, out: RequestOutput) -> dict:
+        return {"text": [prompt + c.text for c in out.outputs]}
+
+    async def _collect(self, prompt: str, handle: RequestStream) -> dict:
+        final = None
+        async for out in handle:
+            final = out
+        assert final is not None
+        return self._texts(prompt, final)
+
+    async def _stream(self, prompt: str, handle: RequestStream) -> AsyncIterator[str]:
+        try:
+            async for out in handle:
+                yield _line(self._texts(prompt, out))
+        except Exception as e:  # noqa: BLE001 - the status line is gone; report in the stream
+            err = exception_to_error(e)
+            yield _line(error_body(err.status, err.message))
+        finally:
+            await handle.aclose()
