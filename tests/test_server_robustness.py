@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import re
@@ -12,7 +13,7 @@ import httpx
 import pytest
 
 from conftest import STORIES
-from server_utils import RemoteServer, pid_alive
+from server_utils import REPO, RemoteServer, pid_alive
 
 
 def _metric(text: str, name: str) -> float:
@@ -72,6 +73,37 @@ def test_64_streams_with_a_quarter_dropped_midway(server: RemoteServer) -> None:
     assert _metric(metrics, "tram:num_requests_running") == 0
     assert _metric(metrics, "tram:kv_cache_usage_perc") == 0
     assert _metric(metrics, 'tram:request_success_total{finished_reason="length",model_name="%s"}' % STORIES) >= 48
+
+
+def test_metrics_reach_zero_when_every_client_drops(server: RemoteServer) -> None:
+    """Aborts leave the engine idle; the gauges must still come down (no step follows to report)."""
+    label = f'finished_reason="abort",model_name="{STORIES}"'
+    aborted_before = _metric(httpx.get(server.url + "/metrics").text, f"tram:request_success_total{{{label}}}")
+
+    async def run() -> None:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            await asyncio.gather(*[_stream(client, i, 2) for i in range(8)])
+
+    asyncio.run(run())
+    deadline = time.time() + 5
+    while True:
+        metrics = httpx.get(server.url + "/metrics").text
+        idle = _metric(metrics, "tram:num_requests_running") == 0 and _metric(metrics, "tram:kv_cache_usage_perc") == 0
+        if idle or time.time() > deadline:
+            break
+        time.sleep(0.05)
+    assert idle, metrics
+    assert _metric(metrics, f"tram:request_success_total{{{label}}}") == aborted_before + 8
+
+
+def test_serving_benchmark_client_counts_every_token(server: RemoteServer) -> None:
+    spec = importlib.util.spec_from_file_location("serve_streams", REPO / "benchmarks" / "serve_streams.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    args = bench.parse_args(["--url", server.url, "--concurrency", "4", "--num-requests", "8", "--output-len", "16"])
+    result = asyncio.run(bench.run(args))
+    assert result["output_tokens"] == 8 * 16 and result["requests"] == 8
+    assert 0 < result["ttft_p50_ms"] <= result["ttft_p99_ms"]
 
 
 def test_dropped_non_streaming_request_is_aborted(server: RemoteServer) -> None:

@@ -115,12 +115,19 @@ class AsyncLLM(EngineFrontend):
         return self.core.dead_reason
 
     # ---- requests ---------------------------------------------------------------------------
-    def _num_queued(self) -> int:
-        """Requests waiting for the running batch: exact from the core's last step, or from what
-        this front end has sent since (it cannot run more than max_num_seqs at once)."""
+    def _queue_over_limit(self, n: int) -> bool:
+        """Would these n samples push the waiting queue over max_queued_requests?
+
+        The core's waiting count is exact but only as fresh as its last message, so it is capped by
+        what is still in flight; what this front end has in flight beyond max_num_seqs must wait
+        whatever the core says. New samples wait behind anyone
+        already waiting."""
+        if self.max_queued_requests is None:
+            return False
         in_flight = len(self.output_processor.sample_owner)
-        max_seqs = self.config.scheduler_config.max_num_seqs
-        return max(self.last_stats.num_waiting_reqs, in_flight - max_seqs)
+        waiting = min(self.last_stats.num_waiting_reqs, in_flight)
+        after = max(waiting + (n if waiting else 0), in_flight + n - self.config.scheduler_config.max_num_seqs)
+        return after > self.max_queued_requests
 
     def add_request(self, prompt: PromptType, params: SamplingParams, request_id: str) -> RequestStream:
         """Validate and submit a request now (ValueError, QueueFullError or EngineDeadError at once);
@@ -128,9 +135,9 @@ class AsyncLLM(EngineFrontend):
         if not self.core.is_alive:
             raise EngineDeadError(self.core.dead_reason or "the engine is not running")
         text, prompt_ids = self.process_input(prompt, params)
-        if self.max_queued_requests is not None and self._num_queued() >= self.max_queued_requests:
+        if self._queue_over_limit(params.n):
             raise QueueFullError(
-                f"The server is busy: {self.max_queued_requests} or more requests are already waiting "
+                f"The server is busy: the waiting queue would exceed {self.max_queued_requests} requests "
                 "(--max-queued-requests). Retry later."
             )
         core_requests = self.register_request(request_id, text, prompt_ids, params)
@@ -169,7 +176,7 @@ class AsyncLLM(EngineFrontend):
                     del self.collectors[out.request_id]
         if stopped:
             self.core.abort_requests(stopped, stopped=True)
-        it = self.output_processor.iteration_stats
+        it = self.output_processor.take_iteration_stats()
         self.prometheus.record(outputs.scheduler_stats, it)
         self.log_stats.record(outputs.scheduler_stats, it)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import zmq
 
+from tram.core.outputs import EngineCoreOutputs
 from tram.core.request import RequestStatus
 from tram.engine import ipc
 from tram.engine.arg_utils import EngineConfig
@@ -46,7 +47,7 @@ class EngineCoreProc:
 
     def _drain_inputs(self, timeout_ms: int) -> bool:
         """Handle every message already waiting (waiting up to timeout_ms for the first)."""
-        got = False
+        got = aborted = False
         while self.input_socket.poll(timeout_ms):
             got = True
             timeout_ms = 0
@@ -56,8 +57,13 @@ class EngineCoreProc:
             elif kind == ipc.ABORT:
                 status = RequestStatus.FINISHED_STOPPED if msg.stopped else RequestStatus.FINISHED_ABORTED
                 self.core.abort_requests(msg.request_ids, status)
+                aborted = True
             elif kind == ipc.UTILITY:
                 self._call_utility(msg)
+        if aborted:
+            # Aborts may leave the engine idle, and an idle engine sends nothing: report the freed
+            # capacity now so gauges and the server's queue estimate do not stay stale.
+            self._send(ipc.OUTPUTS, EngineCoreOutputs([], self.core.get_stats()))
         return got
 
     def _add_request(self, req: Any) -> None:
@@ -86,8 +92,22 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(0)
 
 
+def _set_cpu_threads(config: EngineConfig) -> None:
+    """On CPU, leave one core to the API server process: it detokenizes and streams every step, and
+    OpenMP threads that spin against it make both slower. TRAM_CPU_THREADS overrides."""
+    if config.model_config.device.type != "cpu":
+        return
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = int(os.environ.get("TRAM_CPU_THREADS", max(1, cores - 1)))
+    torch.set_num_threads(max(1, threads))
+    logger.info("engine core: %d CPU thread(s) for the model (TRAM_CPU_THREADS to change)", threads)
+
+
 def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, parent_pid: int) -> None:
     """Process entry point (spawned by the API server)."""
+    _set_cpu_threads(config)
     # Ctrl-C reaches the whole process group; the API server decides when the engine stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)

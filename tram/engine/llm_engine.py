@@ -9,6 +9,7 @@ from tram.engine.arg_utils import EngineArgs, EngineConfig
 from tram.engine.core import EngineCore
 from tram.engine.frontend import EngineFrontend
 from tram.engine.input_processor import PromptType
+from tram.engine.stats import IterationStats
 from tram.outputs import RequestOutput
 from tram.sampling_params import SamplingParams
 
@@ -22,6 +23,7 @@ class LLMEngine(EngineFrontend):
         super().__init__(config)
         self.engine_core = EngineCore(config)
         self.last_stats: SchedulerStats = self.engine_core.get_stats()
+        self.last_iteration_stats = IterationStats()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
@@ -53,6 +55,7 @@ class LLMEngine(EngineFrontend):
         if core_outputs.scheduler_stats is not None:
             self.last_stats = core_outputs.scheduler_stats
         outputs, stopped = self.output_processor.process_outputs(core_outputs.outputs)
+        self.last_iteration_stats = self.output_processor.take_iteration_stats()
         if stopped:
             self.engine_core.abort_requests(stopped, RequestStatus.FINISHED_STOPPED)
         return outputs

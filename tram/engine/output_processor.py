@@ -56,7 +56,7 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.requests: dict[str, RequestState] = {}
         self.sample_owner: dict[str, str] = {}  # core (child) request id -> request id
-        self.iteration_stats = IterationStats()  # of the last process_outputs call
+        self.iteration_stats = IterationStats()  # since the last take_iteration_stats()
 
     def add_request(
         self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
@@ -89,10 +89,19 @@ class OutputProcessor:
             state = self.requests.pop(rid, None)
             if state is None:
                 continue
+            state.metrics.finished_time = time.time()
+            for sample in state.samples.values():
+                sample.finish_reason = sample.finish_reason or "abort"
+            self._record_finished(state, "abort")
             for sid in state.samples:
                 self.sample_owner.pop(sid, None)
                 sample_ids.append(sid)
         return sample_ids
+
+    def take_iteration_stats(self) -> IterationStats:
+        """What happened since the last call (steps and aborts); the caller owns the result."""
+        stats, self.iteration_stats = self.iteration_stats, IterationStats()
+        return stats
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -101,7 +110,6 @@ class OutputProcessor:
         """Apply one step's outputs; return the request outputs to emit and the core request ids
         that a stop string finished (the core must stop them)."""
         now = time.time()
-        self.iteration_stats = IterationStats()
         touched: dict[str, RequestState] = {}
         stopped_by_string: list[str] = []
         for out in outputs:
@@ -159,11 +167,11 @@ class OutputProcessor:
         else:
             sample.finish_reason, sample.stop_reason = out.finish_reason, out.stop_reason
 
-    def _record_finished(self, state: RequestState) -> None:
+    def _record_finished(self, state: RequestState, reason: str | None = None) -> None:
         m = state.metrics
         reasons = [s.finish_reason for s in state.samples.values()]
         # A request that ran out of room in any sample reports "length", like its worst sample.
-        reason = "length" if "length" in reasons else reasons[0] or "abort"
+        reason = reason or ("length" if "length" in reasons else reasons[0] or "abort")
         self.iteration_stats.finished_requests.append(FinishedRequestStats(
             reason, (m.finished_time or m.arrival_time) - m.arrival_time, state.queue_time,
             len(state.prompt_token_ids), m.num_generation_tokens,

@@ -4,7 +4,7 @@ The engine itself only samples one sequence per request, so beam search runs out
 submits one single-token request per live beam (prompt = the original prompt + that beam's tokens)
 asking for the top `2 * beam_width` logprobs, and the candidates of all beams are merged here. Prefix
 caching makes this cheap: every step-request shares its whole history with a request of the previous
-step, so the engine only computes one new position per beam.
+step, so the engine recomputes only the tokens after the last full cached KV block of each beam.
 
 Conventions (where vLLM leaves a choice):
 - `BeamSearchSequence.tokens` holds only the generated tokens; a sequence that ended on EOS keeps the
@@ -107,9 +107,9 @@ async def beam_search(
     """Return up to `beam_width` sequences, best score first, with `text` and `finish_reason` set."""
     _validate(engine, prompt_token_ids, beam_width, max_tokens)
     eos_id = engine.eos_token_ids[0] if engine.eos_token_ids else None
-    # 2 * beam_width candidates per beam: even if one is EOS, each beam alone could refill the beam.
-    params = SamplingParams(max_tokens=1, logprobs=2 * beam_width, temperature=0.0,
-                            ignore_eos=ignore_eos, detokenize=False)
+    # 2 * beam_width candidates per beam (vLLM's choice): with at most one of them EOS, a beam's own
+    # candidates can always refill all beam_width live beams. The text of a step is never used.
+    params = SamplingParams(max_tokens=1, logprobs=2 * beam_width, temperature=0.0, detokenize=False)
 
     def score(seq: BeamSearchSequence) -> float:
         return beam_score(seq, length_penalty)

@@ -25,7 +25,7 @@ class SamplingFields(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    n: int = Field(default=1, ge=1)
+    n: int = Field(default=1, ge=1, le=128)  # OpenAI's cap; each sample is a sequence in the batch
     best_of: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -92,6 +92,17 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(default=None, ge=0)
     echo: bool = False
     suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty(cls, v: PromptInput) -> PromptInput:
+        # "" tokenizes to just BOS, so without this check it quietly "succeeds" with text that no
+        # prompt conditioned; an empty list, or an empty prompt inside a batch, is the same mistake.
+        items = [v] if isinstance(v, str) else v
+        if not items or any(isinstance(p, (str, list)) and not p for p in items):
+            raise ValueError("prompt must not be empty")
+        return v
+
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")

@@ -54,7 +54,9 @@ class OpenAIServing:
                 f"{what} has {num_prompt_tokens} tokens. Please reduce the length of the {what}.",
                 "messages" if what == "messages" else "prompt", "context_length_exceeded",
             )
-        if max_tokens is not None and num_prompt_tokens + max_tokens > self.max_model_len:
+        # No max_tokens means "to the end of the context", which needs room for at least one token.
+        max_tokens = 1 if max_tokens is None else max_tokens
+        if num_prompt_tokens + max_tokens > self.max_model_len:
             raise APIError(
                 400, f"This model's maximum context length is {self.max_model_len} tokens. However, you "
                 f"requested {num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the {what}, "

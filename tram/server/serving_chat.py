@@ -22,8 +22,10 @@ def _message_dict(m: ChatMessage) -> dict[str, Any]:
     if isinstance(m.content, list):
         parts = []
         for part in m.content:
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            if part.get("type") != "text":
                 raise APIError(400, f"unsupported content part type {part.get('type')!r}: only text", "messages")
+            if not isinstance(part.get("text"), str):
+                raise APIError(400, "a text content part needs a string 'text'", "messages")
             parts.append(part["text"])
         d["content"] = "\n".join(parts)
     return d

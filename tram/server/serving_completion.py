@@ -80,7 +80,13 @@ class OpenAIServingCompletion(OpenAIServing):
         prompt_text = self._prompt_text(out) if echo else ""
         logprobs = None
         if req.logprobs is not None:
-            logprobs = self._logprobs(out, c, token_start, echo, len(prompt_text) if not echo else 0)
+            # text_offset is an offset into the whole text the client has assembled (as vLLM's
+            # `initial_text_offset`): a later streamed chunk starts after the text already sent,
+            # which, with echo, began with the prompt.
+            offset = 0 if echo else text_start
+            if req.echo and not echo:
+                offset += len(self._prompt_text(out))
+            logprobs = self._logprobs(out, c, token_start, echo, offset)
         return {"index": index, "text": prompt_text + text, "logprobs": logprobs,
                 "finish_reason": c.finish_reason if finished else None,
                 "stop_reason": c.stop_reason if finished else None}
