@@ -7,6 +7,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import httpx
@@ -156,3 +158,12 @@ def _is_engine(pid: int) -> bool:
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         cmd = f.read()
     return b"spawn_main" in cmd and b"resource_tracker" not in cmd
+
+
+def test_bad_flags_exit_with_a_message() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tram", "serve", str(STORIES), "--max-model-len", "100000"],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )
+    assert out.returncode == 2
+    assert "max_model_len 100000" in out.stderr and "max_position_embeddings = 512" in out.stderr
