@@ -26,7 +26,8 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str | torch.dtype, hf_config: Any, device: torch.device) -> torch.dtype:
-    """'auto' takes the checkpoint's dtype; float16 on CPU becomes bfloat16 (CPU half matmuls are slow)."""
+    """'auto' takes the checkpoint's dtype, except float16 on CPU (slow half matmuls) and float32 on
+    CUDA both become bfloat16."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype != "auto":
@@ -40,6 +41,10 @@ def resolve_dtype(dtype: str | torch.dtype, hf_config: Any, device: torch.device
         cfg_dtype = torch.float32
     if cfg_dtype == torch.float16 and device.type == "cpu":
         logger.info("float16 checkpoint on CPU: running in bfloat16")
+        return torch.bfloat16
+    if cfg_dtype == torch.float32 and device.type == "cuda":
+        # float32 serving wastes half the memory bandwidth that decode is bound by.
+        logger.info("float32 checkpoint on CUDA: running in bfloat16 (pass dtype='float32' to keep it)")
         return torch.bfloat16
     return cfg_dtype
 
@@ -57,6 +62,7 @@ class ModelConfig:
     revision: str | None = None
     seed: int = 0
     attention_backend: str = "torch"
+    enforce_eager: bool = False  # no CUDA graphs
 
     @property
     def architecture(self) -> str:

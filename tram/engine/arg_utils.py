@@ -6,6 +6,7 @@ from typing import Any
 
 from tram.config import LOAD_FORMATS, ModelConfig, resolve_device, resolve_dtype
 from tram.core.config import CacheConfig, SchedulerConfig
+from tram.model.attention import default_attention_backend
 
 DEFAULT_CPU_KV_CACHE_BYTES = 4 << 30  # vLLM's CPU default (VLLM_CPU_KVCACHE_SPACE=4)
 
@@ -46,6 +47,7 @@ class EngineArgs:
     device: str = "auto"
     skip_tokenizer_init: bool = False
     max_logprobs: int = 20
+    enforce_eager: bool = False
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> EngineArgs:
@@ -82,11 +84,11 @@ class EngineArgs:
                 f"max_model_len {max_model_len} is larger than the model's maximum context "
                 f"(max_position_embeddings = {derived_len})"
             )
-        backend = self.attention_backend or "torch"
+        backend = self.attention_backend or default_attention_backend(device.type)
         model_config = ModelConfig(
             model=model_path, hf_config=hf_config, dtype=resolve_dtype(self.dtype, hf_config, device),
             device=device, max_model_len=max_model_len, load_format=self.load_format,
-            revision=self.revision, seed=self.seed, attention_backend=backend,
+            revision=self.revision, seed=self.seed, attention_backend=backend, enforce_eager=self.enforce_eager,
         )
         max_batched = self.max_num_batched_tokens or max(4096, self.max_num_seqs)
         return EngineConfig(

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 
 import msgspec
-import torch
 
 from tram.core.outputs import EngineCoreOutputs, SchedulerStats
 from tram.core.request import Request, RequestStatus
@@ -29,16 +28,23 @@ class EngineCoreRequest(msgspec.Struct, omit_defaults=True):
     prefix_source_id: str | None = None  # a sibling (n > 1) whose prompt KV to share
 
 
-def determine_num_blocks(config: EngineConfig, bytes_per_block: int) -> int:
+def determine_num_blocks(config: EngineConfig, runner: ModelRunner) -> int:
     """Blocks from an explicit count, else from a memory budget."""
     if config.num_gpu_blocks_override is not None:
         return config.num_gpu_blocks_override
     mc, sc, cc = config.model_config, config.scheduler_config, config.cache_config
+    bytes_per_block = runner.bytes_per_block()
     if config.kv_cache_memory_bytes is not None:
         return max(1, config.kv_cache_memory_bytes // bytes_per_block)
     if mc.device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(mc.device)
-        return max(1, int(free * config.gpu_memory_utilization) // bytes_per_block)
+        budget = runner.profile_memory().kv_cache_budget(config.gpu_memory_utilization)
+        if budget < bytes_per_block:
+            raise ValueError(
+                f"No GPU memory is left for the KV cache ({budget / 2**30:.2f} GiB after weights and the "
+                f"peak of a {sc.max_num_batched_tokens}-token step). Raise gpu_memory_utilization (now "
+                f"{config.gpu_memory_utilization}), or lower max_num_batched_tokens or max_num_seqs."
+            )
+        return budget // bytes_per_block
     # On CPU, never reserve more than every sequence at full length could use at once.
     most_useful = sc.max_num_seqs * -(-sc.max_model_len // cc.block_size)
     return max(1, min(DEFAULT_CPU_KV_CACHE_BYTES // bytes_per_block, most_useful))
@@ -48,8 +54,8 @@ class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         cc, sc = config.cache_config, config.scheduler_config
-        self.model_runner = ModelRunner(config.model_config, cc.block_size)
-        cc.num_blocks = determine_num_blocks(config, self.model_runner.bytes_per_block())
+        self.model_runner = ModelRunner(config.model_config, cc.block_size, sc.max_num_seqs, sc.max_num_batched_tokens)
+        cc.num_blocks = determine_num_blocks(config, self.model_runner)
         capacity = cc.num_blocks * cc.block_size
         if capacity < sc.max_model_len:
             raise ValueError(

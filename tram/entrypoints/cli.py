@@ -23,6 +23,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--attention-backend")
     p.add_argument("--max-logprobs", type=int, default=20)
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (GPU only)")
 
 
 def _engine_kwargs(a: argparse.Namespace) -> dict:
@@ -33,6 +34,7 @@ def _engine_kwargs(a: argparse.Namespace) -> dict:
         enable_prefix_caching=a.enable_prefix_caching, load_format=a.load_format, seed=a.seed,
         gpu_memory_utilization=a.gpu_memory_utilization, tokenizer=a.tokenizer, device=a.device,
         attention_backend=a.attention_backend, max_logprobs=a.max_logprobs,
+        enforce_eager=a.enforce_eager,
     )
 
 

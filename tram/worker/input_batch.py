@@ -9,6 +9,7 @@ import torch
 from tram.core.sched_output import SchedulerOutput
 from tram.model.attention.base import AttentionMetadata
 from tram.sampling_params import SamplingParams
+from tram.worker.device_copy import to_device
 
 
 @dataclass
@@ -90,21 +91,21 @@ def prepare_inputs(
     query_start_loc = np.concatenate(([0], np.cumsum(q_lens)))
     meta = AttentionMetadata(
         num_tokens=offset,
-        slot_mapping=torch.from_numpy(slot_mapping).to(device),
-        query_start_loc=torch.from_numpy(query_start_loc.astype(np.int32)).to(device),
-        seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(device),
-        block_tables=torch.from_numpy(block_table.astype(np.int32)).to(device),
+        slot_mapping=to_device(slot_mapping, torch.long, device),
+        query_start_loc=to_device(query_start_loc, torch.int32, device),
+        seq_lens=to_device(seq_lens, torch.int32, device),
+        block_tables=to_device(block_table, torch.int32, device),
         query_lens_list=query_lens,
         seq_lens_list=seq_lens.tolist(),
         max_query_len=int(q_lens.max()),
         max_seq_len=int(seq_lens.max()),
     )
     return StepInputs(
-        input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
-        positions=torch.from_numpy(positions).to(device),
+        input_ids=to_device(input_ids, torch.long, device),
+        positions=to_device(positions, torch.long, device),
         meta=meta,
         sample_req_ids=sample_req_ids,
-        sample_indices=torch.tensor(sample_indices, dtype=torch.long, device=device),
+        sample_indices=to_device(sample_indices, torch.long, device),
         prompt_logprobs_jobs=jobs,
     )
 

@@ -11,7 +11,9 @@ from tram.core.outputs import LogprobsLists, ModelRunnerOutput
 from tram.core.sched_output import SchedulerOutput
 from tram.model.loader import load_model
 from tram.model.registry import kv_cache_shape_info
+from tram.worker.cuda_graph import DecodeGraphRunner
 from tram.worker.input_batch import CachedRequestState, PromptLogprobsJob, StepInputs, prepare_inputs
+from tram.worker.memory_profiler import MemoryProfile, profile_cuda_memory
 from tram.worker.sampler import Sampler, compute_token_logprobs
 from tram.worker.sampling_metadata import SamplingRow, build_sampling_metadata
 
@@ -19,8 +21,13 @@ logger = logging.getLogger(__name__)
 
 
 class ModelRunner:
-    def __init__(self, model_config: ModelConfig, block_size: int) -> None:
+    def __init__(
+        self, model_config: ModelConfig, block_size: int, max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 4096,
+    ) -> None:
         self.model_config = model_config
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.device = model_config.device
         self.dtype = model_config.dtype
         self.block_size = block_size
@@ -30,6 +37,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.requests: dict[str, CachedRequestState] = {}
         self.kv_caches: list[torch.Tensor] = []
+        self.graph_runner: DecodeGraphRunner | None = None
 
     # ---- KV cache ------------------------------------------------------------------------
     def bytes_per_block(self) -> int:
@@ -40,6 +48,27 @@ class ModelRunner:
         # Zeros, not empty: padded attention reads masked slots, and 0 * NaN would poison outputs.
         shape = (2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        if self._use_cuda_graphs():
+            self.capture_cuda_graphs()
+
+    def _use_cuda_graphs(self) -> bool:
+        # Graphs need a backend that plans nothing on the host; the PyTorch backend does.
+        mc = self.model_config
+        return self.device.type == "cuda" and not mc.enforce_eager and mc.attention_backend == "triton"
+
+    def capture_cuda_graphs(self, use_graphs: bool = True) -> None:
+        """Decode graphs for batch-size buckets up to max_num_seqs (capped at 512, as vLLM)."""
+        self.graph_runner = DecodeGraphRunner(
+            self.model, self.kv_caches, min(self.max_num_seqs, 512), self.model_config.max_model_len,
+            self.block_size, self.num_kv_heads, self.device, use_graphs=use_graphs,
+        )
+        seconds = self.graph_runner.capture()
+        logger.info("Captured decode CUDA graphs for %d batch sizes (up to %d) in %.1f s",
+                    len(self.graph_runner.sizes), self.graph_runner.sizes[-1], seconds)
+
+    def profile_memory(self) -> MemoryProfile:
+        """Peak GPU memory of the largest step (max_num_batched_tokens), for sizing the KV cache."""
+        return profile_cuda_memory(self, self.max_num_batched_tokens, self.max_num_seqs)
 
     # ---- one step ------------------------------------------------------------------------
     def _update_states(self, sched: SchedulerOutput) -> None:
@@ -69,7 +98,10 @@ class ModelRunner:
         if sched.is_empty:
             return ModelRunnerOutput()
         inputs = prepare_inputs(self.requests, sched, self.block_size, self.device)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        if self.graph_runner is not None and self.graph_runner.can_run(inputs.meta):
+            hidden = self.graph_runner.run(inputs.input_ids, inputs.positions, inputs.meta)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         out = ModelRunnerOutput(sampled_token_ids={}, logprobs={}, prompt_logprobs={})
         if inputs.sample_req_ids:
             self._sample(hidden, inputs, out)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tram.sampling_params import SamplingParams, SamplingType
+from tram.worker.device_copy import to_device
 
 
 @dataclass
@@ -81,7 +82,7 @@ def build_sampling_metadata(rows: list[SamplingRow], vocab_size: int,
     all_random = not any(t == SamplingType.GREEDY for t in types)
 
     def column(values: list, dtype: torch.dtype) -> torch.Tensor:
-        return _to_device(values, dtype, device)
+        return to_device(values, dtype, device)
 
     temperature = None if all_greedy else column([p.temperature for p in params], torch.float32)
     top_p = top_k = min_p = None
@@ -122,9 +123,9 @@ def _fill_penalties(meta: SamplingMetadata, rows: list[SamplingRow], vocab_size:
     if not (use_rep or use_freq_pres):
         return
     # Neutral values (1, 0, 0) on rows without penalties leave their logits bit-identical.
-    meta.repetition_penalties = _to_device([p.repetition_penalty for p in params], torch.float32, device)
-    meta.frequency_penalties = _to_device([p.frequency_penalty for p in params], torch.float32, device)
-    meta.presence_penalties = _to_device([p.presence_penalty for p in params], torch.float32, device)
+    meta.repetition_penalties = to_device([p.repetition_penalty for p in params], torch.float32, device)
+    meta.frequency_penalties = to_device([p.frequency_penalty for p in params], torch.float32, device)
+    meta.presence_penalties = to_device([p.presence_penalty for p in params], torch.float32, device)
     meta.output_token_ids = _pad([r.output_token_ids for r in rows], vocab_size, device)
     if use_rep:
         meta.prompt_token_ids = _pad([r.prompt_token_ids for r in rows], vocab_size, device)
@@ -141,7 +142,7 @@ def _build_min_tokens_mask(rows: list[SamplingRow], device: torch.device) -> Tok
         token_ids.extend(stop_ids)
     if not row_idx:
         return None
-    return TokenMask(_to_device(row_idx, torch.int64, device), _to_device(token_ids, torch.int64, device))
+    return TokenMask(to_device(row_idx, torch.int64, device), to_device(token_ids, torch.int64, device))
 
 
 def _build_logit_bias(rows: list[SamplingRow], device: torch.device) -> TokenBias | None:
@@ -157,17 +158,10 @@ def _build_logit_bias(rows: list[SamplingRow], device: torch.device) -> TokenBia
         values.extend(bias.values())
     if not row_idx:
         return None
-    return TokenBias(_to_device(row_idx, torch.int64, device), _to_device(token_ids, torch.int64, device),
-                     _to_device(values, torch.float32, device))
+    return TokenBias(to_device(row_idx, torch.int64, device), to_device(token_ids, torch.int64, device),
+                     to_device(values, torch.float32, device))
 
 
 def _pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> torch.Tensor:
     width = max((len(s) for s in seqs), default=0)
-    return _to_device([list(s) + [pad_id] * (width - len(s)) for s in seqs], torch.int64, device)
-
-
-def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    # Pinned host memory lets the copy overlap with the forward pass on CUDA; the caching host
-    # allocator keeps the buffer alive until the copy has finished.
-    pin = device.type == "cuda"
-    return torch.tensor(values, dtype=dtype, pin_memory=pin).to(device, non_blocking=pin)
+    return to_device([list(s) + [pad_id] * (width - len(s)) for s in seqs], torch.int64, device)

@@ -12,11 +12,22 @@ def _torch_backend() -> AttentionBackend:
     return TorchAttentionBackend()
 
 
-# Name -> factory. Factories import lazily so that a GPU-only backend (e.g. a future "triton"
-# entry here) costs nothing, and fails nowhere, on machines that never select it.
+def _triton_backend() -> AttentionBackend:
+    from tram.model.attention.triton_backend import TritonAttentionBackend
+
+    return TritonAttentionBackend()
+
+
+# Name -> factory. Factories import lazily so that the GPU backend costs nothing, and fails
+# nowhere, on machines that never select it (triton is imported only when its kernels first run).
 _BACKENDS: dict[str, Callable[[], AttentionBackend]] = {
     "torch": _torch_backend,
+    "triton": _triton_backend,
 }
+
+
+def default_attention_backend(device_type: str) -> str:
+    return "triton" if device_type == "cuda" else "torch"
 
 
 def get_attention_backend(name: str) -> AttentionBackend:
@@ -27,4 +38,4 @@ def get_attention_backend(name: str) -> AttentionBackend:
     return factory()
 
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "get_attention_backend"]
+__all__ = ["AttentionBackend", "AttentionMetadata", "default_attention_backend", "get_attention_backend"]

@@ -30,10 +30,14 @@ class AttentionMetadata:
     seq_lens_list: list[int]
     max_query_len: int
     max_seq_len: int
+    # Set when the batch is padded for a CUDA graph: the host lists then describe only the real
+    # requests, while kernels must see the padded count; and the split count is fixed per graph.
+    num_padded_reqs: int | None = None
+    num_splits: int | None = None
 
     @property
     def num_reqs(self) -> int:
-        return len(self.seq_lens_list)
+        return self.num_padded_reqs if self.num_padded_reqs is not None else len(self.seq_lens_list)
 
 
 class AttentionBackend(Protocol):
