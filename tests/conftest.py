@@ -3,13 +3,19 @@ runs after every engine workload."""
 from __future__ import annotations
 
 import os
-from functools import lru_cache
 
-import pytest
-import torch
+# Triton kernels run under Triton's interpreter in the tests (CPU tensors, tiny shapes). Triton reads
+# the variable when it is first imported, and torch imports it early (torch._dynamo), so it is set
+# here, before anything else. On a GPU machine, TRITON_INTERPRET=0 tests the compiled kernels.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from tram import LLM
-from tram.engine.llm_engine import LLMEngine
+from functools import lru_cache  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tram import LLM  # noqa: E402
+from tram.engine.llm_engine import LLMEngine  # noqa: E402
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 

@@ -2,4 +2,5 @@ import sys
 
 from tram.entrypoints.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # the engine process (spawned) must not run the CLI again
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""benchmarks/gpu_bench.py --smoke: the whole GPU benchmark on the CPU with tiny sizes.
+
+The script is run once, as a subprocess (as it will be run on the GPU machine), and each section
+is checked by its own test, so a broken section (e.g. the Triton kernels) fails only its test.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_bench.py"
+# The smoke run takes ~30 s on a small CPU; the limit only catches a hang, not slowness.
+TIMEOUT_S = 300
+
+
+def run_bench(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}  # --out decides, not the device's $OUT
+    return subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(out), *extra],
+                          capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("gpu_bench") / "results.json"
+    start = time.perf_counter()
+    proc = run_bench(out)
+    seconds = time.perf_counter() - start
+    assert out.exists(), f"no report written (rc {proc.returncode})\n{proc.stderr[-4000:]}"
+    return {"report": json.loads(out.read_text()), "proc": proc, "seconds": seconds}
+
+
+def section(smoke: dict[str, Any], name: str) -> dict[str, Any]:
+    entry = smoke["report"]["sections"].get(name)
+    assert entry is not None, f"section {name} missing from the report"
+    assert entry["status"] == "ok", f"{name}: {entry.get('error')}\n{entry.get('traceback', '')}"
+    return entry["results"]
+
+
+def assert_positive(row: dict[str, Any], *keys: str) -> None:
+    for key in keys:
+        value = row[key]
+        assert isinstance(value, (int, float)) and math.isfinite(value) and value > 0, (key, value, row)
+
+
+def test_meta_and_table(smoke: dict[str, Any]) -> None:
+    meta = smoke["report"]["meta"]
+    assert meta["smoke"] is True and meta["date"]
+    for pkg in ("torch", "triton", "transformers"):
+        assert meta["versions"][pkg], pkg
+    assert meta["device"]["type"] == "cpu" and meta["device"]["name"]
+    assert set(smoke["report"]["sections"]) == {"decode", "kernels", "throughput"}
+    stdout = smoke["proc"].stdout
+    for name in ("decode", "kernels", "throughput"):
+        assert f"== {name}:" in stdout, stdout
+
+
+def test_decode_section(smoke: dict[str, Any]) -> None:
+    res = section(smoke, "decode")
+    assert_positive(res["copy"], "bandwidth_GBps", "copy_ms")
+    assert [r["batch"] for r in res["rows"]] == [1, 4]
+    for row in res["rows"]:
+        assert_positive(row, "step_ms", "bound_ms", "ratio", "output_tok_per_s", "weight_bytes_read",
+                        "kv_bytes_read", "prefill_steps")
+        assert row["measured_steps"] == 3
+        assert row["ratio"] == pytest.approx(row["step_ms"] / row["bound_ms"])
+    # More sequences read more KV; the weights are read once whatever the batch.
+    assert res["rows"][1]["kv_bytes_read"] > res["rows"][0]["kv_bytes_read"]
+
+
+def test_throughput_section(smoke: dict[str, Any]) -> None:
+    res = section(smoke, "throughput")
+    w = res["workload"]
+    for name in ("tram", "hf"):
+        assert res[name]["output_tokens"] == w["requests"] * w["output_len"], (name, res[name])
+        assert_positive(res[name], "output_tok_per_s", "seconds")
+    assert res["hf"]["timed_out"] is False
+    assert_positive(res, "ratio_tram_over_hf")
+    assert_positive(res["compute_floor"], "flops", "seconds", "max_output_tok_per_s")
+    assert_positive(res["matmul"], "matmul_TFLOPs")
+
+
+def test_kernels_section(smoke: dict[str, Any]) -> None:
+    res = section(smoke, "kernels")
+    assert res["shape"]["triton_interpret"] == "1"
+    assert res["all_correct"] is True
+    assert len(res["write_kv_cache"]) == 2
+    for row in res["write_kv_cache"]:
+        assert row["correct"] is True, row
+        assert_positive(row, "tram_ms", "torch_index_copy_ms", "speedup_vs_torch")
+    assert [(r["batch"], r["num_splits"]) for r in res["decode"]] == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert [r["case"] for r in res["prefill"]] == ["prefill", "chunk_after_prefix"]
+    for row in res["decode"] + res["prefill"]:
+        assert row["all_written"] is True and row["correct"] is True, row
+        assert row["rel_err"] < 2e-2, row  # bf16 operands against a float32 reference
+        assert_positive(row, "tram_ms", "sdpa_ms", "speedup_vs_sdpa", "tram_GBps", "tram_TFLOPs")
+
+
+def test_smoke_is_quick(smoke: dict[str, Any]) -> None:
+    assert smoke["proc"].returncode == 0, smoke["proc"].stderr[-4000:]
+    assert smoke["seconds"] < 120, f"smoke run took {smoke['seconds']:.0f} s"
+
+
+def test_failing_section_keeps_the_others(tmp_path: Path) -> None:
+    # num_splits 0 is rejected by paged_attention: the kernels section fails after its
+    # write_kv_cache rows, in its own child process, and decode still runs and reports.
+    out = tmp_path / "results.json"
+    proc = run_bench(out, "--sections", "kernels,decode", "--kernel-splits", "0", "--decode-batches", "1")
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    sections = json.loads(out.read_text())["sections"]
+    assert sections["kernels"]["status"] == "error" and sections["kernels"]["error"]
+    assert len(sections["kernels"]["results"]["write_kv_cache"]) == 2  # partial results kept
+    assert sections["decode"]["status"] == "ok"
+    assert_positive(sections["decode"]["results"]["rows"][0], "step_ms")
+    assert "ERROR:" in proc.stdout

@@ -1,0 +1,290 @@
+"""Triton kernels for paged attention over the KV cache layout of base.py.
+
+* `write_kv_cache`: one program per token scatters the token's K and V (all kv heads) into its slot.
+* `paged_attention`: one "unified" kernel for a flattened batch that mixes prefill chunks (with or
+  without a cached prefix) and decodes. Each program owns a tile of BLOCK_M rows = BLOCK_Q query
+  tokens of one request x the GROUP query heads that share one kv head (row r is token r // GROUP,
+  head r % GROUP), so a decode still feeds tl.dot with M >= 16 when GROUP > 1. The program walks
+  the request's KV positions in tiles of TILE_N keys through its block table with an online
+  softmax in fp32, visiting only the tiles that intersect the causal (and sliding) window of its
+  rows.
+* Requests are found on the device: program p of the first grid axis is the q-th query block of
+  request i where i is found by binary search over query_start_loc (request i's first block is
+  number query_start_loc[i] // BLOCK_Q + i; programs past a request's last block return). The
+  grid is (cdiv(T, BLOCK_Q) + num_reqs, num_kv_heads, num_splits): host ints only, so a captured
+  CUDA graph replays correctly whatever seq_lens, block tables and query_start_loc hold.
+* Split-K (flash-decoding), num_splits > 1: each program splits the KV tiles of its own range
+  (computed on the device from seq_lens) into num_splits contiguous shares, stores its partial
+  (max, sum of exponentials, unnormalized output) in fp32 workspaces, and `_reduce_splits_kernel`
+  merges the shares. It is exact for prefill rows too.
+
+Contract: query_start_loc[num_reqs] <= T; out rows past it are left untouched. A request with
+seq_len 0 (CUDA-graph padding, query_len 1) reads no KV and gets zeros. Any head_dim works: tiles
+are padded to a power of two >= 16 (tl.dot's minimum) and masked. query/out/cache share one dtype
+(fp16, bf16 or fp32). No function here syncs with the device.
+"""
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+
+
+# --------------------------------------------------------------------------------------- KV write
+
+@triton.jit
+def _write_kv_kernel(
+    key_ptr, value_ptr, cache_ptr, slot_ptr,
+    stride_kt, stride_kh, stride_kd,
+    stride_vt, stride_vh, stride_vd,
+    stride_c_kv, stride_c_blk, stride_c_off, stride_c_h, stride_c_d,
+    num_kv_heads,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + tok).to(tl.int64)
+    if slot < 0:  # a padding token
+        return
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
+    mask = (h < num_kv_heads) & (d < HEAD_DIM)
+    k = tl.load(key_ptr + tok * stride_kt + h * stride_kh + d * stride_kd, mask=mask)
+    v = tl.load(value_ptr + tok * stride_vt + h * stride_vh + d * stride_vd, mask=mask)
+    dst = cache_ptr + (slot // BLOCK_SIZE) * stride_c_blk + (slot % BLOCK_SIZE) * stride_c_off
+    dst += h * stride_c_h + d * stride_c_d
+    tl.store(dst, k, mask=mask)
+    tl.store(dst + stride_c_kv, v, mask=mask)
+
+
+def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                   slot_mapping: torch.Tensor) -> None:
+    """key/value [T, Hkv, D]; slot_mapping [T] int64; slot < 0 means a padding token: skip it."""
+    num_tokens, num_kv_heads, head_dim = key.shape
+    assert value.shape == key.shape and slot_mapping.shape == (num_tokens,), (key.shape, slot_mapping.shape)
+    assert kv_cache.dim() == 5 and kv_cache.shape[0] == 2 and kv_cache.shape[3:] == (num_kv_heads, head_dim)
+    if num_tokens == 0:
+        return
+    _write_kv_kernel[(num_tokens,)](
+        key, value, kv_cache, slot_mapping,
+        *key.stride(), *value.stride(), *kv_cache.stride(),
+        num_kv_heads,
+        BLOCK_SIZE=kv_cache.shape[2], HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_H=triton.next_power_of_2(num_kv_heads),
+        num_warps=_write_num_warps(num_kv_heads * head_dim),
+    )
+
+
+def _write_num_warps(elements: int) -> int:
+    return 1 if elements <= 512 else 2 if elements <= 2048 else 4
+
+
+# -------------------------------------------------------------------------------------- attention
+
+@triton.jit
+def _find_request(qsl_ptr, q_block, num_reqs, BLOCK_Q: tl.constexpr):
+    """The request whose query blocks include q_block: the last i with qsl[i] // BLOCK_Q + i <= q_block."""
+    lo = 0
+    hi = num_reqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first_block = tl.load(qsl_ptr + mid) // BLOCK_Q + mid
+        if first_block <= q_block:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _attention_kernel(
+    q_ptr, cache_ptr, out_ptr, qsl_ptr, seq_lens_ptr, block_tables_ptr,
+    ws_acc_ptr, ws_m_ptr, ws_l_ptr,  # split-K workspaces; unused when NUM_SPLITS == 1
+    qk_scale,  # softmax scale * log2(e): scores live in the log2 domain
+    num_reqs, num_tokens, num_heads, window,
+    stride_qt, stride_qh, stride_qd,
+    stride_ot, stride_oh, stride_od,
+    stride_c_kv, stride_c_blk, stride_c_off, stride_c_h, stride_c_d,
+    stride_bt,
+    GROUP: tl.constexpr,  # query heads per kv head
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,  # BLOCK_D: head_dim padded to a power of two >= 16
+    BLOCK_SIZE: tl.constexpr,
+    USE_WINDOW: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr,  # multiply in fp32 (Triton's interpreter cannot tl.dot bfloat16)
+):
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    req = _find_request(qsl_ptr, q_block, num_reqs, BLOCK_Q)
+    q_start = tl.load(qsl_ptr + req)
+    q_len = tl.load(qsl_ptr + req + 1) - q_start
+    local_block = q_block - (q_start // BLOCK_Q + req)
+    if local_block * BLOCK_Q >= q_len:  # past this request's last query block
+        return
+    seq_len = tl.load(seq_lens_ptr + req)
+    ctx_len = seq_len - q_len  # query token j sits at position ctx_len + j
+
+    rows = tl.arange(0, BLOCK_M)
+    q_idx = local_block * BLOCK_Q + rows // GROUP  # token index within the request
+    head = kv_head * GROUP + rows % GROUP
+    row_valid = (rows < BLOCK_Q * GROUP) & (q_idx < q_len)
+    q_pos = ctx_len + q_idx
+    tok = (q_start + q_idx).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM  # padded dims load as 0: they add nothing to any dot product
+    q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :] * stride_qd,
+                mask=row_valid[:, None] & d_ok[None, :], other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+
+    # KV positions any row of this tile may see: [lo, hi). A seq_len-0 padding request gets hi = 0.
+    hi = tl.maximum(tl.minimum(ctx_len + (local_block + 1) * BLOCK_Q, seq_len), 0)
+    tile_lo = 0
+    if USE_WINDOW:
+        tile_lo = tl.maximum(ctx_len + local_block * BLOCK_Q - window + 1, 0) // TILE_N
+    tile_hi = (hi + TILE_N - 1) // TILE_N
+    if NUM_SPLITS > 1:  # this split's contiguous share of the tiles
+        per_split = (tile_hi - tile_lo + NUM_SPLITS - 1) // NUM_SPLITS
+        tile_lo = tile_lo + split * per_split
+        tile_hi = tl.minimum(tile_lo + per_split, tile_hi)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    table = block_tables_ptr + req.to(tl.int64) * stride_bt
+    head_off = kv_head.to(tl.int64) * stride_c_h
+    offs_n = tl.arange(0, TILE_N)
+    for t in range(tile_lo, tile_hi):
+        k_pos = t * TILE_N + offs_n
+        k_valid = k_pos < hi
+        blk = tl.load(table + k_pos // BLOCK_SIZE, mask=k_valid, other=0).to(tl.int64)
+        kv_off = blk * stride_c_blk + (k_pos % BLOCK_SIZE) * stride_c_off + head_off
+        k_t = tl.load(cache_ptr + kv_off[None, :] + d[:, None] * stride_c_d,
+                      mask=k_valid[None, :] & d_ok[:, None], other=0.0)  # [BLOCK_D, TILE_N]
+        v = tl.load(cache_ptr + stride_c_kv + kv_off[:, None] + d[None, :] * stride_c_d,
+                    mask=k_valid[:, None] & d_ok[None, :], other=0.0)  # [TILE_N, BLOCK_D]
+        if DOT_F32:
+            k_t = k_t.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE_N]
+        seen = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
+        if USE_WINDOW:
+            seen = seen & (k_pos[None, :] > q_pos[:, None] - window)
+        s = tl.where(seen, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet stay at 0
+        p = tl.exp2(s - m_ref[:, None])
+        alpha = tl.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od,
+                 o.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & d_ok[None, :])
+    else:  # workspaces are contiguous [NUM_SPLITS, T, Hq] (x HEAD_DIM for acc)
+        ws = (split * num_tokens + tok) * num_heads + head
+        tl.store(ws_m_ptr + ws, m_i, mask=row_valid)
+        tl.store(ws_l_ptr + ws, l_i, mask=row_valid)
+        tl.store(ws_acc_ptr + ws[:, None] * HEAD_DIM + d[None, :], acc, mask=row_valid[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _reduce_splits_kernel(
+    out_ptr, ws_acc_ptr, ws_m_ptr, ws_l_ptr, qsl_ptr,
+    num_reqs, num_tokens, num_heads,
+    stride_ot, stride_oh, stride_od,
+    NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    if tok >= tl.load(qsl_ptr + num_reqs):  # not a token of any request: no split wrote it
+        return
+    s = tl.arange(0, SPLITS_P2)
+    s_valid = s < NUM_SPLITS
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    ws = (s * num_tokens + tok) * num_heads + head
+    m = tl.load(ws_m_ptr + ws, mask=s_valid, other=float("-inf"))
+    l = tl.load(ws_l_ptr + ws, mask=s_valid, other=0.0)
+    acc = tl.load(ws_acc_ptr + ws[:, None] * HEAD_DIM + d[None, :], mask=s_valid[:, None] & d_ok[None, :], other=0.0)
+    m_max = tl.max(m, 0)
+    w = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))  # empty splits weigh 0
+    total = tl.sum(w * l, 0)
+    o = tl.sum(w[:, None] * acc, 0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + tok * stride_ot + head * stride_oh + d * stride_od, o.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+_INTERPRETED = type(_attention_kernel).__name__ == "InterpretedFunction"  # TRITON_INTERPRET=1 at import
+
+
+def _attention_config(group: int, max_query_len: int, head_dim: int, elem_size: int) -> tuple[int, int, int]:
+    """(BLOCK_M, TILE_N, num_warps): starting points, to be tuned on the target GPU. Without spills
+    when compiled for sm_90 (ptxas): ~80 registers for decode tiles (16 x 128, fp16), ~160 for
+    64 x 128 prefill tiles at 4 warps; fp32 (exact "ieee" dots on CUDA cores) needs 8 warps there."""
+    min_m = triton.next_power_of_2(group)  # all heads of one query token share a tile
+    if max_query_len >= 64:  # long prefill chunks: taller tiles re-read each KV tile fewer times
+        block_m = max(64 if head_dim <= 128 else 32, min_m)
+    else:
+        block_m = max(16, min_m)
+    num_warps = 8 if block_m * head_dim * elem_size > 64 * 128 * 2 else 4
+    return block_m, 32, num_warps
+
+
+def paged_attention(
+    query: torch.Tensor,            # [T, Hq, D]
+    kv_cache: torch.Tensor,         # [2, num_blocks, block_size, Hkv, D]
+    out: torch.Tensor,              # [T, Hq, D], written
+    query_start_loc: torch.Tensor,  # [B+1] int32 (device), cumulative query lengths
+    seq_lens: torch.Tensor,         # [B] int32 (device), context length incl. this step's tokens
+    block_tables: torch.Tensor,     # [B, max_blocks] int32 (device)
+    scale: float,
+    *, num_reqs: int, max_query_len: int, sliding_window: int | None = None, num_splits: int = 1,
+) -> None:
+    """Causal attention of each request's query tokens over its paged context (see module doc)."""
+    num_tokens, num_heads, head_dim = query.shape
+    assert kv_cache.dim() == 5 and kv_cache.shape[0] == 2, kv_cache.shape
+    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    assert kv_cache.shape[4] == head_dim and out.shape == query.shape, (query.shape, kv_cache.shape, out.shape)
+    assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
+    assert query.dtype == kv_cache.dtype == out.dtype, (query.dtype, kv_cache.dtype, out.dtype)
+    assert block_tables.dim() == 2 and block_tables.stride(1) == 1, block_tables.stride()
+    assert num_splits >= 1 and (sliding_window is None or sliding_window >= 1), (num_splits, sliding_window)
+    if num_tokens == 0 or num_reqs == 0:
+        return
+    group = num_heads // num_kv_heads
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_m, tile_n, num_warps = _attention_config(group, max_query_len, block_d, query.element_size())
+    block_q = block_m // group
+    grid = (triton.cdiv(num_tokens, block_q) + num_reqs, num_kv_heads, num_splits)
+    if num_splits > 1:
+        dev = query.device
+        ws_acc = torch.empty((num_splits, num_tokens, num_heads, head_dim), dtype=torch.float32, device=dev)
+        ws_m = torch.empty((num_splits, num_tokens, num_heads), dtype=torch.float32, device=dev)
+        ws_l = torch.empty((num_splits, num_tokens, num_heads), dtype=torch.float32, device=dev)
+    else:
+        ws_acc = ws_m = ws_l = out  # placeholders, never touched
+    _attention_kernel[grid](
+        query, kv_cache, out, query_start_loc, seq_lens, block_tables,
+        ws_acc, ws_m, ws_l,
+        scale * _LOG2E,
+        num_reqs, num_tokens, num_heads, sliding_window or 0,
+        *query.stride(), *out.stride(), *kv_cache.stride(), block_tables.stride(0),
+        GROUP=group, BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=tile_n,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_SIZE=block_size,
+        USE_WINDOW=sliding_window is not None, NUM_SPLITS=num_splits,
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else None,  # exact fp32; default otherwise
+        DOT_F32=_INTERPRETED and query.dtype == torch.bfloat16,
+        num_warps=num_warps,
+    )
+    if num_splits > 1:
+        _reduce_splits_kernel[(num_tokens, num_heads)](
+            out, ws_acc, ws_m, ws_l, query_start_loc,
+            num_reqs, num_tokens, num_heads,
+            *out.stride(),
+            NUM_SPLITS=num_splits, SPLITS_P2=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
+            BLOCK_D=block_d, num_warps=1 if block_d <= 64 else 2,
+        )
+
