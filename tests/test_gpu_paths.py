@@ -54,7 +54,8 @@ def test_dummy_prefill_meta_spans_sequences_of_max_model_len() -> None:
 def test_dummy_step_runs_at_the_token_budget() -> None:
     llm = LLM(STORIES, max_num_batched_tokens=1100, max_num_seqs=8)
     runner = llm.llm_engine.engine_core.model_runner
-    run_dummy_step(runner, 1100, 8)  # 3 sequences; must neither fail nor touch the real cache
+    temp_bytes = run_dummy_step(runner, 1100, 8)  # 3 sequences; must not touch the real cache
+    assert temp_bytes == (32 + 32 + 5) * runner.bytes_per_block()
     assert all(not c.any() for c in runner.kv_caches)
 
 

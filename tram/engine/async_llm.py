@@ -120,8 +120,7 @@ class AsyncLLM(EngineFrontend):
 
         The core's waiting count is exact but only as fresh as its last message, so it is capped by
         what is still in flight; what this front end has in flight beyond max_num_seqs must wait
-        whatever the core says. New samples wait behind anyone
-        already waiting."""
+        whatever the core says. New samples wait behind anyone already waiting."""
         if self.max_queued_requests is None:
             return False
         in_flight = len(self.output_processor.sample_owner)

@@ -90,8 +90,6 @@ class OutputProcessor:
             if state is None:
                 continue
             state.metrics.finished_time = time.time()
-            for sample in state.samples.values():
-                sample.finish_reason = sample.finish_reason or "abort"
             self._record_finished(state, "abort")
             for sid in state.samples:
                 self.sample_owner.pop(sid, None)

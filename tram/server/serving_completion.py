@@ -16,10 +16,9 @@ from tram.server.utils import DONE_EVENT, merge_async_iterators, run_until_disco
 
 
 def _normalize_prompts(prompt: Any) -> list[str | list[int]]:
+    # CompletionRequest's validator has already rejected empty prompts.
     if isinstance(prompt, str):
         return [prompt]
-    if not prompt:
-        raise APIError(400, "prompt must not be empty", "prompt")
     if all(isinstance(p, int) for p in prompt):
         return [list(prompt)]
     return list(prompt)

@@ -53,9 +53,9 @@ def dummy_prefill_meta(num_tokens: int, max_model_len: int, block_size: int, dev
 
 
 @torch.inference_mode()
-def run_dummy_step(runner: object, num_tokens: int, num_logit_rows: int) -> None:
+def run_dummy_step(runner: object, num_tokens: int, num_logit_rows: int) -> int:
     """One forward over num_tokens prompt tokens and the logits of num_logit_rows rows, on a
-    temporary KV cache just large enough (freed on return)."""
+    temporary KV cache just large enough (freed on return); returns that cache's size in bytes."""
     mc = runner.model_config
     meta, num_blocks = dummy_prefill_meta(num_tokens, mc.max_model_len, runner.block_size, runner.device)
     shape = (2, num_blocks, runner.block_size, runner.num_kv_heads, runner.head_dim)
@@ -65,6 +65,7 @@ def run_dummy_step(runner: object, num_tokens: int, num_logit_rows: int) -> None
     hidden = runner.model(ids, positions, caches, meta)
     rows = hidden[-min(num_logit_rows, num_tokens):]
     torch.softmax(runner.model.compute_logits(rows), dim=-1)  # the sampler's largest temporaries
+    return num_blocks * runner.bytes_per_block()
 
 
 def profile_cuda_memory(runner: object, num_tokens: int, num_logit_rows: int) -> MemoryProfile:
@@ -74,10 +75,8 @@ def profile_cuda_memory(runner: object, num_tokens: int, num_logit_rows: int) ->
     free, total = torch.cuda.mem_get_info(device)
     weights = torch.cuda.memory_allocated(device)
     non_torch = max(0, (total - free) - torch.cuda.memory_reserved(device))
-    run_dummy_step(runner, num_tokens, num_logit_rows)
+    temp_kv = run_dummy_step(runner, num_tokens, num_logit_rows)
     torch.cuda.synchronize(device)
-    kv_blocks = dummy_prefill_meta(num_tokens, runner.model_config.max_model_len, runner.block_size, device)[1]
-    temp_kv = kv_blocks * runner.bytes_per_block()
     peak = max(0, torch.cuda.max_memory_allocated(device) - weights - temp_kv)
     torch.cuda.empty_cache()
     profile = MemoryProfile(total, weights, peak, non_torch)
