@@ -77,6 +77,35 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        choices=["critical", "error", "warning", "info", "debug", "trace"])
 
 
+def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    from tram.bench.latency import add_latency_args
+    from tram.bench.throughput import add_throughput_args
+
+    bench = sub.add_parser("bench", help="benchmarks: throughput (offline), serve (online), latency")
+    kinds = bench.add_subparsers(dest="bench_command", required=True)
+    add_throughput_args(kinds.add_parser("throughput", help="offline throughput of Tram and transformers"))
+    add_latency_args(kinds.add_parser("latency", help="one fixed batch: end-to-end and per-step latency"))
+    from tram.bench.serve import add_serve_args
+
+    add_serve_args(kinds.add_parser("serve", help="load any OpenAI-compatible server; TTFT, TPOT, ITL, goodput"))
+
+
+def _bench(a: argparse.Namespace) -> int:
+    if a.bench_command == "throughput":
+        from tram.bench.throughput import run_throughput
+
+        run_throughput(a)
+    elif a.bench_command == "latency":
+        from tram.bench.latency import run_latency
+
+        run_latency(a)
+    else:
+        from tram.bench.serve import run_serve
+
+        run_serve(a)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tram", description="Tram LLM inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -88,9 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--sampling-seed", type=int)
     _add_serve_parser(sub)
+    _add_bench_parser(sub)
     args = parser.parse_args(argv)
+    commands = {"serve": _serve, "generate": _generate, "bench": _bench}
     try:
-        return _serve(args) if args.command == "serve" else _generate(args)
+        return commands[args.command](args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

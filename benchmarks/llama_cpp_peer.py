@@ -1,0 +1,248 @@
+"""The llama.cpp peer: build `llama-server`, convert a Hugging Face model to GGUF, and serve both it and
+Tram to `tram bench serve` with identical requests.
+
+One command does all of it (build and conversion are cached under ~/.cache/tram/llama.cpp):
+
+    python3 benchmarks/llama_cpp_peer.py compare --model benchmarks/presets/llama-15m \\
+        --load-format dummy --dtype float32 --concurrency 1,16,64
+
+Steps, each also runnable alone:
+    build    pip-download the llama-cpp-python sdist (it vendors llama.cpp) and build only llama-server
+    convert  save the model (dummy weights are materialised with a fixed seed) and convert it to GGUF
+    compare  start llama-server and `tram serve` in turn and run `tram bench serve` against each
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+from pathlib import Path
+
+CACHE = Path(os.environ.get("TRAM_LLAMA_CPP_CACHE", Path.home() / ".cache" / "tram" / "llama.cpp"))
+REPO = Path(__file__).resolve().parent.parent
+
+
+def log(msg: str) -> None:
+    print(f"[llama_cpp_peer] {msg}", file=sys.stderr, flush=True)
+
+
+def source_dir() -> Path:
+    """The llama.cpp tree vendored by llama-cpp-python's source distribution, downloaded once."""
+    found = sorted(glob.glob(str(CACHE / "src" / "llama_cpp_python-*" / "vendor" / "llama.cpp")))
+    if found:
+        return Path(found[-1])
+    (CACHE / "src").mkdir(parents=True, exist_ok=True)
+    log("downloading the llama-cpp-python source distribution with pip")
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+                    "llama-cpp-python", "-d", str(CACHE / "src")], check=True)
+    archive = sorted(glob.glob(str(CACHE / "src" / "llama_cpp_python-*.tar.gz")))[-1]
+    with tarfile.open(archive) as tar:
+        tar.extractall(CACHE / "src", filter="data")
+    return source_dir()
+
+
+def server_binary() -> Path:
+    return CACHE / "build" / "bin" / "llama-server"
+
+
+def build() -> Path:
+    binary = server_binary()
+    if binary.exists():
+        return binary
+    src = source_dir()
+    log(f"building llama-server from {src} (about 8 minutes on 2 cores)")
+    subprocess.run(["cmake", "-S", str(src), "-B", str(CACHE / "build"), "-G", "Ninja",
+                    "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_CURL=OFF",
+                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DGGML_NATIVE=ON"],
+                   check=True)
+    subprocess.run(["cmake", "--build", str(CACHE / "build"), "--target", "llama-server",
+                    "-j", str(os.cpu_count() or 2)], check=True)
+    return binary
+
+
+def gguf_path(checkpoint: str, dtype: str) -> Path:
+    return CACHE / "gguf" / f"{Path(checkpoint).name}-{dtype}.gguf"
+
+
+def convert(model: str, dtype: str, seed: int) -> tuple[str, Path]:
+    """(the checkpoint Tram serves, the same weights as GGUF at the same dtype)."""
+    from tram.bench.presets import is_config_only, materialize, resolve_model
+
+    checkpoint = resolve_model(model)
+    if is_config_only(checkpoint):
+        checkpoint = materialize(checkpoint, dtype, seed)
+    out = gguf_path(checkpoint, dtype)
+    if out.exists():
+        return checkpoint, out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    src = source_dir()
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        log("installing gguf from PyPI for the converter")
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "gguf"], check=True)
+    outtype = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}[dtype]
+    log(f"converting {checkpoint} to {out} ({outtype})")
+    tmp = out.with_suffix(".tmp")
+    subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), checkpoint, "--outtype", outtype,
+                    "--outfile", str(tmp)], check=True)
+    tmp.rename(out)
+    return checkpoint, out
+
+
+class Server:
+    """A server subprocess that is ready once GET {url}/health answers 200; stopped with SIGTERM."""
+
+    def __init__(self, name: str, argv: list[str], port: int, log_path: Path, env: dict | None = None) -> None:
+        self.name, self.url = name, f"http://127.0.0.1:{port}"
+        self._log = open(log_path, "w")
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO,
+                                     env={**os.environ, **(env or {})})
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{name} exited during start-up; see {log_path}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"{name} did not become healthy; see {log_path}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+def start_llama_server(binary: Path, gguf: Path, slots: int, ctx_per_slot: int, port: int,
+                       threads: int | None, log_dir: Path) -> Server:
+    argv = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
+            "-c", str(slots * ctx_per_slot), "--no-webui", "-a", "llama.cpp"]
+    if threads:
+        argv += ["-t", str(threads), "-tb", str(threads)]
+    return Server("llama-server", argv, port, log_dir / f"llama-server-np{slots}.log")
+
+
+def start_tram(checkpoint: str, dtype: str, port: int, max_model_len: int, log_dir: Path) -> Server:
+    argv = [sys.executable, "-m", "tram", "serve", checkpoint, "--port", str(port), "--dtype", dtype,
+            "--max-model-len", str(max_model_len), "--served-model-name", "tram"]
+    return Server("tram", argv, port, log_dir / "tram-serve.log")
+
+
+def bench(server: Server, model: str, requests: list, concurrency: int, label: str, warmup: int) -> dict:
+    import asyncio
+
+    from tram.bench.serve import benchmark
+
+    result = asyncio.run(benchmark(server.url, model, requests, max_concurrency=concurrency, label=label,
+                                   warmup=warmup, disable_tqdm=False))
+    result["sweep"] = {"param": "concurrency", "value": concurrency}
+    return result
+
+
+def print_comparison(runs: list[dict]) -> list[dict]:
+    by = {(r["label"], r["sweep"]["value"]): r for r in runs}
+    rows = []
+    print(f"\n{'conc':>5} {'engine':<10} {'out tok/s':>10} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} "
+          f"{'failed':>6} {'len mismatch':>12}")
+    for conc in sorted({r["sweep"]["value"] for r in runs}):
+        for label in ("tram", "llama.cpp"):
+            r = by.get((label, conc))
+            if r:
+                print(f"{conc:>5} {label:<10} {r['output_throughput']:>10.1f} {r['p50_ttft_ms']:>9.1f} "
+                      f"{r['p99_ttft_ms']:>9.1f} {r['p50_tpot_ms'] or 0:>9.2f} {r['failed']:>6} "
+                      f"{r['output_len_mismatches']:>12}")
+        t, l = by.get(("tram", conc)), by.get(("llama.cpp", conc))
+        if t and l:
+            row = {"concurrency": conc, "throughput_ratio": t["output_throughput"] / l["output_throughput"],
+                   "p99_ttft_ratio": t["p99_ttft_ms"] / l["p99_ttft_ms"]}
+            rows.append(row)
+            print(f"{conc:>5} {'ratio':<10} {row['throughput_ratio']:>9.2f}x {'':>9} "
+                  f"{row['p99_ttft_ratio']:>8.2f}x  (tram / llama.cpp; throughput higher is better, TTFT lower)")
+    return rows
+
+
+def compare(args: argparse.Namespace) -> None:
+    from tram.bench.datasets import make_requests, parse_range
+    from tram.bench.serve import json_safe
+    from tram.bench.sweep_plot import plot_sweep
+
+    binary = build()
+    checkpoint, gguf = convert(args.model, args.dtype, args.seed)
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(checkpoint).vocab_size
+    levels = [int(c) for c in args.concurrency.split(",")]
+    ctx = parse_range(args.input_len)[1] + parse_range(args.output_len)[1] + 16
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for conc in levels:
+        requests = make_requests(args.num_prompts or max(4 * conc, 16), args.input_len, args.output_len,
+                                 args.seed, vocab_size=vocab)
+        server = start_llama_server(binary, gguf, conc, ctx, args.port, args.llama_threads, log_dir)
+        try:
+            runs.append(bench(server, "llama.cpp", requests, conc, "llama.cpp", args.warmup))
+        finally:
+            server.stop()
+    server = start_tram(checkpoint, args.dtype, args.port + 1, ctx, log_dir)
+    try:
+        for conc in levels:
+            requests = make_requests(args.num_prompts or max(4 * conc, 16), args.input_len, args.output_len,
+                                     args.seed, vocab_size=vocab)
+            runs.append(bench(server, "tram", requests, conc, "tram", args.warmup))
+    finally:
+        server.stop()
+    ratios = print_comparison(runs)
+    plot_sweep(runs, args.plot, title=f"{args.model} {args.dtype}: tram vs llama.cpp")
+    with open(args.output_json, "w") as f:
+        json.dump(json_safe({"model": args.model, "dtype": args.dtype, "ratios": ratios, "runs": runs}), f, indent=2)
+    print(f"wrote {args.output_json} and {args.plot}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("build")
+    for name in ("convert", "compare"):
+        p = sub.add_parser(name)
+        p.add_argument("--model", default="llama-15m", help="a preset name or a model folder")
+        p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+        p.add_argument("--seed", type=int, default=0)
+    cmp = sub.choices["compare"]
+    cmp.add_argument("--concurrency", default="1,16,64")
+    cmp.add_argument("--num-prompts", type=int, help="per level (default: 4 x concurrency, at least 16)")
+    cmp.add_argument("--input-len", default="32:512")
+    cmp.add_argument("--output-len", default="16:256")
+    cmp.add_argument("--warmup", type=int, default=2)
+    cmp.add_argument("--port", type=int, default=8411)
+    cmp.add_argument("--llama-threads", type=int, help="llama-server -t/-tb (default: its own choice)")
+    cmp.add_argument("--log-dir", default=str(CACHE / "logs"))
+    cmp.add_argument("--plot", default="llama_cpp_compare.png")
+    cmp.add_argument("--output-json", default="llama_cpp_compare.json")
+    args = parser.parse_args()
+    if args.cmd == "build":
+        print(build())
+    elif args.cmd == "convert":
+        print(convert(args.model, args.dtype, args.seed)[1])
+    else:
+        compare(args)
+
+
+if __name__ == "__main__":
+    main()

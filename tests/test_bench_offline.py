@@ -1,0 +1,129 @@
+"""`tram bench throughput` and `latency`: workloads, presets, and the counts and ratios they report."""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tram.bench import presets
+from tram.bench.datasets import make_requests, parse_range, random_requests, text_file_requests, workload_summary
+from tram.bench.latency import add_latency_args, run_latency
+from tram.bench.throughput import add_throughput_args, run_throughput
+
+
+def test_parse_range() -> None:
+    assert parse_range("32:512") == (32, 512)
+    assert parse_range("7") == (7, 7)
+    for bad in ("0:4", "9:3", "a:b", "1:2:3", ""):
+        with pytest.raises(ValueError, match="length range"):
+            parse_range(bad)
+
+
+def test_random_requests_are_seeded_and_in_range() -> None:
+    a = random_requests(50, (3, 9), (1, 4), vocab_size=20, seed=1, exclude_ids={0, 1, 2})
+    assert a == random_requests(50, (3, 9), (1, 4), vocab_size=20, seed=1, exclude_ids={0, 1, 2})
+    assert a != random_requests(50, (3, 9), (1, 4), vocab_size=20, seed=2, exclude_ids={0, 1, 2})
+    assert all(3 <= r.prompt_len <= 9 and 1 <= r.output_len <= 4 for r in a)
+    assert all(3 <= t < 20 for r in a for t in r.prompt_token_ids)
+    # Both ends of each range occur: the range is inclusive.
+    assert {r.prompt_len for r in a} >= {3, 9} and {r.output_len for r in a} == {1, 2, 3, 4}
+    summary = workload_summary(a)
+    assert summary["prompt_tokens"] == sum(r.prompt_len for r in a) and summary["num_requests"] == 50
+
+
+def test_text_file_requests_are_windows_of_the_text() -> None:
+    stream = list(range(100, 130))
+    reqs = text_file_requests(20, (5, 40), (2, 2), stream, seed=0)
+    for r in reqs:
+        first = r.prompt_token_ids[0]
+        # Consecutive ids of the (repeated) text, starting anywhere.
+        assert r.prompt_token_ids == [(first - 100 + i) % 30 + 100 for i in range(r.prompt_len)]
+
+
+def test_make_requests_from_text_file(tmp_path: Path, stories_path: str) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(stories_path)
+    text = tmp_path / "t.txt"
+    text.write_text("Once upon a time there was a little girl who liked to play in the park. " * 5)
+    reqs = make_requests(4, "8:16", "3", 0, tokenizer=tok, dataset_path=str(text))
+    ids = tok(text.read_text(), add_special_tokens=False)["input_ids"]
+    joined = ",".join(map(str, ids * 2))
+    assert all(",".join(map(str, r.prompt_token_ids)) in joined for r in reqs)
+    with pytest.raises(ValueError, match="tokenizer"):
+        make_requests(4, "8", "3", 0, dataset_path=str(text))
+
+
+@pytest.mark.parametrize("name,params", [("llama-15m", 15e6), ("llama-110m", 110e6),
+                                         ("qwen2.5-0.5b", 494e6), ("llama-3.2-1b", 1.24e9), ("llama-3-8b", 8.0e9)])
+def test_presets_have_realistic_shapes(name: str, params: float) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = presets.resolve_model(name)
+    assert presets.is_config_only(path) and name in presets.preset_names()
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    count = sum(p.numel() for p in model.parameters())
+    assert abs(count - params) / params < 0.06, count
+
+
+def test_materialize_is_seeded_and_cached(tmp_path: Path, stories_path: str, monkeypatch) -> None:
+    from safetensors.torch import load_file
+
+    cfg_only = tmp_path / "tiny"
+    cfg_only.mkdir()
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(stories_path) / f, cfg_only / f)
+    monkeypatch.setattr(presets, "CHECKPOINT_CACHE", tmp_path / "cache")
+    a = presets.materialize(str(cfg_only), "float32", seed=3)
+    assert presets.materialize(str(cfg_only), "float32", seed=3) == a
+    b = presets.materialize(str(cfg_only), "float32", seed=4)
+    wa, wb = load_file(Path(a) / "model.safetensors"), load_file(Path(b) / "model.safetensors")
+    key = "model.layers.0.mlp.up_proj.weight"
+    assert not torch.equal(wa[key], wb[key])
+    assert (Path(a) / "tokenizer.json").exists()
+
+
+def _args(add, argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add(p)
+    return p.parse_args(argv)
+
+
+def test_throughput_all_backends(stories_path: str, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    args = _args(add_throughput_args, [
+        "--model", stories_path, "--backend", "tram,hf-static,hf-cb", "--num-prompts", "6", "--input-len", "4:12",
+        "--output-len", "2:6", "--hf-batch-size", "4", "--threads", "1", "--kv-cache-memory-bytes", str(8 << 20),
+        "--output-json", str(out)])
+    report = run_throughput(args)
+    wanted = report["workload"]["output_tokens"]
+    assert [r["backend"] for r in report["results"]] == ["tram", "hf-static", "hf-cb"]
+    for r in report["results"]:
+        # Every backend generated exactly what was asked: nothing padded in, nothing cut short.
+        assert r["output_tokens"] == wanted, r
+        assert r["output_tokens_per_s"] == pytest.approx(wanted / r["seconds"])
+        assert r["total_tokens_per_s"] == pytest.approx((wanted + report["workload"]["prompt_tokens"]) / r["seconds"])
+    by = {r["backend"]: r for r in report["results"]}
+    assert report["ratios"]["tram/hf-cb"] == pytest.approx(by["tram"]["output_tokens_per_s"] / by["hf-cb"]["output_tokens_per_s"])
+    assert json.loads(out.read_text())["ratios"] == report["ratios"]
+
+
+def test_throughput_rejects_unknown_backend(stories_path: str) -> None:
+    with pytest.raises(ValueError, match="unknown backend"):
+        run_throughput(_args(add_throughput_args, ["--model", stories_path, "--backend", "tram,vllm"]))
+
+
+def test_latency_counts_prefill_and_decode_steps(stories_path: str) -> None:
+    args = _args(add_latency_args, ["--model", stories_path, "--batch-size", "3", "--input-len", "8",
+                                    "--output-len", "5", "--num-iters", "2", "--num-iters-warmup", "1",
+                                    "--threads", "1", "--kv-cache-memory-bytes", str(8 << 20)])
+    report = run_latency(args)
+    # One step prefills the whole batch and samples each first token; 4 decode steps follow, per iteration.
+    assert report["prefill_step"]["mean_ms"] > 0
+    assert report["end_to_end"]["mean_ms"] > report["decode_step"]["mean_ms"] * 4
+    assert report["num_prefill_steps"] == 2 and report["num_decode_steps"] == 8

@@ -1,0 +1,170 @@
+"""`tram bench throughput`: offline throughput of Tram and transformers on the same requests, in one run.
+
+    tram bench throughput --model llama-15m --num-prompts 256 --input-len 32:512 --output-len 16:256 \\
+        --backend tram,hf-static,hf-cb --dtype bfloat16
+
+Each backend loads the same checkpoint (a preset gets seeded random weights, materialised once),
+is warmed up outside the timed region, and generates exactly each request's output length.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from tram.bench.datasets import BenchRequest, make_requests, workload_summary
+from tram.bench.hf_backends import GenerateFn, hf_cb_backend, hf_static_backend
+from tram.bench.presets import is_config_only, materialize, resolve_model
+from tram.bench.report import machine_info
+
+BACKENDS = ("tram", "hf-static", "hf-cb")
+
+
+@dataclass
+class ThroughputResult:
+    backend: str
+    num_requests: int
+    prompt_tokens: int
+    output_tokens: int
+    seconds: float
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.num_requests / self.seconds
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds
+
+    @property
+    def total_tokens_per_s(self) -> float:
+        return (self.prompt_tokens + self.output_tokens) / self.seconds
+
+
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """Flags shared by `throughput` and `latency`: the model and Tram's engine settings."""
+    p.add_argument("--model", required=True, help="a model folder, hub id, or preset name (see presets/README.md)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
+                   help="dummy: random weights (a preset always gets seeded random weights)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int)
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--kv-cache-memory-bytes", type=int)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+
+
+def add_throughput_args(p: argparse.ArgumentParser) -> None:
+    add_engine_flags(p)
+    p.add_argument("--backend", default="tram", help="comma-separated: " + ",".join(BACKENDS))
+    p.add_argument("--num-prompts", type=int, default=256)
+    p.add_argument("--input-len", default="32:512", help="N or LO:HI tokens")
+    p.add_argument("--output-len", default="16:256", help="N or LO:HI tokens")
+    p.add_argument("--dataset-path", help="cut prompts from this text file instead of random token ids")
+    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--hf-batch-size", type=int, default=16, help="batch size of hf-static")
+    p.add_argument("--hf-cb-attn", default="paged|sdpa", help="attn_implementation of hf-cb")
+    p.add_argument("--output-json")
+
+
+def model_checkpoint(args: argparse.Namespace) -> str:
+    """The checkpoint every backend loads: random weights (a preset, or --load-format dummy) are
+    materialised once, because the peers cannot load 'dummy' and all must run the same weights."""
+    model = resolve_model(args.model)
+    if is_config_only(model) or args.load_format == "dummy":
+        return materialize(model, args.dtype, args.seed)
+    return model
+
+
+def tram_backend(model: str, args: argparse.Namespace) -> GenerateFn:
+    from tram import LLM, SamplingParams
+
+    llm = LLM(model, dtype=args.dtype, seed=args.seed, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+              kv_cache_memory_bytes=args.kv_cache_memory_bytes, enable_prefix_caching=args.enable_prefix_caching)
+
+    def generate(requests: list[BenchRequest]) -> list[list[int]]:
+        params = [SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=args.ignore_eos)
+                  for r in requests]
+        outs = llm.generate([{"prompt_token_ids": r.prompt_token_ids} for r in requests], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    return generate
+
+
+def build_backend(name: str, model: str, args: argparse.Namespace) -> GenerateFn:
+    if name == "tram":
+        return tram_backend(model, args)
+    if name == "hf-static":
+        return hf_static_backend(model, args.dtype, args.hf_batch_size)
+    if name == "hf-cb":
+        return hf_cb_backend(model, args.dtype, args.hf_cb_attn)
+    raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+
+
+def run_backend(name: str, model: str, args: argparse.Namespace,
+                requests: list[BenchRequest]) -> tuple[ThroughputResult, list[list[int]]]:
+    generate = build_backend(name, model, args)
+    generate([BenchRequest(r.prompt_token_ids[:16], 4) for r in requests[:2]])  # warm-up, untimed
+    start = time.perf_counter()
+    outputs = generate(requests)
+    seconds = time.perf_counter() - start
+    del generate
+    gc.collect()
+    summary = workload_summary(requests)
+    return ThroughputResult(name, len(requests), summary["prompt_tokens"], sum(map(len, outputs)), seconds), outputs
+
+
+def print_report(results: list[ThroughputResult], outputs: dict[str, list[list[int]]]) -> dict[str, float]:
+    header = f"{'backend':<10} {'requests':>8} {'seconds':>8} {'req/s':>7} {'out tok/s':>10} {'total tok/s':>11}"
+    print(header + "\n" + "-" * len(header))
+    for r in results:
+        print(f"{r.backend:<10} {r.num_requests:>8} {r.seconds:>8.2f} {r.requests_per_s:>7.2f} "
+              f"{r.output_tokens_per_s:>10.1f} {r.total_tokens_per_s:>11.1f}")
+    ratios = {}
+    tram = next((r for r in results if r.backend == "tram"), None)
+    for r in results:
+        if tram is not None and r is not tram:
+            ratios[f"tram/{r.backend}"] = tram.output_tokens_per_s / r.output_tokens_per_s
+            same = sum(a == b for a, b in zip(outputs["tram"], outputs[r.backend]))
+            print(f"tram vs {r.backend}: {ratios[f'tram/{r.backend}']:.2f}x output tokens/s; "
+                  f"greedy outputs identical for {same}/{len(outputs['tram'])} requests")
+    return ratios
+
+
+def run_throughput(args: argparse.Namespace) -> dict:
+    torch.set_num_threads(args.threads)
+    names = [b.strip() for b in args.backend.split(",") if b.strip()]
+    for name in names:
+        if name not in BACKENDS:
+            raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+    model = model_checkpoint(args)
+    from transformers import AutoConfig, AutoTokenizer
+
+    vocab_size = AutoConfig.from_pretrained(model).vocab_size
+    tokenizer = AutoTokenizer.from_pretrained(model) if args.dataset_path else None
+    requests = make_requests(args.num_prompts, args.input_len, args.output_len, args.seed,
+                             tokenizer=tokenizer, vocab_size=vocab_size, dataset_path=args.dataset_path)
+    print(f"workload: {workload_summary(requests)}, model {args.model} ({model}), {args.dtype}, "
+          f"{args.threads} torch threads", flush=True)
+    results, outputs = [], {}
+    for name in names:
+        result, outputs[name] = run_backend(name, model, args, requests)
+        results.append(result)
+        print(f"[{name}] {result.output_tokens} output tokens in {result.seconds:.2f} s", flush=True)
+    ratios = print_report(results, outputs)
+    report = {"machine": machine_info(), "args": vars(args), "workload": workload_summary(requests),
+              "results": [asdict(r) | {"requests_per_s": r.requests_per_s, "output_tokens_per_s": r.output_tokens_per_s,
+                                       "total_tokens_per_s": r.total_tokens_per_s} for r in results],
+              "ratios": ratios}
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(report, f, indent=2)
+    return report
