@@ -205,6 +205,7 @@ def test_chat_payload_decodes_the_ids() -> None:
 # ---------------------------------------------------------------- against a fake server
 
 FAIL_MARK = 7777  # a prompt starting with this id gets HTTP 400
+DROP_ONCE_MARK, DROP_ALWAYS_MARK = 8888, 9999  # the connection is closed without a response
 
 
 class FakeServer:
@@ -229,6 +230,10 @@ class FakeServer:
         try:
             if body["prompt"][0] == FAIL_MARK:
                 return web.json_response({"error": {"message": "bad prompt", "code": 400}}, status=400)
+            drops = sum(b["prompt"][0] == DROP_ONCE_MARK for b in self.bodies)
+            if body["prompt"][0] == DROP_ALWAYS_MARK or (body["prompt"][0] == DROP_ONCE_MARK and drops == 1):
+                request.transport.close()  # what a client sees on a keep-alive connection closed under it
+                return web.Response()
             return await self._stream(request, body)
         finally:
             self.active -= 1
@@ -293,6 +298,16 @@ def test_client_against_fake_server(usage: str) -> None:
     assert len(fake.bodies) == 1 + 8  # the warmup is sent but not counted
     sent = fake.bodies[1]
     assert sent["ignore_eos"] is True and sent["stream"] is True and sent["model"] == "fake-model"
+
+
+def test_a_connection_closed_before_any_response_is_retried_once() -> None:
+    fake = FakeServer(first_delay=0.0, gap=0.0)
+    reqs = [BenchRequest([DROP_ONCE_MARK, 1], 3), BenchRequest([DROP_ALWAYS_MARK, 1], 3), BenchRequest([1, 2], 3)]
+    res = serve_fake(fake, lambda url: benchmark(url, "fake-model", reqs, warmup=0, max_concurrency=1))
+    assert (res["completed"], res["failed"]) == (2, 1)
+    assert res["errors"] == ["ServerDisconnectedError: Server disconnected"]
+    # The request dropped once was sent twice; the one always dropped was given up after two tries.
+    assert [b["prompt"][0] for b in fake.bodies] == [DROP_ONCE_MARK] * 2 + [DROP_ALWAYS_MARK] * 2 + [1]
 
 
 def test_request_rate_spaces_the_arrivals() -> None:

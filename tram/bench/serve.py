@@ -103,28 +103,41 @@ def build_payload(endpoint: str, model: str, req: BenchRequest, tokenizer: Any |
 async def send_request(session: aiohttp.ClientSession, url: str, payload: dict[str, Any], prompt_len: int,
                        run_start: float) -> RequestResult:
     """POST one streamed request and time its chunks. Failures are recorded in the result, never raised."""
-    sent = time.perf_counter()
-    parser = StreamParser(sent)
-    try:
-        async with session.post(url, json=payload) as resp:
-            if resp.status != 200:
-                parser.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
-            else:
-                # Our own line splitting: aiohttp's readline refuses lines over its buffer limit,
-                # and a chunk with logprobs can be long.
-                pending = b""
-                async for data in resp.content.iter_any():
-                    now = time.perf_counter()
-                    *lines, pending = (pending + data).split(b"\n")
-                    for line in lines:
-                        parser.feed(line, now)
-                if pending:
-                    parser.feed(pending, time.perf_counter())
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
-        parser.error = parser.error or f"{type(e).__name__}: {e}"[:300]
+    for attempt in range(2):
+        sent = time.perf_counter()
+        parser = StreamParser(sent)
+        try:
+            await _stream_into(session, url, payload, parser)
+            break
+        except aiohttp.ServerDisconnectedError as e:
+            # A pooled keep-alive connection the server had already closed (llama.cpp's server closes
+            # them after a few requests): nothing was sent back, so send again on a fresh one.
+            if attempt == 0 and parser.nothing_received():
+                continue
+            parser.error = parser.error or f"{type(e).__name__}: {e}"[:300]
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+            parser.error = parser.error or f"{type(e).__name__}: {e}"[:300]
+            break
     result = parser.result(time.perf_counter(), prompt_len, payload.get("max_tokens", 0))
     result.start = sent - run_start
     return result
+
+
+async def _stream_into(session: aiohttp.ClientSession, url: str, payload: dict[str, Any], parser: StreamParser) -> None:
+    async with session.post(url, json=payload) as resp:
+        if resp.status != 200:
+            parser.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
+        else:
+            # Our own line splitting: aiohttp's readline refuses lines over its buffer limit,
+            # and a chunk with logprobs can be long.
+            pending = b""
+            async for data in resp.content.iter_any():
+                now = time.perf_counter()
+                *lines, pending = (pending + data).split(b"\n")
+                for line in lines:
+                    parser.feed(line, now)
+            if pending:
+                parser.feed(pending, time.perf_counter())
 
 
 async def fetch_model_id(base_url: str, timeout: float = 30.0) -> str:

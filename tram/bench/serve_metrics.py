@@ -104,6 +104,9 @@ class StreamParser:
             self.last_token_at = now
             self.token_chunks += 1
 
+    def nothing_received(self) -> bool:
+        return self.first_token_at is None and self.usage is None and not self.done and not self.error
+
     def result(self, end: float, sent_prompt_len: int, requested_output_tokens: int) -> RequestResult:
         r = RequestResult(requested_output_tokens=requested_output_tokens, latency=end - self.sent_at,
                           prompt_tokens=sent_prompt_len)
