@@ -1,8 +1,9 @@
 """Paged attention in plain PyTorch: correct everywhere, fast enough on CPU and as a GPU fallback.
 
 A step's flattened batch is split on the host (from meta's host lists, so no device syncs) into
-  * decodes (query_len == 1): one batched SDPA over K/V gathered through their block tables,
-    padded to the longest context and masked by seq_len;
+  * decodes (query_len == 1): on CPU, the C++ kernel of cpu_kernels.py reads K/V straight from the
+    paged cache; elsewhere (or with TRAM_CPU_ATTENTION_KERNEL=0) one batched SDPA over K/V
+    gathered through their block tables, padded to the longest context and masked by seq_len;
   * prefill chunks (query_len > 1): one SDPA per request with an offset-causal mask over
     cached prefix + chunk (a plain causal SDPA on the step's own K/V when there is no prefix).
 The split and the masks are planned once per step and reused by every layer.
@@ -15,6 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from tram.model.attention.base import AttentionMetadata
+from tram.model.attention.cpu_kernels import SUPPORTED_DTYPES as _CPU_KERNEL_DTYPES
+from tram.model.attention.cpu_kernels import load_cpu_kernels, paged_decode_attention
 
 
 def _sdpa_supports_gqa() -> bool:
@@ -161,6 +164,10 @@ class TorchAttentionBackend:
     def _decode(self, query: torch.Tensor, kv_cache: torch.Tensor, plan: _StepPlan, scale: float,
                 sliding_window: int | None) -> torch.Tensor:
         """query [Bd, H, D] -> [Bd, H, D], one batched SDPA over every decode's padded context."""
+        if query.device.type == "cpu" and query.dtype in _CPU_KERNEL_DTYPES and load_cpu_kernels() is not None:
+            # K/V read straight from the paged cache: no padded gather, no mask (csrc/paged_decode.cpp).
+            return paged_decode_attention(query, kv_cache, plan.decode_block_tables, plan.decode_seq_lens,
+                                          scale, sliding_window)
         num_kv_heads, head_dim = kv_cache.shape[-2:]
         bd, num_heads = query.shape[0], query.shape[1]
         groups = num_heads // num_kv_heads
