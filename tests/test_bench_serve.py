@@ -300,14 +300,14 @@ def test_client_against_fake_server(usage: str) -> None:
     assert sent["ignore_eos"] is True and sent["stream"] is True and sent["model"] == "fake-model"
 
 
-def test_a_connection_closed_before_any_response_is_retried_once() -> None:
+def test_a_connection_closed_before_any_response_is_retried() -> None:
     fake = FakeServer(first_delay=0.0, gap=0.0)
     reqs = [BenchRequest([DROP_ONCE_MARK, 1], 3), BenchRequest([DROP_ALWAYS_MARK, 1], 3), BenchRequest([1, 2], 3)]
     res = serve_fake(fake, lambda url: benchmark(url, "fake-model", reqs, warmup=0, max_concurrency=1))
     assert (res["completed"], res["failed"]) == (2, 1)
     assert res["errors"] == ["ServerDisconnectedError: Server disconnected"]
-    # The request dropped once was sent twice; the one always dropped was given up after two tries.
-    assert [b["prompt"][0] for b in fake.bodies] == [DROP_ONCE_MARK] * 2 + [DROP_ALWAYS_MARK] * 2 + [1]
+    # The request dropped once was sent twice; the one always dropped was given up after three tries.
+    assert [b["prompt"][0] for b in fake.bodies] == [DROP_ONCE_MARK] * 2 + [DROP_ALWAYS_MARK] * 3 + [1]
 
 
 def test_request_rate_spaces_the_arrivals() -> None:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import re
@@ -99,13 +98,15 @@ def test_metrics_reach_zero_when_every_client_drops(server: RemoteServer) -> Non
 
 
 def test_serving_benchmark_client_counts_every_token(server: RemoteServer) -> None:
-    spec = importlib.util.spec_from_file_location("serve_streams", REPO / "benchmarks" / "serve_streams.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    args = bench.parse_args(["--url", server.url, "--concurrency", "4", "--num-requests", "8", "--output-len", "16"])
-    result = asyncio.run(bench.run(args))
-    assert result["output_tokens"] == 8 * 16 and result["requests"] == 8
-    assert 0 < result["ttft_p50_ms"] <= result["ttft_p99_ms"]
+    from tram.bench.datasets import random_requests
+    from tram.bench.serve import benchmark, fetch_model_id
+
+    reqs = random_requests(8, (4, 12), (16, 16), vocab_size=512, seed=0, exclude_ids={0, 1, 2})
+    model = asyncio.run(fetch_model_id(server.url))
+    result = asyncio.run(benchmark(server.url, model, reqs, max_concurrency=4, warmup=0))
+    assert result["total_output_tokens"] == 8 * 16 and result["completed"] == 8
+    assert result["max_concurrency_observed"] <= 4
+    assert 0 < result["median_ttft_ms"] <= result["p99_ttft_ms"]
 
 
 def test_dropped_non_streaming_request_is_aborted(server: RemoteServer) -> None:

@@ -100,19 +100,23 @@ def build_payload(endpoint: str, model: str, req: BenchRequest, tokenizer: Any |
     return {**body, **(extra_body or {})}
 
 
+_ATTEMPTS = 3
+
+
 async def send_request(session: aiohttp.ClientSession, url: str, payload: dict[str, Any], prompt_len: int,
                        run_start: float) -> RequestResult:
     """POST one streamed request and time its chunks. Failures are recorded in the result, never raised."""
-    for attempt in range(2):
+    for attempt in range(_ATTEMPTS):
         sent = time.perf_counter()
         parser = StreamParser(sent)
         try:
             await _stream_into(session, url, payload, parser)
             break
-        except aiohttp.ServerDisconnectedError as e:
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
             # A pooled keep-alive connection the server had already closed (llama.cpp's server closes
-            # them after a few requests): nothing was sent back, so send again on a fresh one.
-            if attempt == 0 and parser.nothing_received():
+            # them after a few requests; the request fails on write or on the first read): nothing
+            # came back, so send again. The pool may hand out another stale one, hence a few tries.
+            if attempt + 1 < _ATTEMPTS and parser.nothing_received():
                 continue
             parser.error = parser.error or f"{type(e).__name__}: {e}"[:300]
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
