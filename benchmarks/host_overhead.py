@@ -87,6 +87,7 @@ def offline(args: argparse.Namespace) -> None:
     import torch
 
     from tram import LLM, SamplingParams
+    from tram.bench.latency import prompts_done
     from tram.bench.presets import resolve_model
 
     torch.set_num_threads(args.threads)
@@ -96,8 +97,7 @@ def offline(args: argparse.Namespace) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     for i, r in enumerate(steady_requests(args, vocab)):
         engine.add_processed_request(str(i), None, r.prompt_token_ids, params, final_only=True)
-    sched = engine.engine_core.scheduler
-    while sched.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.running):
+    while not prompts_done(engine):
         engine.step()  # prefill everything first: the profile sees decode steps only
     raw = tempfile.mktemp(suffix=".txt")
     spy = record(os.getpid(), args.duration, args.rate, raw)
@@ -108,7 +108,7 @@ def offline(args: argparse.Namespace) -> None:
     elapsed = time.perf_counter() - start
     if spy.returncode != 0:
         sys.exit(f"py-spy failed: {spy.stderr.read().decode()}")
-    print(f"{steps} decode steps of {len(sched.running)} running requests, "
+    print(f"{steps} decode steps of {len(engine.engine_core.scheduler.running)} running requests, "
           f"{1000 * elapsed / steps:.1f} ms per step (with the profiler attached)")
     print_summary("offline LLMEngine.step", summarize(raw))
     engine.abort_request([str(i) for i in range(args.num_running)])

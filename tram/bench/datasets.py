@@ -26,10 +26,10 @@ def parse_range(text: str) -> tuple[int, int]:
     """'32:512' -> (32, 512) inclusive; '128' -> (128, 128)."""
     parts = text.split(":")
     try:
-        lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (None, None)
+        lo, hi = int(parts[0]), int(parts[-1])
     except ValueError:
-        lo = hi = None
-    if lo is None or hi is None or lo < 1 or hi < lo:
+        lo = hi = 0
+    if len(parts) > 2 or lo < 1 or hi < lo:
         raise ValueError(f"bad length range {text!r}: expected N or LO:HI with 1 <= LO <= HI")
     return lo, hi
 
