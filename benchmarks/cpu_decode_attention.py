@@ -1,7 +1,7 @@
 """Micro-benchmark: CPU decode attention, C++ paged kernel vs the gather + masked SDPA path.
 
 The SDPA path is TorchAttentionBackend._decode itself, fed a hand-made step plan (as _plan builds
-it); the kernel is tram.model.attention.cpu_kernels.paged_decode_attention. One call = one layer's
+it); the kernel is tram.model.cpu_kernels.paged_decode_attention. One call = one layer's
 decode attention for the whole batch. Each time is the minimum over several repeats, since the
 machine may be shared.
 
@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from tram.model.attention.cpu_kernels import load_cpu_kernels, paged_decode_attention
+from tram.model.cpu_kernels import load_cpu_kernels, paged_decode_attention
 from tram.model.attention.torch_backend import TorchAttentionBackend, _StepPlan
 
 SHAPES = {"15M": (6, 6, 48), "110M": (12, 12, 64)}  # name -> (H, Hkv, D)

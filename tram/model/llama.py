@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tram.model.attention import AttentionBackend, AttentionMetadata, get_attention_backend
+from tram.model.linear import Linear, linear
 from tram.model.rope import RotaryEmbedding, apply_rotary
 
 _ACTIVATIONS = {
@@ -115,9 +116,9 @@ class LlamaMLP(nn.Module):
     def __init__(self, spec: DecoderSpec, dtype: torch.dtype) -> None:
         super().__init__()
         hidden, inter, bias = spec.hidden_size, spec.intermediate_size, spec.mlp_bias
-        self.gate_proj = nn.Linear(hidden, inter, bias=bias, dtype=dtype)
-        self.up_proj = nn.Linear(hidden, inter, bias=bias, dtype=dtype)
-        self.down_proj = nn.Linear(inter, hidden, bias=bias, dtype=dtype)
+        self.gate_proj = Linear(hidden, inter, bias=bias, dtype=dtype)
+        self.up_proj = Linear(hidden, inter, bias=bias, dtype=dtype)
+        self.down_proj = Linear(inter, hidden, bias=bias, dtype=dtype)
         self.act = _ACTIVATIONS[spec.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
@@ -132,10 +133,10 @@ class LlamaAttention(nn.Module):
         self.sliding_window = spec.sliding_windows[layer_idx]
         self.backend = backend
         hidden, q_size, kv_size = spec.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(hidden, q_size, bias=spec.qkv_bias, dtype=dtype)
-        self.k_proj = nn.Linear(hidden, kv_size, bias=spec.qkv_bias, dtype=dtype)
-        self.v_proj = nn.Linear(hidden, kv_size, bias=spec.qkv_bias, dtype=dtype)
-        self.o_proj = nn.Linear(q_size, hidden, bias=spec.o_bias, dtype=dtype)
+        self.q_proj = Linear(hidden, q_size, bias=spec.qkv_bias, dtype=dtype)
+        self.k_proj = Linear(hidden, kv_size, bias=spec.qkv_bias, dtype=dtype)
+        self.v_proj = Linear(hidden, kv_size, bias=spec.qkv_bias, dtype=dtype)
+        self.o_proj = Linear(q_size, hidden, bias=spec.o_bias, dtype=dtype)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:  # x [T, hidden] -> [T, hidden]
@@ -199,7 +200,7 @@ class LlamaForCausalLM(nn.Module):
         self.dtype = dtype
         self.model = LlamaModel(hf_config, self.spec, backend, dtype)
         if not self.spec.tie_word_embeddings:
-            self.lm_head = nn.Linear(self.spec.hidden_size, self.spec.vocab_size, bias=False, dtype=dtype)
+            self.lm_head = Linear(self.spec.hidden_size, self.spec.vocab_size, bias=False, dtype=dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -207,7 +208,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab] float32
         weight = self.model.embed_tokens.weight if self.spec.tie_word_embeddings else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return linear(hidden, weight).float()
 
 
 class MistralForCausalLM(LlamaForCausalLM):

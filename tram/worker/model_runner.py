@@ -9,7 +9,7 @@ import torch
 from tram.config import ModelConfig
 from tram.core.outputs import LogprobsLists, ModelRunnerOutput
 from tram.core.sched_output import SchedulerOutput
-from tram.model.attention.cpu_kernels import load_cpu_kernels
+from tram.model.cpu_kernels import load_cpu_kernels
 from tram.model.loader import load_model
 from tram.model.registry import kv_cache_shape_info
 from tram.worker.cuda_graph import DecodeGraphRunner
@@ -34,9 +34,9 @@ class ModelRunner:
         self.block_size = block_size
         self.vocab_size = model_config.vocab_size
         self.model = load_model(model_config)
-        if self.device.type == "cpu" and model_config.attention_backend == "torch":
-            # Build (first run on a machine, ~30 s) or load the C++ decode kernel now, not in the
-            # first request's step.
+        if self.device.type == "cpu":
+            # Build (first run on a machine, ~40 s) or load the C++ kernels now, not in the first
+            # request's step.
             load_cpu_kernels()
         self.num_layers, self.num_kv_heads, self.head_dim = kv_cache_shape_info(model_config.hf_config)
         self.sampler = Sampler()

@@ -2,7 +2,7 @@
 
 A step's flattened batch is split on the host (from meta's host lists, so no device syncs) into
   * decodes (query_len == 1): on CPU, the C++ kernel of cpu_kernels.py reads K/V straight from the
-    paged cache; elsewhere (or with TRAM_CPU_ATTENTION_KERNEL=0) one batched SDPA over K/V
+    paged cache; elsewhere (or with TRAM_CPU_KERNELS=0) one batched SDPA over K/V
     gathered through their block tables, padded to the longest context and masked by seq_len;
   * prefill chunks (query_len > 1): one SDPA per request with an offset-causal mask over
     cached prefix + chunk (a plain causal SDPA on the step's own K/V when there is no prefix).
@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from tram.model.attention.base import AttentionMetadata
-from tram.model.attention.cpu_kernels import SUPPORTED_DTYPES as _CPU_KERNEL_DTYPES
-from tram.model.attention.cpu_kernels import load_cpu_kernels, paged_decode_attention
+from tram.model.cpu_kernels import SUPPORTED_DTYPES as _CPU_KERNEL_DTYPES
+from tram.model.cpu_kernels import load_cpu_kernels, paged_decode_attention
 
 
 def _sdpa_supports_gqa() -> bool:

@@ -1,22 +1,24 @@
-"""CPU attention kernels in C++, compiled just in time.
+"""The C++ CPU kernels (csrc/), compiled just in time into one extension module.
 
-Why: on CPU, decode attention dominated the step. The pure-PyTorch path gathers every decode's
-K/V through its block table into a padded [B, Hkv, max_len, D] tensor and runs one masked SDPA,
-so each K/V byte is read, written, and read again, plus the work on padding. The kernel in
-csrc/paged_decode.cpp reads K/V rows straight from the paged cache, once, with an exact two-pass
-softmax in float32 (see the file's header for the details).
+Why: on CPU two things dominated a decode step once the batch is small.
+  * Decode attention: the pure-PyTorch path gathers every decode's K/V through its block table into
+    a padded tensor and runs a masked SDPA. csrc/paged_decode.cpp reads K/V rows straight from the
+    paged cache, once, with an exact two-pass softmax in float32.
+  * Linear layers with a few rows: PyTorch's gemv reads the weights at a fraction of the memory
+    bandwidth. csrc/skinny_linear.cpp streams them on all intra-op threads (see `skinny_linear`).
 
 The extension is built with torch.utils.cpp_extension.load on first use (needs g++ and ninja),
 once per process; torch caches the build under its extensions directory (TORCH_EXTENSIONS_DIR,
-default ~/.cache/torch_extensions), keyed by source and flags, so later processes only load it.
-It is compiled with -march=native, so the module name carries a hash of the CPU's features and a
-cache shared between different machines never hands one a binary for another.
+default ~/.cache/torch_extensions), keyed by sources and flags, so later processes only load it.
+It is compiled with -march=native, so the module name carries a hash of the CPU's features (and of
+the headers) and a cache shared between different machines never hands one a binary for another.
 
-If the build fails, or TRAM_CPU_ATTENTION_KERNEL=0, `load_cpu_kernels()` returns None (a warning
-is logged once on failure) and callers keep the pure-PyTorch path.
+If the build fails, or TRAM_CPU_KERNELS=0, `load_cpu_kernels()` returns None (a warning is logged
+once on failure) and callers keep the pure-PyTorch paths.
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import logging
 import os
@@ -28,13 +30,14 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "paged_decode.cpp")
+_CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
+_SOURCES = [os.path.join(_CSRC, name) for name in ("bindings.cpp", "paged_decode.cpp", "skinny_linear.cpp")]
 # -fopenmp: at::parallel_for is header code that only runs in parallel when compiled with OpenMP
-# (the extension then shares the libgomp torch already loaded). No -ffast-math: the kernel's loops
-# are written to vectorise without it (omp simd reductions, a polynomial exp).
+# (the extension then shares the libgomp torch already loaded). No -ffast-math: the kernels' loops
+# are written to vectorise without it (vector extensions, omp simd reductions, a polynomial exp).
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-DNDEBUG"]
 _LDFLAGS = ["-fopenmp"]
-ENV_SWITCH = "TRAM_CPU_ATTENTION_KERNEL"
+ENV_SWITCH = "TRAM_CPU_KERNELS"
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 _lock = threading.Lock()
@@ -42,8 +45,9 @@ _loaded = False
 _module: ModuleType | None = None
 
 
-def _cpu_tag() -> str:
-    """A short hash of the CPU's instruction-set features (the build uses -march=native)."""
+def _build_tag() -> str:
+    """A short hash of the CPU's instruction-set features (the build uses -march=native) and of the
+    headers (torch's build cache hashes the sources it is given, not what they include)."""
     flags = ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -54,6 +58,9 @@ def _cpu_tag() -> str:
     except OSError:
         pass
     key = f"{platform.machine()}|{platform.processor()}|{flags}"
+    for header in sorted(glob.glob(os.path.join(_CSRC, "*.h"))):
+        with open(header) as f:
+            key += f.read()
     return hashlib.sha1(key.encode()).hexdigest()[:10]
 
 
@@ -61,8 +68,9 @@ def _build() -> ModuleType:
     from torch.utils.cpp_extension import load
 
     return load(
-        name=f"tram_cpu_attention_{_cpu_tag()}",
-        sources=[_SOURCE],
+        name=f"tram_cpu_kernels_{_build_tag()}",
+        sources=list(_SOURCES),
+        extra_include_paths=[_CSRC],
         extra_cflags=list(_CFLAGS),  # copies: load() appends to extra_ldflags in place
         extra_ldflags=list(_LDFLAGS),
         verbose=False,
@@ -78,13 +86,13 @@ def load_cpu_kernels() -> ModuleType | None:
         if _loaded:
             return _module
         if os.environ.get(ENV_SWITCH, "1").strip() == "0":
-            logger.info("CPU attention kernel disabled by %s=0; using the PyTorch path", ENV_SWITCH)
+            logger.info("CPU kernels disabled by %s=0; using the PyTorch paths", ENV_SWITCH)
             _module = None
         else:
             try:
                 _module = _build()
             except Exception as exc:  # compiler missing, build error, bad flags on this CPU...
-                logger.warning("CPU attention kernel unavailable (%s: %s); using the PyTorch path",
+                logger.warning("CPU kernels unavailable (%s: %s); using the PyTorch paths",
                                type(exc).__name__, exc)
                 _module = None
         _loaded = True
@@ -111,7 +119,7 @@ def paged_decode_attention(
     """
     module = load_cpu_kernels()
     if module is None:
-        raise RuntimeError(f"CPU attention kernel is not available (disabled by {ENV_SWITCH}=0 or failed to build)")
+        raise RuntimeError(f"CPU kernels are not available (disabled by {ENV_SWITCH}=0 or failed to build)")
     return module.paged_decode_attention(query, kv_cache, block_tables, seq_lens, float(scale),
                                          int(sliding_window or 0))
 
@@ -121,3 +129,14 @@ def _reset_for_tests() -> None:
     global _loaded, _module
     with _lock:
         _loaded, _module = False, None
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ weight.T + bias for a few rows of x (CPU, float32 or bfloat16; weight [N, K] contiguous).
+
+    Float32 accumulation in an order that depends on neither the number of rows nor the thread count.
+    """
+    module = load_cpu_kernels()
+    if module is None:
+        raise RuntimeError(f"CPU kernels are not available (disabled by {ENV_SWITCH}=0 or failed to build)")
+    return module.skinny_linear(x, weight, bias)

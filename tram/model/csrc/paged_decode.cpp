@@ -21,6 +21,9 @@
 // x86 intrinsics only widen 16-bit floats where AVX2 / F16C exist) and needs no -ffast-math. Every
 // sum has a fixed order, so a request's result does not depend on the batch it is in or on the
 // number of threads.
+#include "kernels.h"
+#include "simd.h"
+
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -40,28 +43,10 @@
 
 namespace {
 
-#define TRAM_INLINE __attribute__((always_inline)) inline
+using namespace tram::simd;
 
 constexpr int64_t kLanes = 8;      // floats per chunk of a head row (head_dim % 8 == 0 takes the SIMD path)
 constexpr int64_t kScorePad = 16;  // score rows are padded (with -inf) to a multiple of this
-
-typedef float vf8 __attribute__((vector_size(kLanes * sizeof(float))));
-typedef uint16_t vu16x8 __attribute__((vector_size(kLanes * sizeof(uint16_t))));
-typedef uint32_t vu32x8 __attribute__((vector_size(kLanes * sizeof(uint32_t))));
-typedef float vf16 __attribute__((vector_size(kScorePad * sizeof(float))));
-typedef int32_t vi16 __attribute__((vector_size(kScorePad * sizeof(int32_t))));
-
-template <typename V>
-TRAM_INLINE V vload(const void* p) {
-  V v;
-  std::memcpy(&v, p, sizeof(V));
-  return v;
-}
-
-template <typename V>
-TRAM_INLINE void vstore(void* p, const V& v) {
-  std::memcpy(p, &v, sizeof(V));
-}
 
 template <typename To, typename From>
 TRAM_INLINE To bitcast(const From& v) {
@@ -382,6 +367,10 @@ void dispatch_head_dim(const at::Tensor& query, const at::Tensor& kv_cache, cons
   }
 }
 
+}  // namespace
+
+namespace tram {
+
 at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& kv_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
                                   int64_t sliding_window) {
@@ -433,13 +422,4 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& kv_
   return out;
 }
 
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "Tram CPU attention kernels";
-  m.def("paged_decode_attention", &paged_decode_attention,
-        "Decode attention over a paged KV cache (CPU): (query [B,H,D], kv_cache [2,N,bs,Hkv,D], "
-        "block_tables [B,M], seq_lens [B], scale, sliding_window (0 = none)) -> [B,H,D]",
-        py::arg("query"), py::arg("kv_cache"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("scale"),
-        py::arg("sliding_window") = 0);
-}
+}  // namespace tram

@@ -1,0 +1,244 @@
+// y = x W^T (+ b) for few rows of x: the linear layers of a decode step on CPU.
+//
+//   x     [M, K]   contiguous; float32 or bfloat16; M small (a decode batch)
+//   W     [N, K]   contiguous, x's dtype (nn.Linear's layout)
+//   bias  [N]      optional, x's dtype
+//   -> y  [M, N]   x's dtype
+//
+// Why: with one or a few rows a linear layer is a matrix-vector product, bound by reading W. PyTorch's
+// CPU path for it (MKL/oneDNN in nn.Linear's layout) streamed the 37 MB logits weight of a 15M Llama
+// at ~9 GB/s on one thread and used no second thread (float32), and costs tens of microseconds per
+// call on small bfloat16 layers. Here each thread walks a contiguous range of W's rows front to back
+// (one stream the hardware prefetcher follows), every row read once per call and used for up to four
+// rows of x at a time, x stays in L1.
+//
+// Arithmetic: products and sums in float32; each output is two 16-lane partial sums over K (even and
+// odd chunks of 16, or of 32 with AVX512-BF16's vdpbf16ps, which multiplies bf16 pairs exactly),
+// added and folded in a fixed order, then the bias, then one rounding to the output dtype (as
+// MKL/oneDNN round bfloat16). The order never depends on M, on which rows of x share a tile, or on
+// the thread count, so a request's result is the same in any batch this kernel serves.
+#include "kernels.h"
+#include "simd.h"
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+using namespace tram::simd;
+
+constexpr int64_t kLanes = 16;      // floats per chunk of K
+constexpr int64_t kGrainRows = 64;  // at least this many rows of W per thread task
+
+// 16 consecutive elements as float32 (bfloat16 -> float32 is exact: the bits move up 16).
+template <typename T>
+TRAM_INLINE vf16 load_widened(const T* p);
+
+template <>
+TRAM_INLINE vf16 load_widened<float>(const float* p) {
+  return vload<vf16>(p);
+}
+
+template <>
+TRAM_INLINE vf16 load_widened<c10::BFloat16>(const c10::BFloat16* p) {
+  const vu32x16 bits = __builtin_convertvector(vload<vu16x16>(p), vu32x16) << 16;
+  vf16 out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+// Fixed-order horizontal sum: halves folded pairwise, 16 -> 8 -> 4 -> 2 -> 1, in registers.
+TRAM_INLINE float hsum(vf16 v) {
+  const vf8 s8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                 __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const vf4 s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) + __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
+  const float s0 = s4[0] + s4[2], s1 = s4[1] + s4[3];
+  return s0 + s1;
+}
+
+// The last K % 16 weights of a row, zero-padded, without reading past the row.
+template <typename T>
+TRAM_INLINE vf16 load_tail(const T* p, int64_t count) {
+  T buf[kLanes];
+  std::memset(static_cast<void*>(buf), 0, sizeof(buf));
+  std::memcpy(static_cast<void*>(buf), p, count * sizeof(T));
+  return load_widened<T>(buf);
+}
+
+// Output column n for rows m0 .. m0 + MB - 1 of x; xf is [M, k_pad] float32, zero-padded. Each chunk
+// of the weight row is widened once and used for all MB rows of x. Two partial sums per output (even
+// and odd chunks) keep two FMA chains in flight when MB is 1.
+template <typename T, int64_t MB>
+TRAM_INLINE void tile(const float* xf, int64_t m0, int64_t k_pad, const T* row, float bias, T* y, int64_t N,
+                      int64_t K, int64_t n) {
+  const int64_t k_full = K - K % kLanes;
+  vf16 even[MB] = {}, odd[MB] = {};
+  int64_t k = 0;
+  for (; k + 2 * kLanes <= k_full; k += 2 * kLanes) {
+    const vf16 w0 = load_widened<T>(row + k), w1 = load_widened<T>(row + k + kLanes);
+    for (int64_t m = 0; m < MB; ++m) {
+      const float* xm = xf + (m0 + m) * k_pad + k;
+      even[m] += w0 * vload<vf16>(xm);
+      odd[m] += w1 * vload<vf16>(xm + kLanes);
+    }
+  }
+  if (k < k_full) {
+    const vf16 w0 = load_widened<T>(row + k);
+    for (int64_t m = 0; m < MB; ++m) even[m] += w0 * vload<vf16>(xf + (m0 + m) * k_pad + k);
+    k += kLanes;
+  }
+  if (k < K) {  // the odd partial sum takes the tail, so a chunk never moves between the two sums
+    const vf16 w1 = load_tail<T>(row + k, K - k);
+    for (int64_t m = 0; m < MB; ++m) odd[m] += w1 * vload<vf16>(xf + (m0 + m) * k_pad + k);
+  }
+  for (int64_t m = 0; m < MB; ++m) y[(m0 + m) * N + n] = static_cast<T>(hsum(even[m] + odd[m]) + bias);
+}
+
+#if defined(__AVX512BF16__)
+// bfloat16 with AVX512-BF16: vdpbf16ps multiplies 32 bf16 pairs exactly and adds them into 16 float32
+// lanes, so neither operand is widened. xb is [M, k_pad] bfloat16, zero-padded to a multiple of 32.
+template <int64_t MB>
+TRAM_INLINE void tile_bf16(const c10::BFloat16* xb, int64_t m0, int64_t k_pad, const c10::BFloat16* row,
+                           float bias, c10::BFloat16* y, int64_t N, int64_t K, int64_t n) {
+  constexpr int64_t kStep = 2 * kLanes;
+  const int64_t k_full = K - K % kStep;
+  __m512 even[MB], odd[MB];
+  for (int64_t m = 0; m < MB; ++m) even[m] = odd[m] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 2 * kStep <= k_full; k += 2 * kStep) {
+    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(row + k), w1 = (__m512bh)_mm512_loadu_si512(row + k + kStep);
+    for (int64_t m = 0; m < MB; ++m) {
+      const c10::BFloat16* xm = xb + (m0 + m) * k_pad + k;
+      even[m] = _mm512_dpbf16_ps(even[m], w0, (__m512bh)_mm512_loadu_si512(xm));
+      odd[m] = _mm512_dpbf16_ps(odd[m], w1, (__m512bh)_mm512_loadu_si512(xm + kStep));
+    }
+  }
+  if (k < k_full) {
+    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(row + k);
+    for (int64_t m = 0; m < MB; ++m) {
+      even[m] = _mm512_dpbf16_ps(even[m], w0, (__m512bh)_mm512_loadu_si512(xb + (m0 + m) * k_pad + k));
+    }
+    k += kStep;
+  }
+  if (k < K) {  // a masked load never touches memory past the row
+    const __mmask32 mask = static_cast<__mmask32>((uint64_t{1} << (K - k)) - 1);
+    const __m512bh w1 = (__m512bh)_mm512_maskz_loadu_epi16(mask, row + k);
+    for (int64_t m = 0; m < MB; ++m) {
+      odd[m] = _mm512_dpbf16_ps(odd[m], w1, (__m512bh)_mm512_loadu_si512(xb + (m0 + m) * k_pad + k));
+    }
+  }
+  for (int64_t m = 0; m < MB; ++m) {
+    vf16 sum;
+    const __m512 total = _mm512_add_ps(even[m], odd[m]);
+    std::memcpy(&sum, &total, sizeof(sum));
+    y[(m0 + m) * N + n] = static_cast<c10::BFloat16>(hsum(sum) + bias);
+  }
+}
+#endif
+
+// The two inner kernels behind one interface: X is the element type of the padded copy of x.
+struct WidenTile {
+  using X = float;
+  static constexpr int64_t kPad = kLanes;
+  template <typename T, int64_t MB>
+  static TRAM_INLINE void run(const X* xs, int64_t m0, int64_t k_pad, const T* row, float bias, T* y, int64_t N,
+                              int64_t K, int64_t n) {
+    tile<T, MB>(xs, m0, k_pad, row, bias, y, N, K, n);
+  }
+};
+
+#if defined(__AVX512BF16__)
+struct DotBf16Tile {
+  using X = c10::BFloat16;
+  static constexpr int64_t kPad = 2 * kLanes;
+  template <typename T, int64_t MB>
+  static TRAM_INLINE void run(const X* xs, int64_t m0, int64_t k_pad, const T* row, float bias, T* y, int64_t N,
+                              int64_t K, int64_t n) {
+    tile_bf16<MB>(xs, m0, k_pad, row, bias, y, N, K, n);
+  }
+};
+#endif
+
+// Output column n for every row of x, in groups of up to four rows of x.
+template <typename Tile, typename T>
+TRAM_INLINE void column(const typename Tile::X* xs, int64_t M, int64_t k_pad, const T* w, const T* bias, T* y,
+                        int64_t N, int64_t K, int64_t n) {
+  const T* row = w + n * K;
+  const float b = bias != nullptr ? static_cast<float>(bias[n]) : 0.0f;
+  int64_t m0 = 0;
+  for (; m0 + 4 <= M; m0 += 4) Tile::template run<T, 4>(xs, m0, k_pad, row, b, y, N, K, n);
+  switch (M - m0) {
+    case 3: Tile::template run<T, 3>(xs, m0, k_pad, row, b, y, N, K, n); break;
+    case 2: Tile::template run<T, 2>(xs, m0, k_pad, row, b, y, N, K, n); break;
+    case 1: Tile::template run<T, 1>(xs, m0, k_pad, row, b, y, N, K, n); break;
+    default: break;
+  }
+}
+
+template <typename Tile, typename T>
+void skinny_linear_impl(const at::Tensor& x, const at::Tensor& weight, const at::Tensor* bias, at::Tensor& out) {
+  using X = typename Tile::X;
+  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
+  const int64_t k_pad = (K + Tile::kPad - 1) / Tile::kPad * Tile::kPad;
+  std::vector<X> xs(static_cast<size_t>(M * k_pad), X(0.0f));  // zero padding: the tails multiply by 0
+  const T* xp = x.data_ptr<T>();
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t k = 0; k < K; ++k) xs[m * k_pad + k] = static_cast<X>(xp[m * K + k]);
+  }
+  const T* w = weight.data_ptr<T>();
+  const T* b = bias != nullptr ? bias->data_ptr<T>() : nullptr;
+  T* y = out.data_ptr<T>();
+  at::parallel_for(0, N, kGrainRows, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) column<Tile, T>(xs.data(), M, k_pad, w, b, y, N, K, n);
+  });
+}
+
+}  // namespace
+
+namespace tram {
+
+at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "skinny_linear: CPU tensors only");
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2, "skinny_linear: x must be [M, K] and weight [N, K]");
+  TORCH_CHECK(x.size(1) == weight.size(1), "skinny_linear: x has ", x.size(1), " columns, weight ",
+              weight.size(1));
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "skinny_linear: x and weight dtypes differ");
+  TORCH_CHECK(weight.is_contiguous(), "skinny_linear: weight must be contiguous");
+  const at::Tensor xc = x.contiguous();
+  at::Tensor bc;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0) && bias->scalar_type() == x.scalar_type(),
+                "skinny_linear: bias must be [N] in x's dtype");
+    bc = bias->contiguous();
+  }
+  at::Tensor out = at::empty({x.size(0), weight.size(0)}, x.options());
+  if (out.numel() == 0) return out;
+  const at::Tensor* bp = bc.defined() ? &bc : nullptr;
+  switch (x.scalar_type()) {
+    case at::kFloat:
+      skinny_linear_impl<WidenTile, float>(xc, weight, bp, out);
+      break;
+    case at::kBFloat16:
+#if defined(__AVX512BF16__)
+      skinny_linear_impl<DotBf16Tile, c10::BFloat16>(xc, weight, bp, out);
+#else
+      skinny_linear_impl<WidenTile, c10::BFloat16>(xc, weight, bp, out);
+#endif
+      break;
+    default:
+      TORCH_CHECK(false, "skinny_linear: unsupported dtype ", x.scalar_type());
+  }
+  return out;
+}
+
+}  // namespace tram

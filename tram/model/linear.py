@@ -1,0 +1,35 @@
+"""Linear layers whose few-row calls on CPU (a small decode batch) go to the C++ skinny kernel.
+
+With a handful of rows a linear layer only streams its weight, and PyTorch's CPU gemv does that
+at a fraction of the memory bandwidth (docs/benchmarks.md, "Skinny linear kernel"); the kernel in
+csrc/skinny_linear.cpp streams it on every intra-op thread. Past a few rows the work becomes compute
+and MKL/oneDNN's blocked GEMM wins, so larger batches keep F.linear. The row limits come from the
+crossovers measured on the logits and MLP shapes of the 15M and 110M presets.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tram.model.cpu_kernels import load_cpu_kernels
+
+# Most rows of x the kernel takes, per dtype; dtypes not listed always use F.linear.
+SKINNY_MAX_ROWS: dict[torch.dtype, int] = {torch.float32: 8, torch.bfloat16: 4}
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, or the skinny kernel for a 2-D CPU input of at most SKINNY_MAX_ROWS rows (inference only)."""
+    if (x.dim() == 2 and x.shape[0] <= SKINNY_MAX_ROWS.get(x.dtype, 0) and x.device.type == "cpu"
+            and weight.dtype == x.dtype and not torch.is_grad_enabled()):
+        kernels = load_cpu_kernels()
+        if kernels is not None:
+            return kernels.skinny_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters and names, so checkpoints load unchanged) routed through `linear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
