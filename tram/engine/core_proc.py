@@ -93,14 +93,16 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 
 def _set_cpu_threads(config: EngineConfig) -> None:
-    """On CPU, leave one core to the API server process: it detokenizes and streams every step, and
-    OpenMP threads that spin against it make both slower. TRAM_CPU_THREADS overrides."""
+    """On CPU, the model gets every core by default, although the API server process shares them:
+    decode is bound by reading weights, which two threads do almost twice as fast, and measured on
+    2 cores this beats leaving one core to the API server at 1, 16 and 64 concurrent streams
+    (docs/benchmarks.md). TRAM_CPU_THREADS overrides."""
     if config.model_config.device.type != "cpu":
         return
     import torch
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = int(os.environ.get("TRAM_CPU_THREADS", max(1, cores - 1)))
+    threads = int(os.environ.get("TRAM_CPU_THREADS", cores))
     torch.set_num_threads(max(1, threads))
     logger.info("engine core: %d CPU thread(s) for the model (TRAM_CPU_THREADS to change)", threads)
 

@@ -105,6 +105,11 @@ def _window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int |
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
           scale: float, causal: bool = False) -> torch.Tensor:
     """q [..., H, L, D], k/v [..., Hkv, S, D]; K/V heads are shared by H // Hkv query heads."""
+    if q.dim() == 3:
+        # PyTorch's CPU flash-attention kernel takes only 4-D inputs; 3-D ones fall back to the math
+        # path, which materialises the [H, L, S] scores (5x slower for a 512-token prompt).
+        mask = mask.unsqueeze(0) if mask is not None and mask.dim() == 3 else mask
+        return _sdpa(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), mask, scale, causal).squeeze(0)
     groups = q.shape[-3] // k.shape[-3]
     if groups == 1:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
