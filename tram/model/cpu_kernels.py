@@ -6,6 +6,9 @@ Why: on CPU two things dominated a decode step once the batch is small.
     paged cache, once, with an exact two-pass softmax in float32.
   * Linear layers with a few rows: PyTorch's gemv reads the weights at a fraction of the memory
     bandwidth. csrc/skinny_linear.cpp streams them on all intra-op threads (see `skinny_linear`).
+  * Per-op dispatch: RMSNorm (csrc/rms_norm.cpp, with the residual add fused) and rotary embedding
+    (csrc/rotary.cpp, query and key in one call) were some twenty small ops per layer; each is now
+    one call with transformers' roundings.
 
 The extension is built with torch.utils.cpp_extension.load on first use (needs g++ and ninja),
 once per process; torch caches the build under its extensions directory (TORCH_EXTENSIONS_DIR,
@@ -31,7 +34,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
-_SOURCES = [os.path.join(_CSRC, name) for name in ("bindings.cpp", "paged_decode.cpp", "skinny_linear.cpp")]
+_SOURCES = [os.path.join(_CSRC, name) for name in ("bindings.cpp", "paged_decode.cpp", "skinny_linear.cpp", "rms_norm.cpp", "rotary.cpp")]
 # -fopenmp: at::parallel_for is header code that only runs in parallel when compiled with OpenMP
 # (the extension then shares the libgomp torch already loaded). No -ffast-math: the kernels' loops
 # are written to vectorise without it (vector extensions, omp simd reductions, a polynomial exp).
@@ -97,6 +100,14 @@ def load_cpu_kernels() -> ModuleType | None:
                 _module = None
         _loaded = True
         return _module
+
+
+def kernels_for(x: torch.Tensor) -> ModuleType | None:
+    """The kernels if x may go through them: a CPU tensor of a supported dtype, outside autograd
+    (they have no backward); else None."""
+    if x.device.type != "cpu" or x.dtype not in SUPPORTED_DTYPES or torch.is_grad_enabled():
+        return None
+    return load_cpu_kernels()
 
 
 def cpu_kernels_available() -> bool:

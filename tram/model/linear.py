@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tram.model.cpu_kernels import load_cpu_kernels
+from tram.model.cpu_kernels import kernels_for
 
 # Most rows of x the kernel takes, per dtype; dtypes not listed always use F.linear.
 SKINNY_MAX_ROWS: dict[torch.dtype, int] = {torch.float32: 8, torch.bfloat16: 4}
@@ -20,9 +20,8 @@ SKINNY_MAX_ROWS: dict[torch.dtype, int] = {torch.float32: 8, torch.bfloat16: 4}
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear, or the skinny kernel for a 2-D CPU input of at most SKINNY_MAX_ROWS rows (inference only)."""
-    if (x.dim() == 2 and x.shape[0] <= SKINNY_MAX_ROWS.get(x.dtype, 0) and x.device.type == "cpu"
-            and weight.dtype == x.dtype and not torch.is_grad_enabled()):
-        kernels = load_cpu_kernels()
+    if x.dim() == 2 and x.shape[0] <= SKINNY_MAX_ROWS.get(x.dtype, 0) and weight.dtype == x.dtype:
+        kernels = kernels_for(x)
         if kernels is not None:
             return kernels.skinny_linear(x, weight, bias)
     return F.linear(x, weight, bias)

@@ -15,7 +15,8 @@ from torch import nn
 
 from tram.model.attention import AttentionBackend, AttentionMetadata, get_attention_backend
 from tram.model.linear import Linear, linear
-from tram.model.rope import RotaryEmbedding, apply_rotary
+from tram.model.cpu_kernels import kernels_for
+from tram.model.rope import RotaryEmbedding, apply_rotary_qk
 
 _ACTIVATIONS = {
     "silu": F.silu,
@@ -107,9 +108,20 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        kernels = kernels_for(x)
+        if kernels is not None:  # one C++ call instead of seven ops (csrc/rms_norm.cpp)
+            return kernels.rms_norm(x, self.weight, self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(residual + x), residual + x): the residual add fused into the norm on CPU."""
+        kernels = kernels_for(x)
+        if kernels is not None:
+            return kernels.add_rms_norm(x, residual, self.weight, self.eps)
+        h = residual + x
+        return self.forward(h), h
 
 
 class LlamaMLP(nn.Module):
@@ -144,7 +156,7 @@ class LlamaAttention(nn.Module):
         q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)  # [T, H, D]
         k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = apply_rotary_qk(q, k, cos, sin)
         out = self.backend.forward(q, k, v, kv_cache, meta, self.scale, self.sliding_window)  # [T, H, D]
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))  # [T, hidden]
 
@@ -159,8 +171,9 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        normed, h = self.post_attention_layernorm.add_forward(
+            self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta), h)
+        return h + self.mlp(normed)
 
 
 class LlamaModel(nn.Module):

@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from tram.model.cpu_kernels import kernels_for
 from torch import nn
 
 _DEFAULT_THETA = 10000.0
@@ -93,6 +95,20 @@ class RotaryEmbedding(nn.Module):
         """positions [T]; query [T, H, D]; key [T, Hkv, D] -> rotated (query, key), same shapes."""
         cos, sin = self.cos_sin(positions, query.dtype)
         return apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
+
+
+def apply_rotary_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                    sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate query [T, H, D] and key [T, Hkv, D] with cos/sin [T, 1, rotary_dim].
+
+    On CPU the C++ kernel rotates both in place in one call (bitwise the same as `apply_rotary`),
+    so q and k must be tensors nobody else reads, such as fresh projections.
+    """
+    kernels = kernels_for(q)
+    if kernels is not None and q.is_contiguous() and k.is_contiguous() and k.dtype == q.dtype:
+        kernels.rotary_(q, k, cos.squeeze(1), sin.squeeze(1))
+        return q, k
+    return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

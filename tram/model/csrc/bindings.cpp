@@ -10,4 +10,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("skinny_linear", &tram::skinny_linear,
         "y = x W^T + b for a few rows of x (CPU): (x [M,K], weight [N,K], bias [N] or None) -> [M,N]",
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
+  m.def("rms_norm", &tram::rms_norm, "transformers' RMSNorm (CPU): (x [T,N], weight [N], eps) -> [T,N]",
+        py::arg("x"), py::arg("weight"), py::arg("eps"));
+  m.def("add_rms_norm", &tram::add_rms_norm,
+        "(rms_norm(x + residual), x + residual) (CPU): (x [T,N], residual [T,N], weight [N], eps)",
+        py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("eps"));
+  m.def("rotary_", &tram::rotary_,
+        "Rotate-half rotary embedding in place (CPU): (query [T,H,D], key [T,Hkv,D], cos [T,R], sin [T,R])",
+        py::arg("query"), py::arg("key"), py::arg("cos"), py::arg("sin"));
 }

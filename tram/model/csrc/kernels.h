@@ -3,6 +3,8 @@
 
 #include <torch/extension.h>
 
+#include <tuple>
+
 namespace tram {
 
 // paged_decode.cpp: decode attention straight from the paged KV cache.
@@ -12,5 +14,13 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& kv_
 
 // skinny_linear.cpp: y = x W^T + b for few rows of x.
 at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias);
+
+// rms_norm.cpp: transformers' RMSNorm, optionally after adding the residual.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                const at::Tensor& weight, double eps);
+
+// rotary.cpp: rotate-half rotary embedding, in place on query and key.
+void rotary_(at::Tensor& query, at::Tensor& key, const at::Tensor& cos, const at::Tensor& sin);
 
 }  // namespace tram

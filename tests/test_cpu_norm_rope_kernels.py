@@ -1,0 +1,115 @@
+"""The C++ RMSNorm and rotary kernels (tram/model/csrc/rms_norm.cpp, rotary.cpp) against the PyTorch
+code they replace on CPU, which follows transformers' roundings.
+
+Rotary must be bitwise equal (each product and sum rounded as PyTorch rounds them). RMSNorm may differ
+only by the order of its sum of squares: within a couple of float32 ulps, and usually equal in 16 bits.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tram.model.cpu_kernels import kernels_for, load_cpu_kernels
+from tram.model.llama import RMSNorm
+from tram.model.rope import apply_rotary, apply_rotary_qk
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    module = load_cpu_kernels()
+    assert module is not None, "the CPU kernels failed to build (see the warning log)"
+    return module
+
+
+def reference_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def cos_sin(tokens: int, rotary_dim: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    angles = torch.randn(tokens, rotary_dim // 2, generator=torch.Generator().manual_seed(seed)) * 10
+    emb = torch.cat((angles, angles), dim=-1)
+    return emb.cos().to(dtype).unsqueeze(1), emb.sin().to(dtype).unsqueeze(1)  # [T, 1, R]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 288), (5, 768), (33, 100), (2, 7)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_rms_norm_matches_pytorch(kernels, shape: tuple[int, int], dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(shape[0] * 1000 + shape[1])
+    x = (torch.randn(*shape, generator=g) * 3).to(dtype)
+    residual = torch.randn(*shape, generator=g).to(dtype)
+    weight = torch.randn(shape[1], generator=g).to(dtype)
+    ref = reference_norm(x, weight, 1e-5)
+    out = kernels.rms_norm(x, weight, 1e-5)
+    tol = 2e-6 if dtype == torch.float32 else 1e-2  # a float32 ulp or two; one 16-bit ulp at worst
+    assert out.dtype == dtype and torch.allclose(out.float(), ref.float(), rtol=tol, atol=tol)
+    normed, summed = kernels.add_rms_norm(x, residual, weight, 1e-5)
+    assert torch.equal(summed, residual + x)
+    assert torch.allclose(normed.float(), reference_norm(residual + x, weight, 1e-5).float(), rtol=tol, atol=tol)
+
+
+def test_rms_norm_rows_independent_of_batch(kernels) -> None:
+    x, weight = torch.randn(9, 288), torch.randn(288)
+    batched = kernels.rms_norm(x, weight, 1e-6)
+    for i in range(9):
+        assert torch.equal(kernels.rms_norm(x[i:i + 1], weight, 1e-6)[0], batched[i])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,rotary_dim", [(6, 6, 48, 48), (8, 2, 64, 32), (4, 4, 8, 8),
+                                                               (2, 1, 128, 128)])
+def test_rotary_bitwise_equal_to_pytorch(kernels, dtype, heads, kv_heads, head_dim, rotary_dim) -> None:
+    tokens = 7
+    g = torch.Generator().manual_seed(heads * 100 + head_dim)
+    q = torch.randn(tokens, heads, head_dim, generator=g).to(dtype)
+    k = torch.randn(tokens, kv_heads, head_dim, generator=g).to(dtype)
+    cos, sin = cos_sin(tokens, rotary_dim, dtype, seed=rotary_dim)
+    want_q, want_k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    with torch.inference_mode():
+        got_q, got_k = apply_rotary_qk(q.clone(), k.clone(), cos, sin)
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+
+
+def test_rotary_falls_back_for_strided_or_autograd_inputs() -> None:
+    q, k = torch.randn(3, 4, 16), torch.randn(3, 2, 16)
+    cos, sin = cos_sin(3, 16, torch.float32, seed=0)
+    strided = torch.randn(3, 4, 32)[..., ::2]
+    with torch.inference_mode():
+        out_q, _ = apply_rotary_qk(strided, k.clone(), cos, sin)
+    assert torch.equal(out_q, apply_rotary(strided, cos, sin))
+    q_grad = q.clone().requires_grad_(True)
+    out_q, out_k = apply_rotary_qk(q_grad, k, cos, sin)  # autograd on: the PyTorch path, q untouched
+    assert out_q.requires_grad and torch.equal(out_q.detach(), apply_rotary(q, cos, sin))
+    assert kernels_for(q_grad) is None
+
+
+def test_rms_norm_module_paths_agree() -> None:
+    norm = RMSNorm(64, 1e-5, torch.bfloat16)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(64))
+    x, residual = torch.randn(4, 64).bfloat16(), torch.randn(4, 64).bfloat16()
+    with torch.inference_mode():
+        fast = norm(x)
+        fast_normed, fast_sum = norm.add_forward(x, residual)
+    slow = norm(x)  # autograd enabled: PyTorch ops
+    slow_normed, slow_sum = norm.add_forward(x, residual)
+    assert torch.allclose(fast.float(), slow.float(), atol=1e-2, rtol=1e-2)
+    assert torch.equal(fast_sum, slow_sum)
+    assert torch.allclose(fast_normed.float(), slow_normed.float(), atol=1e-2, rtol=1e-2)
+
+
+def test_bad_arguments_raise(kernels) -> None:
+    with pytest.raises(RuntimeError, match="weight"):
+        kernels.rms_norm(torch.randn(2, 8), torch.randn(7), 1e-5)
+    with pytest.raises(RuntimeError, match="residual"):
+        kernels.add_rms_norm(torch.randn(2, 8), torch.randn(3, 8), torch.randn(8), 1e-5)
+    cos, sin = torch.randn(2, 8), torch.randn(2, 8)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        kernels.rotary_(torch.randn(2, 4, 16)[..., ::2], torch.randn(2, 1, 8), cos, sin)
+    with pytest.raises(RuntimeError, match="at most head_dim"):
+        kernels.rotary_(torch.randn(2, 4, 4), torch.randn(2, 1, 4), cos, sin)
+    with pytest.raises(RuntimeError, match="one dtype"):
+        kernels.rotary_(torch.randn(2, 4, 8), torch.randn(2, 1, 8), cos.bfloat16(), sin.bfloat16())

@@ -1,0 +1,120 @@
+// RMSNorm as Hugging Face computes it, in one pass per row instead of seven PyTorch ops.
+//
+//   rms_norm(x [T, N], weight [N], eps)                -> weight * to_dtype(x32 * rsqrt(mean(x32^2) + eps))
+//   add_rms_norm(x [T, N], residual [T, N], weight, eps) -> (rms_norm(s), s) with s = to_dtype(x + residual)
+//
+// Why: in a decode step of a small model each op costs a few microseconds of dispatch whatever its
+// size, and the norms were 7 of them, twice per layer. Roundings follow transformers' LlamaRMSNorm:
+// statistics in float32, the normalised row rounded to the dtype, then multiplied by the weight and
+// rounded again. Only the order of the sum of squares differs from PyTorch's (fixed here for a build:
+// it never depends on T or on the thread count).
+#include "kernels.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cmath>
+#include <tuple>
+
+// x * r rounds before the weight multiplies it, as in PyTorch's two ops: no FMA contraction.
+#pragma GCC optimize("fp-contract=off")
+
+namespace {
+
+constexpr int64_t kGrainRows = 8;
+
+template <typename T>
+float sum_of_squares(const T* row, int64_t n) {
+  float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = static_cast<float>(row[i]);
+    acc += v * v;
+  }
+  return acc;
+}
+
+template <typename T>
+void normalize_row(const T* row, const T* weight, T* out, int64_t n, double eps) {
+  const float mean = sum_of_squares(row, n) / static_cast<float>(n);
+  const float r = 1.0f / std::sqrt(mean + static_cast<float>(eps));
+  for (int64_t i = 0; i < n; ++i) {
+    const T normed = static_cast<T>(static_cast<float>(row[i]) * r);
+    out[i] = static_cast<T>(static_cast<float>(weight[i]) * static_cast<float>(normed));
+  }
+}
+
+template <typename T>
+void rms_norm_impl(const at::Tensor& x, const at::Tensor* residual, const at::Tensor& weight, double eps,
+                   at::Tensor& out, at::Tensor* sum) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  const T* xp = x.data_ptr<T>();
+  const T* rp = residual != nullptr ? residual->data_ptr<T>() : nullptr;
+  T* sp = sum != nullptr ? sum->data_ptr<T>() : nullptr;
+  const T* wp = weight.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  at::parallel_for(0, rows, kGrainRows, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const T* row = xp + t * n;
+      if (rp != nullptr) {
+        T* srow = sp + t * n;
+        const T* rrow = rp + t * n;
+        for (int64_t i = 0; i < n; ++i) {
+          srow[i] = static_cast<T>(static_cast<float>(rrow[i]) + static_cast<float>(row[i]));
+        }
+        row = srow;
+      }
+      normalize_row<T>(row, wp, op + t * n, n, eps);
+    }
+  });
+}
+
+void check_args(const at::Tensor& x, const at::Tensor& weight) {
+  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "rms_norm: CPU tensors only");
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 1 && weight.size(0) == x.size(1),
+              "rms_norm: x must be [T, N] and weight [N]");
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "rms_norm: x and weight dtypes differ");
+}
+
+void dispatch(const at::Tensor& x, const at::Tensor* residual, const at::Tensor& weight, double eps,
+              at::Tensor& out, at::Tensor* sum) {
+  switch (x.scalar_type()) {
+    case at::kFloat:
+      rms_norm_impl<float>(x, residual, weight, eps, out, sum);
+      break;
+    case at::kBFloat16:
+      rms_norm_impl<c10::BFloat16>(x, residual, weight, eps, out, sum);
+      break;
+    case at::kHalf:
+      rms_norm_impl<c10::Half>(x, residual, weight, eps, out, sum);
+      break;
+    default:
+      TORCH_CHECK(false, "rms_norm: unsupported dtype ", x.scalar_type());
+  }
+}
+
+}  // namespace
+
+namespace tram {
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_args(x, weight);
+  const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
+  at::Tensor out = at::empty_like(xc);
+  dispatch(xc, nullptr, wc, eps, out, nullptr);
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                const at::Tensor& weight, double eps) {
+  check_args(x, weight);
+  TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type(),
+              "add_rms_norm: residual must match x");
+  const at::Tensor xc = x.contiguous(), rc = residual.contiguous(), wc = weight.contiguous();
+  at::Tensor out = at::empty_like(xc), sum = at::empty_like(xc);
+  dispatch(xc, &rc, wc, eps, out, &sum);
+  return {out, sum};
+}
+
+}  // namespace tram
