@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from tram.model import cpu_kernels
 from tram.model.cpu_kernels import load_cpu_kernels, skinny_linear
-from tram.model.linear import SKINNY_MAX_ROWS, Linear, linear
+from tram.model.linear import SKINNY_MAX_ROWS, Linear, linear, linear_n
 
 TOLERANCES = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # relative to |ref| + 1
 SHAPES = [(1, 1, 1), (1, 7, 5), (2, 3, 16), (3, 65, 33), (4, 64, 32), (5, 130, 100), (7, 97, 64),
@@ -121,3 +121,24 @@ def test_env_switch_falls_back_to_pytorch(monkeypatch: pytest.MonkeyPatch) -> No
         monkeypatch.delenv(cpu_kernels.ENV_SWITCH)
         cpu_kernels._reset_for_tests()
     assert load_cpu_kernels() is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_several_weights_in_one_call_equal_separate_calls(dtype: torch.dtype) -> None:
+    kernels = load_cpu_kernels()
+    x, _, _ = make(3, 1, 40, dtype)
+    weights = [make(1, n, 40, dtype, seed=n)[1] for n in (17, 5, 70)]
+    biases = [torch.randn(17).to(dtype), None, torch.randn(70).to(dtype)]
+    outs = kernels.skinny_linear_n(x, weights, biases)
+    assert [o.shape for o in outs] == [(3, 17), (3, 5), (3, 70)]
+    for out, w, b in zip(outs, weights, biases):
+        assert torch.equal(out, skinny_linear(x, w, b))
+    layers = [Linear(40, n, bias=True, dtype=dtype) for n in (8, 3)]
+    with torch.inference_mode():
+        fused = linear_n(x, layers)
+        assert all(torch.equal(f, layer(x)) for f, layer in zip(fused, layers))
+    big = torch.randn(SKINNY_MAX_ROWS[dtype] + 1, 40).to(dtype)  # past the limit: one F.linear each
+    with torch.inference_mode():
+        assert all(torch.equal(f, F.linear(big, layer.weight, layer.bias)) for f, layer in zip(linear_n(big, layers), layers))
+    with pytest.raises(RuntimeError, match="one bias"):
+        kernels.skinny_linear_n(x, weights, biases[:2])

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tram.model.attention import AttentionBackend, AttentionMetadata, get_attention_backend
-from tram.model.linear import Linear, linear
+from tram.model.linear import Linear, linear, linear_n
 from tram.model.cpu_kernels import kernels_for
 from tram.model.rope import RotaryEmbedding, apply_rotary_qk
 
@@ -134,7 +134,8 @@ class LlamaMLP(nn.Module):
         self.act = _ACTIVATIONS[spec.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = linear_n(x, (self.gate_proj, self.up_proj))
+        return self.down_proj(self.act(gate) * up)
 
 
 class LlamaAttention(nn.Module):
@@ -153,9 +154,10 @@ class LlamaAttention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:  # x [T, hidden] -> [T, hidden]
         num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)  # [T, H, D]
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        q, k, v = linear_n(x, (self.q_proj, self.k_proj, self.v_proj))
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, H, D]
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         q, k = apply_rotary_qk(q, k, cos, sin)
         out = self.backend.forward(q, k, v, kv_cache, meta, self.scale, self.sliding_window)  # [T, H, D]
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))  # [T, hidden]

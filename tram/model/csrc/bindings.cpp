@@ -10,6 +10,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("skinny_linear", &tram::skinny_linear,
         "y = x W^T + b for a few rows of x (CPU): (x [M,K], weight [N,K], bias [N] or None) -> [M,N]",
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
+  m.def("skinny_linear_n", &tram::skinny_linear_n,
+        "skinny_linear for several weights sharing x (CPU): (x [M,K], [weight [N_i,K]], [bias [N_i] or None]) "
+        "-> [[M,N_i]]",
+        py::arg("x"), py::arg("weights"), py::arg("biases"));
   m.def("rms_norm", &tram::rms_norm, "transformers' RMSNorm (CPU): (x [T,N], weight [N], eps) -> [T,N]",
         py::arg("x"), py::arg("weight"), py::arg("eps"));
   m.def("add_rms_norm", &tram::add_rms_norm,

@@ -4,6 +4,7 @@
 #include <torch/extension.h>
 
 #include <tuple>
+#include <vector>
 
 namespace tram {
 
@@ -14,6 +15,9 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& kv_
 
 // skinny_linear.cpp: y = x W^T + b for few rows of x.
 at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias);
+// The same for several weights that read one x (q/k/v, gate/up), in one parallel region.
+std::vector<at::Tensor> skinny_linear_n(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                                        const std::vector<c10::optional<at::Tensor>>& biases);
 
 // rms_norm.cpp: transformers' RMSNorm, optionally after adding the residual.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);

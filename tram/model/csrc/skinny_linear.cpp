@@ -29,6 +29,7 @@
 #include <immintrin.h>
 #endif
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -185,21 +186,34 @@ TRAM_INLINE void column(const typename Tile::X* xs, int64_t M, int64_t k_pad, co
   }
 }
 
+// One weight of a call: y [M, N] = x W^T + b; its rows are rows first .. first + N - 1 of the call.
+struct Part {
+  const void* w;
+  const void* b;  // nullptr: no bias
+  void* y;
+  int64_t n;
+  int64_t first;
+};
+
+// All parts share one copy of x and one parallel region: the threads split the concatenated rows.
 template <typename Tile, typename T>
-void skinny_linear_impl(const at::Tensor& x, const at::Tensor& weight, const at::Tensor* bias, at::Tensor& out) {
+void skinny_linear_impl(const at::Tensor& x, const std::vector<Part>& parts, int64_t total_rows) {
   using X = typename Tile::X;
-  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
+  const int64_t M = x.size(0), K = x.size(1);
   const int64_t k_pad = (K + Tile::kPad - 1) / Tile::kPad * Tile::kPad;
   std::vector<X> xs(static_cast<size_t>(M * k_pad), X(0.0f));  // zero padding: the tails multiply by 0
   const T* xp = x.data_ptr<T>();
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t k = 0; k < K; ++k) xs[m * k_pad + k] = static_cast<X>(xp[m * K + k]);
   }
-  const T* w = weight.data_ptr<T>();
-  const T* b = bias != nullptr ? bias->data_ptr<T>() : nullptr;
-  T* y = out.data_ptr<T>();
-  at::parallel_for(0, N, kGrainRows, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) column<Tile, T>(xs.data(), M, k_pad, w, b, y, N, K, n);
+  at::parallel_for(0, total_rows, kGrainRows, [&](int64_t begin, int64_t end) {
+    for (const Part& part : parts) {
+      const int64_t lo = std::max(begin, part.first), hi = std::min(end, part.first + part.n);
+      const T* w = static_cast<const T*>(part.w);
+      const T* b = static_cast<const T*>(part.b);
+      T* y = static_cast<T*>(part.y);
+      for (int64_t row = lo; row < hi; ++row) column<Tile, T>(xs.data(), M, k_pad, w, b, y, part.n, K, row - part.first);
+    }
   });
 }
 
@@ -207,38 +221,53 @@ void skinny_linear_impl(const at::Tensor& x, const at::Tensor& weight, const at:
 
 namespace tram {
 
-at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "skinny_linear: CPU tensors only");
-  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2, "skinny_linear: x must be [M, K] and weight [N, K]");
-  TORCH_CHECK(x.size(1) == weight.size(1), "skinny_linear: x has ", x.size(1), " columns, weight ",
-              weight.size(1));
-  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "skinny_linear: x and weight dtypes differ");
-  TORCH_CHECK(weight.is_contiguous(), "skinny_linear: weight must be contiguous");
+std::vector<at::Tensor> skinny_linear_n(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                                        const std::vector<c10::optional<at::Tensor>>& biases) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "skinny_linear: x must be a [M, K] CPU tensor");
+  TORCH_CHECK(biases.empty() || biases.size() == weights.size(), "skinny_linear: one bias (or None) per weight");
   const at::Tensor xc = x.contiguous();
-  at::Tensor bc;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0) && bias->scalar_type() == x.scalar_type(),
-                "skinny_linear: bias must be [N] in x's dtype");
-    bc = bias->contiguous();
+  std::vector<at::Tensor> outs, kept_biases;
+  std::vector<Part> parts;
+  int64_t total_rows = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const at::Tensor& weight = weights[i];
+    TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 2, "skinny_linear: weight must be a [N, K] CPU tensor");
+    TORCH_CHECK(x.size(1) == weight.size(1), "skinny_linear: x has ", x.size(1), " columns, weight ",
+                weight.size(1));
+    TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "skinny_linear: x and weight dtypes differ");
+    TORCH_CHECK(weight.is_contiguous(), "skinny_linear: weight must be contiguous");
+    const void* b = nullptr;
+    if (!biases.empty() && biases[i].has_value() && biases[i]->defined()) {
+      const at::Tensor& bias = *biases[i];
+      TORCH_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0) && bias.scalar_type() == x.scalar_type(),
+                  "skinny_linear: bias must be [N] in x's dtype");
+      kept_biases.push_back(bias.contiguous());
+      b = kept_biases.back().data_ptr();
+    }
+    outs.push_back(at::empty({x.size(0), weight.size(0)}, x.options()));
+    parts.push_back(Part{weight.data_ptr(), b, outs.back().data_ptr(), weight.size(0), total_rows});
+    total_rows += weight.size(0);
   }
-  at::Tensor out = at::empty({x.size(0), weight.size(0)}, x.options());
-  if (out.numel() == 0) return out;
-  const at::Tensor* bp = bc.defined() ? &bc : nullptr;
+  if (x.size(0) == 0 || total_rows == 0) return outs;
   switch (x.scalar_type()) {
     case at::kFloat:
-      skinny_linear_impl<WidenTile, float>(xc, weight, bp, out);
+      skinny_linear_impl<WidenTile, float>(xc, parts, total_rows);
       break;
     case at::kBFloat16:
 #if defined(__AVX512BF16__)
-      skinny_linear_impl<DotBf16Tile, c10::BFloat16>(xc, weight, bp, out);
+      skinny_linear_impl<DotBf16Tile, c10::BFloat16>(xc, parts, total_rows);
 #else
-      skinny_linear_impl<WidenTile, c10::BFloat16>(xc, weight, bp, out);
+      skinny_linear_impl<WidenTile, c10::BFloat16>(xc, parts, total_rows);
 #endif
       break;
     default:
       TORCH_CHECK(false, "skinny_linear: unsupported dtype ", x.scalar_type());
   }
-  return out;
+  return outs;
+}
+
+at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+  return skinny_linear_n(x, {weight}, {bias})[0];
 }
 
 }  // namespace tram
