@@ -3,8 +3,7 @@ Tram to `tram bench serve` with identical requests.
 
 One command does all of it (build and conversion are cached under ~/.cache/tram/llama.cpp):
 
-    python3 benchmarks/llama_cpp_peer.py compare --model benchmarks/presets/llama-15m \\
-        --load-format dummy --dtype float32 --concurrency 1,16,64
+    python3 benchmarks/llama_cpp_peer.py compare --model llama-15m --dtype float32 --concurrency 1,16,64
 
 Steps, each also runnable alone:
     build    pip-download the llama-cpp-python sdist (it vendors llama.cpp) and build only llama-server
@@ -25,6 +24,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+# With 16 requests at concurrency 1, p99 TTFT is in effect the slowest prompt's, and it moved 20-30%
+# between identical runs on this shared machine; 32 requests give a steadier sample.
+MIN_PROMPTS = 32
 CACHE = Path(os.environ.get("TRAM_LLAMA_CPP_CACHE", Path.home() / ".cache" / "tram" / "llama.cpp"))
 REPO = Path(__file__).resolve().parent.parent
 
@@ -193,7 +195,7 @@ def compare(args: argparse.Namespace) -> None:
     log_dir.mkdir(parents=True, exist_ok=True)
     runs = []
     for conc in levels:
-        requests = make_requests(args.num_prompts or max(4 * conc, 16), args.input_len, args.output_len,
+        requests = make_requests(args.num_prompts or max(4 * conc, MIN_PROMPTS), args.input_len, args.output_len,
                                  args.seed, vocab_size=vocab)
         server = start_llama_server(binary, gguf, conc, ctx, args.port, args.llama_threads, log_dir)
         try:
@@ -203,7 +205,7 @@ def compare(args: argparse.Namespace) -> None:
     server = start_tram(checkpoint, args.dtype, args.port + 1, ctx, log_dir)
     try:
         for conc in levels:
-            requests = make_requests(args.num_prompts or max(4 * conc, 16), args.input_len, args.output_len,
+            requests = make_requests(args.num_prompts or max(4 * conc, MIN_PROMPTS), args.input_len, args.output_len,
                                      args.seed, vocab_size=vocab)
             runs.append(bench(server, "tram", requests, conc, "tram", args.warmup))
     finally:
@@ -226,7 +228,7 @@ def main() -> None:
         p.add_argument("--seed", type=int, default=0)
     cmp = sub.choices["compare"]
     cmp.add_argument("--concurrency", default="1,16,64")
-    cmp.add_argument("--num-prompts", type=int, help="per level (default: 4 x concurrency, at least 16)")
+    cmp.add_argument("--num-prompts", type=int, help=f"per level (default: 4 x concurrency, at least {MIN_PROMPTS})")
     cmp.add_argument("--input-len", default="32:512")
     cmp.add_argument("--output-len", default="16:256")
     cmp.add_argument("--warmup", type=int, default=2)
