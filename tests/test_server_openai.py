@@ -376,7 +376,7 @@ def test_generate_beam_search(server):
 
 def test_client_disconnect_aborts(server):
     """A client that goes away mid-request must not leave it running: nothing runs to its length
-    limit, not all of the requested tokens are generated, and no KV block stays in use."""
+    limit, few of the requested tokens are generated, and no KV block stays in use."""
     before = metrics(server)
     long = {"model": STORIES, "max_tokens": 500, "temperature": 0, "ignore_eos": True}
     body = {**long, "prompt": [PROMPT, "Tom and his dog"], "n": 2, "stream": True}
@@ -385,13 +385,11 @@ def test_client_disconnect_aborts(server):
     chat_body = {**long, "messages": MESSAGES, "stream": True}
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=chat_body, timeout=30) as resp:
         assert next(line for line in resp.iter_lines() if line.startswith("data:"))
-    with pytest.raises(httpx.ReadTimeout):  # 4 x 2 sequences of 500 tokens take seconds
-        httpx.post(server.url + "/v1/completions", json={**long, "prompt": [PROMPT] * 4, "n": 2}, timeout=0.5)
+    with pytest.raises(httpx.ReadTimeout):  # 16 x 4 sequences of 500 tokens take seconds
+        httpx.post(server.url + "/v1/completions", json={**long, "prompt": [PROMPT] * 16, "n": 4}, timeout=0.5)
     assert settled_kv(server)["blocks"]["in_use"] == 0
     after = metrics(server)
     ok = "tram:request_success_total"
     assert metric(after, ok, finished_reason="length") == metric(before, ok, finished_reason="length")
     generated = metric(after, "tram:generation_tokens_total") - metric(before, "tram:generation_tokens_total")
-    # Sequences: 2 prompts x 2, 1 chat, 4 x 2. How many tokens run before the disconnect is noticed
-    # depends on the engine's speed (over half of them on a fast one); that not all did is the check.
-    assert generated < 500 * (4 + 1 + 8), generated
+    assert generated < 0.5 * 500 * (4 + 1 + 64), generated  # sequences: 2 prompts x 2, 1 chat, 16 x 4

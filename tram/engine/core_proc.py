@@ -96,13 +96,14 @@ def _set_cpu_threads(config: EngineConfig) -> None:
     """On CPU, the model gets every core by default, although the API server process shares them:
     decode is bound by reading weights, which two threads do almost twice as fast, and measured on
     2 cores this beats leaving one core to the API server at 1, 16 and 64 concurrent streams
-    (docs/benchmarks.md). TRAM_CPU_THREADS overrides."""
+    (docs/benchmarks.md). TRAM_CPU_THREADS, else OMP_NUM_THREADS, overrides."""
     if config.model_config.device.type != "cpu":
         return
     import torch
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = int(os.environ.get("TRAM_CPU_THREADS", cores))
+    # An OMP_NUM_THREADS the user set is an explicit choice too; torch.set_num_threads would override it.
+    threads = int(os.environ.get("TRAM_CPU_THREADS") or os.environ.get("OMP_NUM_THREADS") or cores)
     torch.set_num_threads(max(1, threads))
     logger.info("engine core: %d CPU thread(s) for the model (TRAM_CPU_THREADS to change)", threads)
 
