@@ -12,6 +12,7 @@ from tram.core.sched_output import SchedulerOutput
 from tram.model.cpu_kernels import load_cpu_kernels
 from tram.model.loader import load_model
 from tram.model.registry import kv_cache_shape_info
+from tram.worker.cpu_memory import keep_freed_memory
 from tram.worker.cuda_graph import DecodeGraphRunner
 from tram.worker.input_batch import CachedRequestState, PromptLogprobsJob, StepInputs, prepare_inputs
 from tram.worker.memory_profiler import MemoryProfile, profile_cuda_memory
@@ -35,6 +36,7 @@ class ModelRunner:
         self.vocab_size = model_config.vocab_size
         self.model = load_model(model_config)
         if self.device.type == "cpu":
+            keep_freed_memory()
             # Build (first run on a machine, ~40 s) or load the C++ kernels now, not in the first
             # request's step.
             load_cpu_kernels()

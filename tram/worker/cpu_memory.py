@@ -1,0 +1,49 @@
+"""glibc malloc settings for CPU inference: keep freed memory in the process for the next step.
+
+A step allocates and frees the same activation buffers again and again, most of them between
+128 KiB and a few MiB. With glibc's defaults, freed memory at the top of the heap beyond a small
+trim threshold goes back to the kernel, and the next step faults every page of it in again. On this
+project's VM a minor fault costs about 6 us: a 480-token prefill of the 15M preset took 6,000 faults
+and 80-90 ms instead of 50 ms, at random, whenever a trim had just happened (docs/benchmarks.md).
+Engines solve this with tcmalloc or jemalloc under LD_PRELOAD; mallopt does it from inside.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+# From glibc's malloc.h.
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+# glibc refuses mmap thresholds above HEAP_MAX_SIZE / 2 (32 MiB on 64-bit).
+MMAP_THRESHOLD = 32 << 20
+# The heap only shrinks when more than this is free at its top: in effect never, so the memory a
+# step needed stays mapped (and faulted in) for the next one. Peak use bounds what is kept.
+TRIM_THRESHOLD = 1 << 30
+
+_done = False
+
+
+def keep_freed_memory() -> bool:
+    """Apply the settings once per process; False where they do not apply (not glibc, or turned off
+    with TRAM_CPU_MALLOC_TUNING=0)."""
+    global _done
+    if _done:
+        return True
+    if os.environ.get("TRAM_CPU_MALLOC_TUNING", "1") == "0":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False  # musl, macOS: no mallopt; their allocators behave differently anyway
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    if not (mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
+        logger.warning("mallopt refused the CPU allocator settings; steps may page-fault more")
+        return False
+    _done = True
+    return True
