@@ -32,6 +32,15 @@ def assert_no_leak(engine: LLMEngine) -> None:
     assert not engine.has_unfinished_requests()
 
 
+@pytest.fixture(params=[1, 2], ids=lambda n: f"threads{n}")
+def threads(request: pytest.FixtureRequest):
+    """Runs a kernel test with one and with two torch threads."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(old)
+
+
 @pytest.fixture(scope="session")
 def stories_path() -> str:
     assert os.path.isdir(STORIES), f"test model missing: {STORIES}"

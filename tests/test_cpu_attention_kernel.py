@@ -24,14 +24,6 @@ def kernels() -> None:
     assert load_cpu_kernels() is not None, "the CPU attention kernel failed to build (see the warning log)"
 
 
-@pytest.fixture(params=[1, 2], ids=lambda n: f"threads{n}")
-def threads(request: pytest.FixtureRequest):
-    old = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(old)
-
-
 def context_slots(table: torch.Tensor, start: int, end: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(block ids, offsets) of positions start .. end - 1 under one block table row."""
     t = torch.arange(start, end)

@@ -34,7 +34,9 @@ import torch
 logger = logging.getLogger(__name__)
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
-_SOURCES = [os.path.join(_CSRC, name) for name in ("bindings.cpp", "paged_decode.cpp", "skinny_linear.cpp", "rms_norm.cpp", "rotary.cpp")]
+_SOURCES = [os.path.join(_CSRC, name) for name in (
+    "bindings.cpp", "paged_decode.cpp", "paged_prefill.cpp", "skinny_linear.cpp", "rms_norm.cpp", "rotary.cpp",
+)]
 # -fopenmp: at::parallel_for is header code that only runs in parallel when compiled with OpenMP
 # (the extension then shares the libgomp torch already loaded). No -ffast-math: the kernels' loops
 # are written to vectorise without it (vector extensions, omp simd reductions, a polynomial exp).
@@ -133,6 +135,26 @@ def paged_decode_attention(
         raise RuntimeError(f"CPU kernels are not available (disabled by {ENV_SWITCH}=0 or failed to build)")
     return module.paged_decode_attention(query, kv_cache, block_tables, seq_lens, float(scale),
                                          int(sliding_window or 0))
+
+
+def paged_prefill_attention_(
+    out: torch.Tensor,  # [T, H, D], contiguous; the requests' rows are written
+    query: torch.Tensor,  # [T, H, D], any strides, D % 16 == 0
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D], contiguous, with the chunks' K/V written
+    block_tables: torch.Tensor,  # [R, >= ceil(max seq_len / block_size)] int32
+    query_starts: list[int],  # R first rows in query
+    query_lens: list[int],  # R chunk lengths
+    seq_lens: list[int],  # R context lengths (cached prefix + chunk)
+    scale: float,
+    sliding_window: int | None = None,  # None or 0 = no window
+) -> None:
+    """Prefill attention: request r's rows query_starts[r] .. + query_lens[r] sit at the last
+    query_lens[r] positions of its seq_lens[r]-token context and attend to it causally (csrc/paged_prefill.cpp)."""
+    module = load_cpu_kernels()
+    if module is None:
+        raise RuntimeError(f"CPU kernels are not available (disabled by {ENV_SWITCH}=0 or failed to build)")
+    module.paged_prefill_attention_(out, query, kv_cache, block_tables, query_starts, query_lens, seq_lens,
+                                    float(scale), int(sliding_window or 0))
 
 
 def _reset_for_tests() -> None:

@@ -4,8 +4,10 @@ A step's flattened batch is split on the host (from meta's host lists, so no dev
   * decodes (query_len == 1): on CPU, the C++ kernel of cpu_kernels.py reads K/V straight from the
     paged cache; elsewhere (or with TRAM_CPU_KERNELS=0) one batched SDPA over K/V
     gathered through their block tables, padded to the longest context and masked by seq_len;
-  * prefill chunks (query_len > 1): one SDPA per request with an offset-causal mask over
-    cached prefix + chunk (a plain causal SDPA on the step's own K/V when there is no prefix).
+  * prefill chunks (query_len > 1): on CPU (head_dim % 16 == 0), one call of the C++ kernel for all
+    of them, reading cached prefix and chunk from the paged cache; elsewhere one SDPA per request
+    with an offset-causal mask over cached prefix + chunk (a plain causal SDPA on the step's own K/V
+    when there is no prefix).
 The split and the masks are planned once per step and reused by every layer.
 """
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch.nn.functional as F
 
 from tram.model.attention.base import AttentionMetadata
 from tram.model.cpu_kernels import SUPPORTED_DTYPES as _CPU_KERNEL_DTYPES
-from tram.model.cpu_kernels import load_cpu_kernels, paged_decode_attention
+from tram.model.cpu_kernels import kernels_for, load_cpu_kernels, paged_decode_attention, paged_prefill_attention_
 
 
 def _sdpa_supports_gqa() -> bool:
@@ -60,7 +62,9 @@ class _StepPlan:
     decode_seq_lens: torch.Tensor | None  # [Bd]
     decode_max_len: int
     prefills: list[_Prefill]
+    prefill_reqs: list[int] = field(default_factory=list)  # their rows in meta.block_tables
     decode_masks: dict[int | None, torch.Tensor] = field(default_factory=dict)  # by sliding window
+    prefill_tables: torch.Tensor | None = None  # [P, max_blocks] int32 for the CPU prefill kernel
 
 
 def _as_index(indices: list[int], device: torch.device) -> TokenIndex:
@@ -74,6 +78,7 @@ def _plan(meta: AttentionMetadata, block_size: int, device: torch.device) -> _St
     decode_reqs: list[int] = []
     decode_tokens: list[int] = []
     prefills: list[_Prefill] = []
+    prefill_reqs: list[int] = []
     start = 0
     for req, (q_len, seq_len) in enumerate(zip(meta.query_lens_list, meta.seq_lens_list)):
         if q_len == 1:
@@ -81,8 +86,9 @@ def _plan(meta: AttentionMetadata, block_size: int, device: torch.device) -> _St
             decode_tokens.append(start)
         elif q_len > 1:
             prefills.append(_Prefill(start, start + q_len, seq_len, meta.block_tables[req]))
+            prefill_reqs.append(req)
         start += q_len
-    plan = _StepPlan(start, None, None, None, 0, prefills)
+    plan = _StepPlan(start, None, None, None, 0, prefills, prefill_reqs)
     if decode_reqs:
         max_len = max(meta.seq_lens_list[r] for r in decode_reqs)
         num_blocks = -(-max_len // block_size)
@@ -147,16 +153,29 @@ class TorchAttentionBackend:
         n = plan.num_real_tokens  # rows past n are batch padding (e.g. graph capture sizes)
         write_kv_cache(key[:n], value[:n], kv_cache, meta.slot_mapping[:n])
         if n < query.shape[0]:
-            out = torch.zeros_like(query)
+            out = torch.zeros(query.shape, dtype=query.dtype, device=query.device)
         elif not plan.prefills and plan.decode_tokens is not None:  # decode-only step: no scatter into an output buffer
             return self._decode(query, kv_cache, plan, scale, sliding_window)
         else:
-            out = torch.empty_like(query)
+            out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         if plan.decode_tokens is not None:
             out[plan.decode_tokens] = self._decode(query[plan.decode_tokens], kv_cache, plan, scale, sliding_window)
+        if plan.prefills and query.shape[-1] % 16 == 0 and kernels_for(query) is not None:
+            self._cpu_prefills(out, query, kv_cache, meta, plan, scale, sliding_window)
+            return out
         for pre in plan.prefills:
             out[pre.start:pre.end] = self._prefill(query, key, value, kv_cache, pre, scale, sliding_window)
         return out
+
+    @staticmethod
+    def _cpu_prefills(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
+                      plan: _StepPlan, scale: float, sliding_window: int | None) -> None:
+        """Every prefill chunk of the step in one C++ call (csrc/paged_prefill.cpp), K/V read from the cache."""
+        if plan.prefill_tables is None:
+            plan.prefill_tables = meta.block_tables[_as_index(plan.prefill_reqs, query.device)].to(torch.int32)
+        pres = plan.prefills
+        paged_prefill_attention_(out, query, kv_cache, plan.prefill_tables, [p.start for p in pres],
+                                 [p.query_len for p in pres], [p.seq_len for p in pres], scale, sliding_window)
 
     def _get_plan(self, meta: AttentionMetadata, block_size: int, device: torch.device) -> _StepPlan:
         key = (id(meta), tuple(meta.query_lens_list), tuple(meta.seq_lens_list), block_size)

@@ -7,6 +7,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "block_tables [B,M], seq_lens [B], scale, sliding_window (0 = none)) -> [B,H,D]",
         py::arg("query"), py::arg("kv_cache"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("scale"),
         py::arg("sliding_window") = 0);
+  m.def("paged_prefill_attention_", &tram::paged_prefill_attention_,
+        "Causal prefill attention over a paged KV cache, written into out (CPU): (out [T,H,D], query [T,H,D], "
+        "kv_cache [2,N,bs,Hkv,D], block_tables [R,M] int32, query_starts [R], query_lens [R], seq_lens [R], "
+        "scale, sliding_window (0 = none))",
+        py::arg("out"), py::arg("query"), py::arg("kv_cache"), py::arg("block_tables"), py::arg("query_starts"),
+        py::arg("query_lens"), py::arg("seq_lens"), py::arg("scale"), py::arg("sliding_window") = 0);
   m.def("skinny_linear", &tram::skinny_linear,
         "y = x W^T + b for a few rows of x (CPU): (x [M,K], weight [N,K], bias [N] or None) -> [M,N]",
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());

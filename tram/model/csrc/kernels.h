@@ -13,6 +13,12 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& kv_
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
                                   int64_t sliding_window);
 
+// paged_prefill.cpp: causal prefill attention of query chunks over their paged context, into out.
+void paged_prefill_attention_(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+                              const at::Tensor& block_tables, const std::vector<int64_t>& query_starts,
+                              const std::vector<int64_t>& query_lens, const std::vector<int64_t>& seq_lens,
+                              double scale, int64_t sliding_window);
+
 // skinny_linear.cpp: y = x W^T + b for few rows of x.
 at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias);
 // The same for several weights that read one x (q/k/v, gate/up), in one parallel region.

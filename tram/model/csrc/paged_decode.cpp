@@ -48,13 +48,6 @@ using namespace tram::simd;
 constexpr int64_t kLanes = 8;      // floats per chunk of a head row (head_dim % 8 == 0 takes the SIMD path)
 constexpr int64_t kScorePad = 16;  // score rows are padded (with -inf) to a multiple of this
 
-template <typename To, typename From>
-TRAM_INLINE To bitcast(const From& v) {
-  static_assert(sizeof(To) == sizeof(From));
-  To r;
-  std::memcpy(&r, &v, sizeof(To));
-  return r;
-}
 
 // ---- 8 consecutive elements of a row, widened to float.
 
@@ -105,30 +98,6 @@ TRAM_INLINE vf8 reduce8(vf8 a0, vf8 a1, vf8 a2, vf8 a3, vf8 a4, vf8 a5, vf8 a6, 
 }
 
 // ---- Softmax over a padded score row.
-
-TRAM_INLINE vf16 splat16(float x) { return vf16{} + x; }
-
-// exp(x) for x <= 0 (scores minus their max): Cephes expf's range reduction and polynomial (about
-// 1 ulp); below -87 (and for the -inf padding) the result is 0.
-TRAM_INLINE vf16 exp_nonpos(vf16 x) {
-  const vf16 lo = splat16(-87.0f);
-  const vf16 xc = x < lo ? lo : x;
-  const vf16 magic = splat16(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  const vf16 t = xc * 1.44269504088896341f + magic;
-  const vf16 fx = t - magic;  // round(xc / ln 2), in [-126, 0]
-  const vi16 n = bitcast<vi16>(t) - bitcast<vi16>(magic);
-  vf16 r = xc - fx * 0.693359375f;
-  r = r + fx * 2.12194440e-4f;
-  vf16 y = splat16(1.9875691500e-4f);
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3333451907e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r * r + r + 1.0f;
-  const vf16 scaled = y * bitcast<vf16>((n + 127) << 23);
-  return x < lo ? vf16{} : scaled;
-}
 
 // x[0 .. n) = softmax numerators exp(x - max x), n a multiple of kScorePad; returns 1 / their sum.
 TRAM_INLINE float softmax_numerators(float* __restrict x, int64_t n) {
