@@ -60,3 +60,21 @@ def test_model_runner_applies_the_settings_on_cpu(stories_path: str, monkeypatch
     monkeypatch.setattr(model_runner, "keep_freed_memory", lambda: calls.append(1) or True)
     LLM(stories_path, max_model_len=64)
     assert calls == [1]
+
+
+@pytest.mark.parametrize("budget", [4096, 300])
+def test_cpu_engine_warms_up_with_one_prompt_sized_step(stories_path: str, monkeypatch: pytest.MonkeyPatch,
+                                                        budget: int) -> None:
+    """The heap grows once, at start, rather than in the first request's prefill."""
+    from tram import LLM
+    from tram.worker import model_runner
+
+    expected = min(budget, model_runner.CPU_WARMUP_TOKENS)
+    calls = []
+    real = model_runner.run_dummy_step
+    monkeypatch.setattr(model_runner, "run_dummy_step",
+                        lambda runner, n, rows: calls.append((n, rows)) or real(runner, n, rows))
+    llm = LLM(stories_path, max_model_len=256, max_num_batched_tokens=budget, max_num_seqs=8)
+    assert calls == [(expected, 8)]
+    out = llm.generate("Once upon a time", use_tqdm=False)
+    assert out[0].outputs[0].token_ids  # the warm-up left the engine usable
