@@ -8,7 +8,8 @@ One command does all of it (build and conversion are cached under ~/.cache/tram/
 Steps, each also runnable alone:
     build    pip-download the llama-cpp-python sdist (it vendors llama.cpp) and build only llama-server
     convert  save the model (dummy weights are materialised with a fixed seed) and convert it to GGUF
-    compare  start llama-server and `tram serve` in turn and run `tram bench serve` against each
+    compare  serve the model with `tram serve` and llama-server and run `tram bench serve` against each,
+             the two taking turns level by level
 """
 from __future__ import annotations
 
@@ -194,22 +195,22 @@ def compare(args: argparse.Namespace) -> None:
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     runs = []
-    for conc in levels:
-        requests = make_requests(args.num_prompts or max(4 * conc, MIN_PROMPTS), args.input_len, args.output_len,
-                                 args.seed, vocab_size=vocab)
-        server = start_llama_server(binary, gguf, conc, ctx, args.port, args.llama_threads, log_dir)
-        try:
-            runs.append(bench(server, "llama.cpp", requests, conc, "llama.cpp", args.warmup))
-        finally:
-            server.stop()
-    server = start_tram(checkpoint, args.dtype, args.port + 1, ctx, log_dir)
+    # The two engines take turns level by level (llama-server restarts with -np = concurrency; Tram,
+    # idle meanwhile, stays up), so each pair is measured minutes apart at most: this shared VM's
+    # speed drifts by 10-20% over minutes, which made the engines measured at different times differ.
+    tram = start_tram(checkpoint, args.dtype, args.port + 1, ctx, log_dir)
     try:
         for conc in levels:
-            requests = make_requests(args.num_prompts or max(4 * conc, MIN_PROMPTS), args.input_len, args.output_len,
-                                     args.seed, vocab_size=vocab)
-            runs.append(bench(server, "tram", requests, conc, "tram", args.warmup))
+            requests = make_requests(args.num_prompts or max(4 * conc, MIN_PROMPTS), args.input_len,
+                                     args.output_len, args.seed, vocab_size=vocab)
+            llama = start_llama_server(binary, gguf, conc, ctx, args.port, args.llama_threads, log_dir)
+            try:
+                runs.append(bench(llama, "llama.cpp", requests, conc, "llama.cpp", args.warmup))
+            finally:
+                llama.stop()
+            runs.append(bench(tram, "tram", requests, conc, "tram", args.warmup))
     finally:
-        server.stop()
+        tram.stop()
     ratios = print_comparison(runs)
     plot_sweep(runs, args.plot, title=f"{args.model} {args.dtype}: tram vs llama.cpp")
     with open(args.output_json, "w") as f:
