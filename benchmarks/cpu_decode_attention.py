@@ -1,6 +1,6 @@
 """Micro-benchmark: CPU decode attention, C++ paged kernel vs the gather + masked SDPA path.
 
-The SDPA path is TorchAttentionBackend._decode itself, fed a hand-made step plan (as _plan builds
+The SDPA path is TorchAttentionBackend._decode_sdpa (what _decode runs where the kernel does not), fed a hand-made step plan (as _plan builds
 it); the kernel is tram.model.cpu_kernels.paged_decode_attention. One call = one layer's
 decode attention for the whole batch. Each time is the minimum over several repeats, since the
 machine may be shared.
@@ -76,7 +76,7 @@ def main() -> None:
 
                 def sdpa() -> torch.Tensor:
                     plan.decode_masks.clear()  # a fresh mask per step, shared by the layers: cost ~1/L
-                    return backend._decode(query, cache, plan, scale, None)
+                    return backend._decode_sdpa(query, cache, plan, scale, None)
 
                 def kernel() -> torch.Tensor:
                     return paged_decode_attention(query, cache, tables, seq_lens, scale, None)

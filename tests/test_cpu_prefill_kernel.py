@@ -7,6 +7,7 @@ import random
 
 import pytest
 import torch
+from hf_models import StepRequest, build_meta
 
 from tram.model.attention import torch_backend
 from tram.model.cpu_kernels import load_cpu_kernels, paged_prefill_attention_
@@ -185,8 +186,6 @@ def test_backend_routes_prefills_to_the_kernel(monkeypatch: pytest.MonkeyPatch, 
     calls = []
     real = torch_backend.paged_prefill_attention_
     monkeypatch.setattr(torch_backend, "paged_prefill_attention_", lambda *a: calls.append(1) or real(*a))
-    from hf_models import StepRequest, build_meta
-
     reqs = [StepRequest([0, 1, 2], 0, 20), StepRequest([3, 4, 5], 30, 1), StepRequest([6, 7, 8], 9, 12)]
     meta = build_meta(reqs, 16)
     gen = torch.Generator().manual_seed(8)

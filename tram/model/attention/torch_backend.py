@@ -64,7 +64,8 @@ class _StepPlan:
     prefills: list[_Prefill]
     prefill_reqs: list[int] = field(default_factory=list)  # their rows in meta.block_tables
     decode_masks: dict[int | None, torch.Tensor] = field(default_factory=dict)  # by sliding window
-    prefill_tables: torch.Tensor | None = None  # [P, max_blocks] int32 for the CPU prefill kernel
+    # The CPU prefill kernel's request arguments (block tables, starts, query lens, seq lens).
+    cpu_prefill_args: tuple[torch.Tensor, list[int], list[int], list[int]] | None = None
 
 
 def _as_index(indices: list[int], device: torch.device) -> TokenIndex:
@@ -171,11 +172,12 @@ class TorchAttentionBackend:
     def _cpu_prefills(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
                       plan: _StepPlan, scale: float, sliding_window: int | None) -> None:
         """Every prefill chunk of the step in one C++ call (csrc/paged_prefill.cpp), K/V read from the cache."""
-        if plan.prefill_tables is None:
-            plan.prefill_tables = meta.block_tables[_as_index(plan.prefill_reqs, query.device)].to(torch.int32)
-        pres = plan.prefills
-        paged_prefill_attention_(out, query, kv_cache, plan.prefill_tables, [p.start for p in pres],
-                                 [p.query_len for p in pres], [p.seq_len for p in pres], scale, sliding_window)
+        if plan.cpu_prefill_args is None:  # once per step, not per layer
+            pres = plan.prefills
+            tables = meta.block_tables[_as_index(plan.prefill_reqs, query.device)].to(torch.int32)
+            plan.cpu_prefill_args = (tables, [p.start for p in pres], [p.query_len for p in pres],
+                                     [p.seq_len for p in pres])
+        paged_prefill_attention_(out, query, kv_cache, *plan.cpu_prefill_args, scale, sliding_window)
 
     def _get_plan(self, meta: AttentionMetadata, block_size: int, device: torch.device) -> _StepPlan:
         key = (id(meta), tuple(meta.query_lens_list), tuple(meta.seq_lens_list), block_size)
@@ -187,11 +189,17 @@ class TorchAttentionBackend:
 
     def _decode(self, query: torch.Tensor, kv_cache: torch.Tensor, plan: _StepPlan, scale: float,
                 sliding_window: int | None) -> torch.Tensor:
-        """query [Bd, H, D] -> [Bd, H, D], one batched SDPA over every decode's padded context."""
+        """query [Bd, H, D] -> [Bd, H, D]: the C++ kernel on CPU, else `_decode_sdpa`."""
         if query.device.type == "cpu" and query.dtype in _CPU_KERNEL_DTYPES and load_cpu_kernels() is not None:
             # K/V read straight from the paged cache: no padded gather, no mask (csrc/paged_decode.cpp).
             return paged_decode_attention(query, kv_cache, plan.decode_block_tables, plan.decode_seq_lens,
                                           scale, sliding_window)
+        return self._decode_sdpa(query, kv_cache, plan, scale, sliding_window)
+
+    @staticmethod
+    def _decode_sdpa(query: torch.Tensor, kv_cache: torch.Tensor, plan: _StepPlan, scale: float,
+                     sliding_window: int | None) -> torch.Tensor:
+        """The PyTorch path of `_decode`: K/V gathered through the block tables, padded and masked."""
         num_kv_heads, head_dim = kv_cache.shape[-2:]
         bd, num_heads = query.shape[0], query.shape[1]
         groups = num_heads // num_kv_heads

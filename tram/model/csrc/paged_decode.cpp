@@ -72,9 +72,6 @@ TRAM_INLINE vf8 load8(const c10::Half* p) {
 #endif
 }
 
-TRAM_INLINE float load1(const float* p) { return *p; }
-TRAM_INLINE float load1(const c10::BFloat16* p) { return static_cast<float>(*p); }
-TRAM_INLINE float load1(const c10::Half* p) { return static_cast<float>(*p); }
 
 // Horizontal sums, both in the order ((0+1)+(2+3))+((4+5)+(6+7)).
 TRAM_INLINE float hsum8(vf8 v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
@@ -119,9 +116,6 @@ TRAM_INLINE float softmax_numerators(float* __restrict x, int64_t n) {
   return 1.f / s;
 }
 
-inline void store(float v, float* dst) { *dst = v; }
-inline void store(float v, c10::BFloat16* dst) { *dst = c10::BFloat16(v); }
-inline void store(float v, c10::Half* dst) { *dst = c10::Half(v); }
 
 // Prefetch into L2 (prefetcht2): measured clearly faster than into L1 for the next block's rows,
 // which would crowd the few L1 miss buffers.
@@ -275,20 +269,23 @@ void paged_decode_impl(const at::Tensor& query, const at::Tensor& kv_cache, cons
       float* sc = scores.data();
       float* ab = acc.data();
 
-      // Pass 1: sc[h, j] = q_h . k_j (q already scaled).
-      for_each_segment(k_cache, table, ts1, start, len, bs, N, row_stride, h0 * D,
-                       [&](int64_t j, int64_t count, const scalar_t* rows, const scalar_t* next_rows,
-                           int64_t next_count) {
-                         for (int64_t kv = 0; kv < nkv; ++kv) {
-                           // Blocks sit anywhere in memory: fetch the next one's rows ahead.
-                           for (int64_t o = 0; o < next_count; ++o)
-                             prefetch(next_rows + o * row_stride + kv * D, head_bytes);
-                           for (int64_t g = 0; g < G; ++g) {
-                             const int64_t h = kv * G + g;
-                             scores_segment<NV>(qb + h * D, rows + kv * D, row_stride, count, D, sc + h * n_pad + j);
+      // op(h, j, count, rows) for every query head of the item and each stretch of the context that
+      // lies in one block; blocks sit anywhere in memory, so the next one's rows are fetched ahead.
+      const auto over_context = [&](const scalar_t* cache, const auto& op) {
+        for_each_segment(cache, table, ts1, start, len, bs, N, row_stride, h0 * D,
+                         [&](int64_t j, int64_t count, const scalar_t* rows, const scalar_t* next_rows,
+                             int64_t next_count) {
+                           for (int64_t kv = 0; kv < nkv; ++kv) {
+                             for (int64_t o = 0; o < next_count; ++o)
+                               prefetch(next_rows + o * row_stride + kv * D, head_bytes);
+                             for (int64_t g = 0; g < G; ++g) op(kv * G + g, j, count, rows + kv * D);
                            }
-                         }
-                       });
+                         });
+      };
+      // Pass 1: sc[h, j] = q_h . k_j (q already scaled).
+      over_context(k_cache, [&](int64_t h, int64_t j, int64_t count, const scalar_t* rows) {
+        scores_segment<NV>(qb + h * D, rows, row_stride, count, D, sc + h * n_pad + j);
+      });
       for (int64_t h = 0; h < nh; ++h) {
         float* s = sc + h * n_pad;
         std::fill(s + n, s + n_pad, -std::numeric_limits<float>::infinity());
@@ -296,18 +293,9 @@ void paged_decode_impl(const at::Tensor& query, const at::Tensor& kv_cache, cons
       }
       // Pass 2: acc[h] = sum_j p[h, j] * v_j.
       std::fill(ab, ab + nh * D, 0.f);
-      for_each_segment(v_cache, table, ts1, start, len, bs, N, row_stride, h0 * D,
-                       [&](int64_t j, int64_t count, const scalar_t* rows, const scalar_t* next_rows,
-                           int64_t next_count) {
-                         for (int64_t kv = 0; kv < nkv; ++kv) {
-                           for (int64_t o = 0; o < next_count; ++o)
-                             prefetch(next_rows + o * row_stride + kv * D, head_bytes);
-                           for (int64_t g = 0; g < G; ++g) {
-                             const int64_t h = kv * G + g;
-                             values_segment<NV>(sc + h * n_pad + j, rows + kv * D, row_stride, count, D, ab + h * D);
-                           }
-                         }
-                       });
+      over_context(v_cache, [&](int64_t h, int64_t j, int64_t count, const scalar_t* rows) {
+        values_segment<NV>(sc + h * n_pad + j, rows, row_stride, count, D, ab + h * D);
+      });
       for (int64_t h = 0; h < nh; ++h)
         for (int64_t d = 0; d < D; ++d) store(ab[h * D + d] * inv[h], o_item + h * D + d);
     }

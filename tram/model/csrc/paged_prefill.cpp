@@ -47,28 +47,6 @@ constexpr int64_t kTile = 64;      // query rows per work item
 constexpr int64_t kRows = 4;       // query rows computed together
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-template <typename T>
-TRAM_INLINE float widen(T x) {
-  return static_cast<float>(x);
-}
-
-template <typename T>
-TRAM_INLINE void narrow(float x, T* dst) {
-  *dst = static_cast<T>(x);
-}
-
-TRAM_INLINE float hmax(vf16 v) {
-  float m = v[0];
-  for (int i = 1; i < 16; ++i) m = std::max(m, v[i]);
-  return m;
-}
-
-TRAM_INLINE float hsum(vf16 v) {
-  float s = 0.f;
-  for (int i = 0; i < 16; ++i) s += v[i];
-  return s;
-}
-
 struct Request {
   int64_t q_start, q_len, seq_len;
   const int32_t* table;
@@ -92,25 +70,26 @@ TRAM_INLINE void key_range(int64_t p_first, int64_t p_last, int64_t window, int6
   *hi = p_last + 1;
 }
 
-// Widen keys [k0, k1) of one kv head into kt (chunk-major: [chunk][d][16]) and v ([key][d]); the tail
-// of the last chunk is zeros (finite, and masked anyway).
+// Widen keys [first, end) of one kv head, a stretch of the segment that starts at key k0, into kt
+// (chunk-major: [chunk][d][16]) and v ([key][d]), each key at its index from k0; the tail of the last
+// chunk is zeros (finite, and masked anyway).
 template <typename T>
-void load_segment(const T* k_cache, const T* v_cache, const Request& rq, int64_t kv_head, int64_t k0, int64_t k1,
-                  int64_t bs, int64_t row_stride, int64_t D, float* kt, float* v) {
-  const int64_t n_pad = (k1 - k0 + kChunk - 1) / kChunk * kChunk;
-  for (int64_t j = 0; j < n_pad; ++j) {
+void load_segment(const T* k_cache, const T* v_cache, const Request& rq, int64_t kv_head, int64_t k0, int64_t first,
+                  int64_t end, int64_t bs, int64_t row_stride, int64_t D, float* kt, float* v) {
+  const int64_t j_end = (end - k0 + kChunk - 1) / kChunk * kChunk;
+  for (int64_t j = first - k0; j < j_end; ++j) {
     float* kt_chunk = kt + (j / kChunk) * D * kChunk + (j % kChunk);
     float* v_row = v + j * D;
     const int64_t t = k0 + j;
-    if (t >= k1) {
+    if (t >= end) {
       for (int64_t d = 0; d < D; ++d) kt_chunk[d * kChunk] = 0.f, v_row[d] = 0.f;
       continue;
     }
     const int64_t offset = (static_cast<int64_t>(rq.table[t / bs]) * bs + t % bs) * row_stride + kv_head * D;
     const T* k_row = k_cache + offset;
-    const T* vv = v_cache + offset;
-    for (int64_t d = 0; d < D; ++d) kt_chunk[d * kChunk] = widen(k_row[d]);
-    for (int64_t d = 0; d < D; ++d) v_row[d] = widen(vv[d]);
+    const T* v_src = v_cache + offset;
+    for (int64_t d = 0; d < D; ++d) kt_chunk[d * kChunk] = load1(k_row + d);
+    for (int64_t d = 0; d < D; ++d) v_row[d] = load1(v_src + d);
   }
 }
 
@@ -193,7 +172,7 @@ void run_item(const Item& it, const Request& rq, const T* q_ptr, int64_t qs0, in
     for (int64_t i = 0; i < padded; ++i) {
       float* qd = sc.q.data() + (g * kTile + i) * D;
       const T* qs = q_ptr + (rq.q_start + i0 + i) * qs0 + h * qs1;
-      for (int64_t d = 0; d < D; ++d) qd[d] = i < rows ? widen(qs[d * qs2]) : 0.f;
+      for (int64_t d = 0; d < D; ++d) qd[d] = i < rows ? load1(qs + d * qs2) : 0.f;
     }
   }
   std::fill(sc.o.begin(), sc.o.end(), 0.f);
@@ -204,12 +183,10 @@ void run_item(const Item& it, const Request& rq, const T* q_ptr, int64_t qs0, in
   const int64_t row_stride = Hkv * D;
   for (int64_t k0 = lo / kSegment * kSegment; k0 < hi; k0 += kSegment) {
     const int64_t k1 = std::min(k0 + kSegment, hi);
-    load_segment(k_cache, v_cache, rq, it.kv_head, std::max(k0, lo / kChunk * kChunk), k1, bs, row_stride, D,
-                 sc.kt.data() + 0, sc.v.data());
-    // load_segment filled from the first chunk the item can see; chunk indices below are relative to k0.
+    // The first chunk any row of the item sees; chunk indices below count from k0.
     const int64_t c_base = (std::max(k0, lo / kChunk * kChunk) - k0) / kChunk;
-    float* kt = sc.kt.data() - c_base * D * kChunk;
-    float* vv = sc.v.data() - c_base * kChunk * D;
+    load_segment(k_cache, v_cache, rq, it.kv_head, k0, k0 + c_base * kChunk, k1, bs, row_stride, D, sc.kt.data(),
+                 sc.v.data());
     for (int64_t r0 = 0; r0 < padded; r0 += kRows) {
       int64_t p[kRows];
       for (int r = 0; r < kRows; ++r) p[r] = r0 + r < rows ? ctx0 + i0 + r0 + r : -1;
@@ -222,8 +199,8 @@ void run_item(const Item& it, const Request& rq, const T* q_ptr, int64_t qs0, in
       for (int64_t g = 0; g < G; ++g) {
         const int64_t base = g * kTile + r0;
         float row_max[kRows];
-        score_rows(sc.q.data() + base * D, D, kt, k0, c0, c1, p, window, scale, sc.s.data(), row_max);
-        accumulate_rows(sc.s.data(), vv, D, c0, c1, row_max, sc.m.data() + base, sc.l.data() + base,
+        score_rows(sc.q.data() + base * D, D, sc.kt.data(), k0, c0, c1, p, window, scale, sc.s.data(), row_max);
+        accumulate_rows(sc.s.data(), sc.v.data(), D, c0, c1, row_max, sc.m.data() + base, sc.l.data() + base,
                         sc.o.data() + base * D);
       }
     }
@@ -234,7 +211,7 @@ void run_item(const Item& it, const Request& rq, const T* q_ptr, int64_t qs0, in
       const float* o = sc.o.data() + (g * kTile + i) * D;
       const float inv = 1.f / sc.l[g * kTile + i];
       T* dst = out + ((rq.q_start + i0 + i) * H + h) * D;
-      for (int64_t d = 0; d < D; ++d) narrow(o[d] * inv, dst + d);
+      for (int64_t d = 0; d < D; ++d) store(o[d] * inv, dst + d);
     }
   }
 }

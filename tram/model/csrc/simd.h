@@ -2,6 +2,10 @@
 // AVX-512, AVX2, SSE or NEON, so the kernels need no per-ISA code for float32 arithmetic.
 #pragma once
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -37,6 +41,33 @@ TRAM_INLINE To bitcast(const From& v) {
   To r;
   std::memcpy(&r, &v, sizeof(To));
   return r;
+}
+
+// One element widened to float32, and one float32 rounded to the element type.
+TRAM_INLINE float load1(const float* p) { return *p; }
+TRAM_INLINE float load1(const c10::BFloat16* p) { return static_cast<float>(*p); }
+TRAM_INLINE float load1(const c10::Half* p) { return static_cast<float>(*p); }
+TRAM_INLINE void store(float v, float* dst) { *dst = v; }
+TRAM_INLINE void store(float v, c10::BFloat16* dst) { *dst = c10::BFloat16(v); }
+TRAM_INLINE void store(float v, c10::Half* dst) { *dst = c10::Half(v); }
+
+// Fixed-order horizontal sum: halves folded pairwise, 16 -> 8 -> 4 -> 2 -> 1, in registers.
+TRAM_INLINE float hsum(vf16 v) {
+  const vf8 s8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                 __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const vf4 s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) + __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
+  const float s0 = s4[0] + s4[2], s1 = s4[1] + s4[3];
+  return s0 + s1;
+}
+
+// The largest lane (the order does not matter for a maximum).
+TRAM_INLINE float hmax(vf16 v) {
+  const vf8 m8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  const vf8 h8 = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const vf8 s8 = m8 < h8 ? h8 : m8;
+  float m = s8[0];
+  for (int i = 1; i < 8; ++i) m = std::max(m, s8[i]);
+  return m;
 }
 
 TRAM_INLINE vf16 splat16(float x) { return vf16{} + x; }

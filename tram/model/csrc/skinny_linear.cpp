@@ -58,15 +58,6 @@ TRAM_INLINE vf16 load_widened<c10::BFloat16>(const c10::BFloat16* p) {
   return out;
 }
 
-// Fixed-order horizontal sum: halves folded pairwise, 16 -> 8 -> 4 -> 2 -> 1, in registers.
-TRAM_INLINE float hsum(vf16 v) {
-  const vf8 s8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                 __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const vf4 s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) + __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
-  const float s0 = s4[0] + s4[2], s1 = s4[1] + s4[3];
-  return s0 + s1;
-}
-
 // The last K % 16 weights of a row, zero-padded, without reading past the row.
 template <typename T>
 TRAM_INLINE vf16 load_tail(const T* p, int64_t count) {
