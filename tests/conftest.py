@@ -14,7 +14,8 @@ from functools import lru_cache  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from tram import LLM  # noqa: E402
+from api_helpers import PROMPT, greedy_ids  # noqa: E402
+from tram import LLM, SamplingParams  # noqa: E402
 from tram.engine.llm_engine import LLMEngine  # noqa: E402
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -84,3 +85,49 @@ def hf_logprobs(path: str, token_ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
         logits = model(torch.tensor([token_ids])).logits[0].float()
     return torch.log_softmax(logits, dim=-1)
+
+
+# ---- the shared stories260K engine, as the engine API tests use it
+
+@pytest.fixture(scope="module")
+def ref(stories_llm: LLM) -> dict:
+    """Greedy references on the shared LLM (computed once)."""
+    llm = stories_llm
+    tok = llm.get_tokenizer()
+    long = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=400), use_tqdm=False)[0]
+    story = long.outputs[0]
+    assert story.finish_reason == "stop" and story.token_ids[-1] == 1, "the reference story must end on BOS"
+    return {
+        "once": greedy_ids(llm, PROMPT, 40),
+        "tom": greedy_ids(llm, "Tom and his dog", 40),
+        # A prompt after which greedy decoding immediately ends the story with BOS (id 1).
+        "story_end": long.prompt_token_ids + story.token_ids[:-1],
+        "tok": tok,
+    }
+
+
+@pytest.fixture
+def no_request_left_behind(stories_llm: LLM):
+    """(Used by the engine API tests.) A test that leaves requests unfinished fails here, and they are aborted so that later tests
+    (whose LLM.generate would otherwise wait on them forever) still run."""
+    yield
+    engine = stories_llm.llm_engine
+    left = list(engine.output_processor.requests)
+    left_core = list(engine.engine_core.scheduler.requests)
+    engine.abort_request(left)
+    engine.engine_core.abort_requests(left_core)
+    engine.output_processor.sample_owner.clear()
+    assert not left and not left_core, f"requests left unfinished: {left} (core: {left_core})"
+
+
+@pytest.fixture(scope="module")
+def small_llm(stories_path: str) -> LLM:
+    """No prefix caching, two sequences at a time, and the smallest cache that fits one context
+    (32 blocks of 16 = 512 tokens), so that two long requests must preempt each other."""
+    return LLM(stories_path, max_num_seqs=2, enable_prefix_caching=False, num_gpu_blocks_override=32)
+
+
+@pytest.fixture
+def small(small_llm: LLM):
+    yield small_llm
+    assert_no_leak(small_llm.llm_engine)

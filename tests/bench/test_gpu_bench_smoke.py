@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_bench.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_bench.py"
 # The smoke run takes ~30 s on a small CPU; the limit only catches a hang, not slowness.
 TIMEOUT_S = 300
 

@@ -20,7 +20,7 @@ from transformers import AutoConfig, PreTrainedTokenizerFast
 from tram.engine.detokenizer import IncrementalDetokenizer, decode_token
 from tram.engine.tokenizer import apply_chat_template, get_stop_token_ids, load_tokenizer
 
-MODEL = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models", "stories260K"))
+MODEL = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "models", "stories260K"))
 BOS, EOS = 1, 2
 MULTIBYTE_TEXTS = [
     "Once upon a time there was a café.",

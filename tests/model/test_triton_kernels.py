@@ -29,7 +29,7 @@ def _load_interpreted_kernels():
     name = "_tram_triton_kernels_interpreted"
     if name in sys.modules:
         return sys.modules[name]
-    path = Path(__file__).resolve().parents[1] / "tram" / "model" / "attention" / "triton_kernels.py"
+    path = Path(__file__).resolve().parents[2] / "tram" / "model" / "attention" / "triton_kernels.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -403,7 +403,7 @@ def test_kernels_compile_for_sm90():
     except ImportError:
         pytest.skip("this triton has no ASTSource/GPUTarget")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     result = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], cwd=root, env=env, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
