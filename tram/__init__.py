@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "LLM": "tram.entrypoints.llm",
     "LLMEngine": "tram.engine.llm_engine",
-    "EngineArgs": "tram.engine.arg_utils",
+    "EngineArgs": "tram.config",
     "SamplingParams": "tram.sampling_params",
     "RequestOutput": "tram.outputs",
     "CompletionOutput": "tram.outputs",

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tram.core.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock
-from tram.core.config import CacheConfig, SchedulerConfig
+from tram.config import CacheConfig, SchedulerConfig
 from tram.core.kv_cache_manager import KVCacheManager
-from tram.core.outputs import ModelRunnerOutput
+from tram.core.sched_output import ModelRunnerOutput
 from tram.core.request import Request, RequestStatus
 from tram.core.scheduler import Scheduler
 from tram.sampling_params import SamplingParams
@@ -215,10 +215,10 @@ def test_stop_and_mask_ids_follow_vllm():
     p = SamplingParams(stop_token_ids=[10], min_tokens=2)
     req = Request("a", [5], p, [2, 1], 64)
     assert req.eos_token_id == 2 and req.stop_token_ids == {10, 1}  # BOS-as-eos reports its id
-    assert req.min_tokens_mask_ids == {10, 2, 1}
+    assert req.min_tokens_masked_ids == {10, 2, 1}
     q = Request("b", [5], SamplingParams(stop_token_ids=[10], min_tokens=2, ignore_eos=True), [2, 1], 64)
     assert q.eos_token_id is None and q.stop_token_ids == {10}
-    assert q.min_tokens_mask_ids == {10, 2, 1}, "min_tokens masks eos even with ignore_eos"
+    assert q.min_tokens_masked_ids == {10, 2, 1}, "min_tokens masks eos even with ignore_eos"
     for tok in (7, 2):  # below min_tokens nothing stops; then the tokenizer's eos stops
         req.append_output_token(tok)
     assert req.check_stop() is not None and req.stop_reason is None

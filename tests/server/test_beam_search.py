@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from conftest import STORIES, hf_model
-from tram.engine.arg_utils import EngineArgs
+from tram.config import EngineArgs
 from tram.engine.async_llm import AsyncLLM
 from tram.sampling_params import SamplingParams
 from tram.server.beam_search import BeamSearchSequence, beam_score, beam_search

@@ -78,7 +78,7 @@ class Request:
         self.stop_token_ids = frozenset(stop_ids)
         # While min_tokens is unmet, every stop id and every eos id is masked, even with
         # ignore_eos (as vLLM does), so the sampler needs the full set.
-        self.min_tokens_mask_ids = frozenset(p.stop_token_ids or ()) | frozenset(eos_token_ids)
+        self.min_tokens_masked_ids = frozenset(p.stop_token_ids or ()) | frozenset(eos_token_ids)
 
     @property
     def num_tokens(self) -> int:

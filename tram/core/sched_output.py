@@ -1,29 +1,33 @@
-"""What the scheduler tells the worker each step: the only thing the worker sees.
+"""The messages between the engine core and its workers: what to compute this step (the scheduler
+output) and what came of it (the model runner output).
 
-New requests travel in full once; running ones as small diffs (new block ids, computed count).
-The worker keeps per-request state across steps and drops it when a request id shows up in
-`finished_req_ids`.
+New requests travel in full once; running ones as small diffs (new block ids, computed count). The
+worker keeps per-request state across steps, drops it when a request id shows up in
+`finished_req_ids`, and takes out of its batch every request that is not scheduled in a step. They
+are msgspec structs so they can cross to worker processes unchanged: token ids as plain lists.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import msgspec
 
+from tram.engine.messages import LogprobsLists
 from tram.sampling_params import SamplingParams
 
+_STRUCT = dict(array_like=True, omit_defaults=True, gc=False)
 
-@dataclass
-class NewRequestData:
+
+class NewRequestData(msgspec.Struct, **_STRUCT):
     req_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int
-    # Ids the sampler masks while the request is below min_tokens (stop ids and every eos id).
-    stop_token_ids: frozenset[int] = frozenset()
+    # Masked by the sampler while the request has fewer than min_tokens outputs: its stop_token_ids
+    # and every eos id (even with ignore_eos, as vLLM does).
+    min_tokens_masked_ids: frozenset[int] = frozenset()
 
 
-@dataclass
-class CachedRequestData:
+class CachedRequestData(msgspec.Struct, **_STRUCT):
     req_id: str
     new_block_ids: list[int]
     num_computed_tokens: int
@@ -31,15 +35,22 @@ class CachedRequestData:
     resumed_from_preemption: bool = False
 
 
-@dataclass
-class SchedulerOutput:
-    scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
-    scheduled_cached_reqs: list[CachedRequestData] = field(default_factory=list)
-    # Batch order is this dict's insertion order.
-    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+class SchedulerOutput(msgspec.Struct, **_STRUCT):
+    scheduled_new_reqs: list[NewRequestData] = []
+    scheduled_cached_reqs: list[CachedRequestData] = []
+    num_scheduled_tokens: dict[str, int] = {}
     total_num_scheduled_tokens: int = 0
-    finished_req_ids: set[str] = field(default_factory=set)
+    finished_req_ids: set[str] = set()
 
     @property
     def is_empty(self) -> bool:
         return self.total_num_scheduled_tokens == 0
+
+
+class ModelRunnerOutput(msgspec.Struct, **_STRUCT):
+    """What one step of the worker produced, keyed by request id."""
+
+    sampled_token_ids: dict[str, int] = {}
+    logprobs: dict[str, LogprobsLists] = {}
+    # Prompt logprobs of this step's prompt positions (the token at position p+1 given 0..p).
+    prompt_logprobs: dict[str, LogprobsLists] = {}

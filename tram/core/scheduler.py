@@ -10,11 +10,11 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from tram.core.config import CacheConfig, SchedulerConfig
+from tram.config import CacheConfig, SchedulerConfig
 from tram.core.kv_cache_manager import KVCacheManager
-from tram.core.outputs import EngineCoreOutput, EngineCoreOutputs, ModelRunnerOutput, SchedulerStats
 from tram.core.request import Request, RequestStatus
-from tram.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from tram.core.sched_output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
+from tram.engine.messages import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 
 
 class Scheduler:
@@ -137,7 +137,7 @@ class Scheduler:
                 out.scheduled_new_reqs.append(
                     NewRequestData(
                         req.request_id, req.prompt_token_ids, req.sampling_params, block_ids, num_hit,
-                        req.min_tokens_mask_ids,
+                        req.min_tokens_masked_ids,
                     )
                 )
             out.num_scheduled_tokens[req.request_id] = num_new

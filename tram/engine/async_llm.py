@@ -10,8 +10,8 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from tram.core.outputs import EngineCoreOutputs, SchedulerStats
-from tram.engine.arg_utils import EngineConfig
+from tram.engine.messages import EngineCoreOutputs, SchedulerStats
+from tram.config import EngineConfig
 from tram.engine.core_client import EngineCoreClient, EngineDeadError
 from tram.engine.frontend import EngineFrontend
 from tram.engine.input_processor import PromptType

@@ -7,25 +7,14 @@ from __future__ import annotations
 
 import logging
 
-import msgspec
-
-from tram.core.outputs import EngineCoreOutputs, SchedulerStats
 from tram.core.request import Request, RequestStatus
 from tram.core.scheduler import Scheduler
-from tram.engine.arg_utils import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
-from tram.sampling_params import SamplingParams
+from tram.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
+from tram.config.model import device_type
+from tram.engine.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from tram.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
-
-
-class EngineCoreRequest(msgspec.Struct, omit_defaults=True):
-    request_id: str
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams
-    eos_token_ids: list[int]  # the tokenizer's eos first, then other ids that end generation
-    arrival_time: float
-    prefix_source_id: str | None = None  # a sibling (n > 1) whose prompt KV to share
 
 
 def determine_num_blocks(config: EngineConfig, runner: ModelRunner) -> int:
@@ -36,7 +25,7 @@ def determine_num_blocks(config: EngineConfig, runner: ModelRunner) -> int:
     bytes_per_block = runner.bytes_per_block()
     if config.kv_cache_memory_bytes is not None:
         return max(1, config.kv_cache_memory_bytes // bytes_per_block)
-    if mc.device.type == "cuda":
+    if device_type(mc.device) == "cuda":
         budget = runner.profile_memory().kv_cache_budget(config.gpu_memory_utilization)
         if budget < bytes_per_block:
             raise ValueError(
@@ -53,6 +42,7 @@ def determine_num_blocks(config: EngineConfig, runner: ModelRunner) -> int:
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        config.model_config.resolve()
         cc, sc = config.cache_config, config.scheduler_config
         self.model_runner = ModelRunner(config.model_config, cc.block_size, sc.max_num_seqs, sc.max_num_batched_tokens)
         cc.num_blocks = determine_num_blocks(config, self.model_runner)

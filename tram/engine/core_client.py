@@ -21,13 +21,20 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from tram.core.outputs import EngineCoreOutputs
-from tram.engine import ipc
-from tram.engine.arg_utils import EngineConfig
-from tram.engine.core import EngineCoreRequest
-from tram.engine.core_proc import run_engine_core
+from tram.engine.messages import EngineCoreOutputs
+from tram.engine import messages
+from tram.config import EngineConfig
+from tram.engine.messages import EngineCoreRequest
 
 logger = logging.getLogger(__name__)
+
+
+def _engine_core_main(*args: object) -> None:
+    """The engine core process's target. The API server pickles this function, not the engine core
+    module, so that it never imports the model runner or torch itself."""
+    from tram.engine.core_proc import run_engine_core
+
+    run_engine_core(*args)  # type: ignore[arg-type]
 
 
 class EngineDeadError(RuntimeError):
@@ -47,7 +54,7 @@ class EngineCoreClient:
         self.on_request_error = on_request_error
         self.on_dead = on_dead
         self.dead_reason: str | None = None
-        self.ready_info: ipc.ReadyInfo | None = None
+        self.ready_info: messages.ReadyInfo | None = None
         self._fatal: str | None = None
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
@@ -63,14 +70,14 @@ class EngineCoreClient:
         self._output.bind(output_addr)
         spawn = multiprocessing.get_context("spawn")
         self.process = spawn.Process(
-            target=run_engine_core, args=(config, input_addr, output_addr, os.getpid()),
+            target=_engine_core_main, args=(config, input_addr, output_addr, os.getpid()),
             name="TramEngineCore", daemon=True,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._output_task: asyncio.Task | None = None
         self._ready = asyncio.Event()
 
-    async def start(self) -> ipc.ReadyInfo:
+    async def start(self) -> messages.ReadyInfo:
         """Start the engine process and wait until it has loaded the model and sized its cache."""
         self._loop = asyncio.get_running_loop()
         self.process.start()
@@ -114,46 +121,46 @@ class EngineCoreClient:
         while True:
             frames = await self._output.recv_multipart()
             try:
-                kind, msg = ipc.decode(frames, ipc.OUTPUT_DECODERS)
+                kind, msg = messages.decode(frames, messages.OUTPUT_DECODERS)
                 self._dispatch(kind, msg)
             except Exception:  # noqa: BLE001 - a handler bug must not stop the output stream
                 logger.exception("error while handling engine core output")
 
     def _dispatch(self, kind: bytes, msg: Any) -> None:
-        if kind == ipc.OUTPUTS:
+        if kind == messages.OUTPUTS:
             self.on_outputs(msg)
-        elif kind == ipc.REQUEST_ERROR:
+        elif kind == messages.REQUEST_ERROR:
             self.on_request_error(msg.request_id, msg.message)
-        elif kind == ipc.UTILITY_RESULT:
+        elif kind == messages.UTILITY_RESULT:
             fut = self._calls.pop(msg.call_id, None)
             if fut is not None and not fut.done():
                 if msg.error is not None:
                     fut.set_exception(RuntimeError(msg.error))
                 else:
                     fut.set_result(msg.result)
-        elif kind == ipc.READY:
+        elif kind == messages.READY:
             self.ready_info = msg
             self._ready.set()
-        elif kind == ipc.FATAL:
+        elif kind == messages.FATAL:
             self._fatal = msg.message
 
     def _send(self, kind: bytes, msg: Any) -> None:
         if self.dead_reason is not None:
             raise EngineDeadError(self.dead_reason)
-        self._input.send_multipart(ipc.encode(kind, msg))
+        self._input.send_multipart(messages.encode(kind, msg))
 
     def add_request(self, request: EngineCoreRequest) -> None:
-        self._send(ipc.ADD, request)
+        self._send(messages.ADD, request)
 
     def abort_requests(self, request_ids: list[str], stopped: bool = False) -> None:
         if request_ids and self.dead_reason is None:
-            self._send(ipc.ABORT, ipc.AbortRequests(request_ids, stopped))
+            self._send(messages.ABORT, messages.AbortRequests(request_ids, stopped))
 
     async def call_utility(self, method: str, *args: Any) -> Any:
         call_id = next(self._call_ids)
         fut = asyncio.get_running_loop().create_future()
         self._calls[call_id] = fut
-        self._send(ipc.UTILITY, ipc.UtilityCall(call_id, method, list(args)))
+        self._send(messages.UTILITY, messages.UtilityCall(call_id, method, list(args)))
         return await fut
 
     def shutdown(self, timeout: float = 5.0) -> None:

@@ -14,12 +14,13 @@ import sys
 import traceback
 from typing import Any
 
+import msgspec
 import zmq
 
-from tram.core.outputs import EngineCoreOutputs
+from tram.engine.messages import EngineCoreOutputs
 from tram.core.request import RequestStatus
-from tram.engine import ipc
-from tram.engine.arg_utils import EngineConfig
+from tram.engine import messages
+from tram.config import EngineConfig
 from tram.engine.core import EngineCore
 
 logger = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ class EngineCoreProc:
                     return
                 continue
             if self.core.has_unfinished_requests():
-                self._send(ipc.OUTPUTS, self.core.step())
+                self._send(messages.OUTPUTS, self.core.step())
 
     def _drain_inputs(self, timeout_ms: int) -> bool:
         """Handle every message already waiting (waiting up to timeout_ms for the first)."""
@@ -51,19 +52,19 @@ class EngineCoreProc:
         while self.input_socket.poll(timeout_ms):
             got = True
             timeout_ms = 0
-            kind, msg = ipc.decode(self.input_socket.recv_multipart(), ipc.INPUT_DECODERS)
-            if kind == ipc.ADD:
+            kind, msg = messages.decode(self.input_socket.recv_multipart(), messages.INPUT_DECODERS)
+            if kind == messages.ADD:
                 self._add_request(msg)
-            elif kind == ipc.ABORT:
+            elif kind == messages.ABORT:
                 status = RequestStatus.FINISHED_STOPPED if msg.stopped else RequestStatus.FINISHED_ABORTED
                 self.core.abort_requests(msg.request_ids, status)
                 aborted = True
-            elif kind == ipc.UTILITY:
+            elif kind == messages.UTILITY:
                 self._call_utility(msg)
         if aborted:
             # Aborts may leave the engine idle, and an idle engine sends nothing: report the freed
             # capacity now so gauges and the server's queue estimate do not stay stale.
-            self._send(ipc.OUTPUTS, EngineCoreOutputs([], self.core.get_stats()))
+            self._send(messages.OUTPUTS, EngineCoreOutputs([], self.core.get_stats()))
         return got
 
     def _add_request(self, req: Any) -> None:
@@ -71,21 +72,23 @@ class EngineCoreProc:
             self.core.add_request(req)
         except Exception as e:  # noqa: BLE001 - one bad request must not stop the loop
             logger.exception("engine core: rejected request %s", req.request_id)
-            self._send(ipc.REQUEST_ERROR, ipc.RequestError(req.request_id, f"{type(e).__name__}: {e}"))
+            self._send(messages.REQUEST_ERROR, messages.RequestError(req.request_id, f"{type(e).__name__}: {e}"))
 
-    def _call_utility(self, call: ipc.UtilityCall) -> None:
-        result = ipc.UtilityResult(call.call_id)
-        if call.method not in ipc.UTILITY_METHODS:
+    def _call_utility(self, call: messages.UtilityCall) -> None:
+        result = messages.UtilityResult(call.call_id)
+        if call.method not in messages.UTILITY_METHODS:
             result.error = f"unknown engine core method {call.method!r}"
         else:
             try:
-                result.result = getattr(self.core, call.method)(*call.args)
+                value = getattr(self.core, call.method)(*call.args)
+                # Structs travel as arrays: a dict keeps the caller free of their field order.
+                result.result = msgspec.structs.asdict(value) if isinstance(value, msgspec.Struct) else value
             except Exception as e:  # noqa: BLE001 - report back to the caller
                 result.error = f"{type(e).__name__}: {e}"
-        self._send(ipc.UTILITY_RESULT, result)
+        self._send(messages.UTILITY_RESULT, result)
 
     def _send(self, kind: bytes, msg: Any) -> None:
-        self.output_socket.send_multipart(ipc.encode(kind, msg), copy=False)
+        self.output_socket.send_multipart(messages.encode(kind, msg), copy=False)
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
@@ -97,7 +100,7 @@ def _set_cpu_threads(config: EngineConfig) -> None:
     decode is bound by reading weights, which two threads do almost twice as fast, and measured on
     2 cores this beats leaving one core to the API server at 1, 16 and 64 concurrent streams
     (docs/benchmarks.md). TRAM_CPU_THREADS, else OMP_NUM_THREADS, overrides."""
-    if config.model_config.device.type != "cpu":
+    if config.model_config.device_type != "cpu":
         return
     import torch
 
@@ -110,6 +113,7 @@ def _set_cpu_threads(config: EngineConfig) -> None:
 
 def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, parent_pid: int) -> None:
     """Process entry point (spawned by the API server)."""
+    config.model_config.resolve()
     _set_cpu_threads(config)
     # Ctrl-C reaches the whole process group; the API server decides when the engine stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -125,13 +129,15 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, par
         core = EngineCore(config)
         proc = EngineCoreProc(core, input_socket, output_socket, parent_pid)
         cc = config.cache_config
-        proc._send(ipc.READY, ipc.ReadyInfo(cc.num_blocks, cc.block_size, config.scheduler_config.max_model_len))
+        mc = config.model_config
+        proc._send(messages.READY, messages.ReadyInfo(cc.num_blocks, cc.block_size, config.scheduler_config.max_model_len,
+                                                      mc.dtype, mc.device))
         proc.run_busy_loop()
     except SystemExit:
         pass
     except BaseException as e:  # noqa: BLE001 - report any crash to the server before dying
         logger.error("engine core died:\n%s", traceback.format_exc())
-        output_socket.send_multipart(ipc.encode(ipc.FATAL, ipc.FatalError(f"{type(e).__name__}: {e}")))
+        output_socket.send_multipart(messages.encode(messages.FATAL, messages.FatalError(f"{type(e).__name__}: {e}")))
         output_socket.close()
         ctx.term()
         sys.exit(1)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tram.engine.arg_utils import EngineConfig
-from tram.engine.core import EngineCoreRequest
+from tram.config import EngineConfig
+from tram.engine.messages import EngineCoreRequest
 from tram.engine.input_processor import InputProcessor, PromptType
 from tram.engine.output_processor import OutputProcessor
 from tram.engine.tokenizer import get_stop_token_ids, load_tokenizer

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import logging
 
-from tram.core.outputs import SchedulerStats
+from tram.engine.messages import SchedulerStats
 from tram.core.request import RequestStatus
-from tram.engine.arg_utils import EngineArgs, EngineConfig
+from tram.config import EngineArgs, EngineConfig
 from tram.engine.core import EngineCore
 from tram.engine.frontend import EngineFrontend
 from tram.engine.input_processor import PromptType

@@ -6,7 +6,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from tram.core.outputs import SchedulerStats
+from tram.engine.messages import SchedulerStats
 from tram.engine.stats import IterationStats
 
 logger = logging.getLogger("tram.metrics")

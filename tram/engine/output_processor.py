@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tram.core.outputs import EngineCoreOutput, LogprobsLists
+from tram.engine.messages import EngineCoreOutput, LogprobsLists
 from tram.engine.detokenizer import IncrementalDetokenizer, decode_token
 from tram.engine.stats import FinishedRequestStats, IterationStats
 from tram.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestMetrics, RequestOutput

@@ -7,7 +7,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from tram.engine.arg_utils import EngineArgs
+from tram.config import EngineArgs
 from tram.engine.input_processor import PromptType
 from tram.engine.llm_engine import LLMEngine
 from tram.engine.tokenizer import apply_chat_template

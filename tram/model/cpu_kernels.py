@@ -51,8 +51,9 @@ _module: ModuleType | None = None
 
 
 def _build_tag() -> str:
-    """A short hash of the CPU's instruction-set features (the build uses -march=native) and of the
-    headers (torch's build cache hashes the sources it is given, not what they include)."""
+    """A short hash of the CPU's instruction-set features (the build uses -march=native), of the
+    source folder and of the headers (torch's build cache hashes the sources it is given, not what
+    they include)."""
     flags = ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -62,7 +63,9 @@ def _build_tag() -> str:
                     break
     except OSError:
         pass
-    key = f"{platform.machine()}|{platform.processor()}|{flags}"
+    # The source folder too: torch's build cache hashes the include paths, so two checkouts on one
+    # machine under one module name would rebuild over each other on every start.
+    key = f"{platform.machine()}|{platform.processor()}|{flags}|{_CSRC}"
     for header in sorted(glob.glob(os.path.join(_CSRC, "*.h"))):
         with open(header) as f:
             key += f.read()

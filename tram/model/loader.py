@@ -6,7 +6,6 @@ device, then filled: from safetensors by name, or with seeded random values ("du
 from __future__ import annotations
 
 import glob
-import json
 import logging
 import os
 import time
@@ -15,71 +14,25 @@ from typing import Any
 import torch
 from torch import nn
 
-from tram.config import LOAD_FORMATS, ModelConfig
+from tram.config import LOAD_FORMATS, ModelConfig, load_hf_config as get_hf_config  # noqa: F401 - re-exported
 from tram.model.attention import get_attention_backend
+from tram.model.hub import INDEX_FILE, read_index, resolve_model_path
 from tram.model.registry import get_model_class
 
 logger = logging.getLogger(__name__)
 
-_INDEX_FILE = "model.safetensors.index.json"
 _SINGLE_FILE = "model.safetensors"
-# Everything but the weights: configs, tokenizer files (sentencepiece, BPE merges, tiktoken), chat templates.
-_METADATA_PATTERNS = ["*.json", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
 # Buffers that old checkpoints saved but that we recompute.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 _DUMMY_STD = 0.02
 _DUMMY_POOL = 1_000_003  # prime, so that rows of power-of-two widths do not repeat
 
 
-def get_hf_config(model: str, revision: str | None = None, trust_remote_code: bool = False) -> Any:
-    """The transformers config of a local folder or a hub id."""
-    from transformers import AutoConfig
-
-    try:
-        return AutoConfig.from_pretrained(model, revision=revision, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, KeyError) as err:
-        raise ValueError(f"Could not load the config of model {model!r}: {err}") from err
-
-
-def resolve_model_path(model: str, revision: str | None = None) -> str:
-    """A local folder holding the model's config, tokenizer and safetensors weights.
-
-    A local folder is used as is. Otherwise the hub snapshot is downloaded (or found in the local
-    cache): metadata first, then only the weight files the index names, so that repos that also
-    ship a consolidated checkpoint are not downloaded twice.
-    """
-    if os.path.isdir(model):
-        return model
-    try:
-        # Offline, snapshot_download itself falls back to a cached snapshot.
-        return _download(model, revision)
-    except Exception as err:  # network, auth, unknown repo: all end in the same advice
-        raise ValueError(
-            f"Model {model!r} is not a local folder and could not be fetched from the Hugging Face hub "
-            f"({type(err).__name__}: {err}). Pass a local path, check the name and the network, "
-            "or log in (HF_TOKEN) for gated models."
-        ) from err
-
-
-def _download(model: str, revision: str | None) -> str:
-    from huggingface_hub import snapshot_download
-
-    path = snapshot_download(model, revision=revision, allow_patterns=_METADATA_PATTERNS)
-    index = os.path.join(path, _INDEX_FILE)
-    weights = sorted(set(_read_index(index).values())) if os.path.exists(index) else ["*.safetensors"]
-    return snapshot_download(model, revision=revision, allow_patterns=weights)
-
-
-def _read_index(index_path: str) -> dict[str, str]:
-    with open(index_path) as f:
-        return json.load(f)["weight_map"]
-
-
 def safetensors_files(path: str) -> list[str]:
     """The checkpoint's weight files: those of the shard index, or model.safetensors, or any *.safetensors."""
-    index = os.path.join(path, _INDEX_FILE)
+    index = os.path.join(path, INDEX_FILE)
     if os.path.exists(index):
-        return [os.path.join(path, name) for name in sorted(set(_read_index(index).values()))]
+        return [os.path.join(path, name) for name in sorted(set(read_index(index).values()))]
     if os.path.exists(os.path.join(path, _SINGLE_FILE)):
         return [os.path.join(path, _SINGLE_FILE)]
     # Mistral-format consolidated files use other weight names; they are not this checkpoint.
@@ -93,13 +46,14 @@ def safetensors_files(path: str) -> list[str]:
 def load_model(model_config: ModelConfig) -> nn.Module:
     """Build the architecture's model on model_config.device in model_config.dtype and fill its weights."""
     start = time.perf_counter()
+    model_config.resolve()
     if model_config.load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}; got {model_config.load_format!r}")
     cls = get_model_class(model_config.architecture)
     backend = get_attention_backend(model_config.attention_backend)
     with torch.device("meta"):
-        model = cls(model_config.hf_config, model_config.dtype, backend)
-    model.to_empty(device=model_config.device)
+        model = cls(model_config.hf_config, model_config.torch_dtype, backend)
+    model.to_empty(device=model_config.torch_device)
     if model_config.load_format == "dummy":
         init_dummy_weights(model, model_config.seed)
     else:

@@ -7,15 +7,13 @@ import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import tram
-from tram.engine.arg_utils import EngineArgs
+from tram.config import EngineArgs, EngineConfig, ServerArgs
 from tram.engine.async_llm import AsyncLLM
 from tram.server.errors import APIError, error_response, install_exception_handlers
 from tram.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -24,19 +22,6 @@ from tram.server.serving_completion import OpenAIServingCompletion
 from tram.server.serving_generate import LegacyGenerate
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class ServerSettings:
-    engine_args: EngineArgs
-    host: str = "127.0.0.1"
-    port: int = 8000
-    served_model_names: list[str] | None = None
-    api_key: str | None = None
-    chat_template: str | None = None
-    max_queued_requests: int | None = None
-    log_stats_interval: float = 5.0
-    uvicorn_log_level: str = "info"
 
 
 def load_chat_template(value: str | None) -> str | None:
@@ -54,9 +39,8 @@ def load_chat_template(value: str | None) -> str | None:
 class Handlers:
     """The serving objects, created once the engine is up."""
 
-    def __init__(self, engine: AsyncLLM, settings: ServerSettings) -> None:
-        names = settings.served_model_names or [settings.engine_args.model]
-        template = load_chat_template(settings.chat_template)
+    def __init__(self, engine: AsyncLLM, names: list[str], chat_template: str | None) -> None:
+        template = load_chat_template(chat_template)
         self.engine = engine
         self.completion = OpenAIServingCompletion(engine, names, template)
         self.chat = OpenAIServingChat(engine, names, template)
@@ -75,25 +59,25 @@ def _auth_middleware(app: FastAPI, api_key: str) -> None:
         return await call_next(request)
 
 
-def build_app(settings: ServerSettings, engine_config: object | None = None) -> FastAPI:
-    config = engine_config or settings.engine_args.create_engine_config()
+def build_app(engine_args: EngineArgs, server_args: ServerArgs, engine_config: EngineConfig | None = None) -> FastAPI:
+    config = engine_config or engine_args.create_engine_config()
+    names = server_args.served_model_name or [engine_args.model]
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = AsyncLLM(config, (settings.served_model_names or [None])[0] or settings.engine_args.model,
-                          settings.max_queued_requests, settings.log_stats_interval)
+        engine = AsyncLLM(config, names[0], server_args.max_queued_requests, server_args.log_stats_interval)
         try:
             await engine.start()
-            app.state.handlers = Handlers(engine, settings)
-            logger.info("Ready: http://%s:%d (OpenAI API under /v1)", settings.host, settings.port)
+            app.state.handlers = Handlers(engine, names, server_args.chat_template)
+            logger.info("Ready: http://%s:%d (OpenAI API under /v1)", server_args.host, server_args.port)
             yield
         finally:
             engine.shutdown()
 
     app = FastAPI(title="Tram", version=tram.__version__, lifespan=lifespan)
     install_exception_handlers(app)
-    if settings.api_key:
-        _auth_middleware(app, settings.api_key)
+    if server_args.api_key:
+        _auth_middleware(app, server_args.api_key)
     _add_routes(app)
     if os.environ.get("TRAM_SERVER_DEV_MODE") == "1":
         _add_dev_routes(app)
@@ -182,14 +166,14 @@ def _add_dev_routes(app: FastAPI) -> None:
         return {"reset": await _h(request).engine.reset_prefix_cache()}
 
 
-def run_server(settings: ServerSettings) -> None:
+def run_server(engine_args: EngineArgs, server_args: ServerArgs) -> None:
     """Serve until SIGINT/SIGTERM; the engine process is stopped on the way out."""
-    app = build_app(settings)
+    app = build_app(engine_args, server_args)
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_level=settings.uvicorn_log_level,
+        app, host=server_args.host, port=server_args.port, log_level=server_args.uvicorn_log_level,
         timeout_graceful_shutdown=3, access_log=False,
     )
     server = uvicorn.Server(config)
-    logger.info("Tram %s serving %s on http://%s:%d", tram.__version__, settings.engine_args.model,
-                settings.host, settings.port)
+    logger.info("Tram %s serving %s on http://%s:%d", tram.__version__, engine_args.model,
+                server_args.host, server_args.port)
     asyncio.run(server.serve())

@@ -8,8 +8,8 @@ import time
 import torch
 
 from tram.config import ModelConfig
-from tram.core.outputs import LogprobsLists, ModelRunnerOutput
-from tram.core.sched_output import SchedulerOutput
+from tram.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from tram.engine.messages import LogprobsLists
 from tram.model.cpu_kernels import load_cpu_kernels
 from tram.model.loader import load_model
 from tram.model.registry import kv_cache_shape_info
@@ -30,11 +30,12 @@ class ModelRunner:
         self, model_config: ModelConfig, block_size: int, max_num_seqs: int = 256,
         max_num_batched_tokens: int = 4096,
     ) -> None:
+        model_config.resolve()
         self.model_config = model_config
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.device = model_config.device
-        self.dtype = model_config.dtype
+        self.device = model_config.torch_device
+        self.dtype = model_config.torch_dtype
         self.block_size = block_size
         self.vocab_size = model_config.vocab_size
         self.model = load_model(model_config)
@@ -104,7 +105,7 @@ class ModelRunner:
                 gen.manual_seed(params.seed)
             self.requests[new.req_id] = CachedRequestState(
                 new.req_id, new.prompt_token_ids, params, list(new.block_ids), new.num_computed_tokens,
-                new.stop_token_ids, gen,
+                new.min_tokens_masked_ids, gen,
             )
         for cached in sched.scheduled_cached_reqs:
             st = self.requests[cached.req_id]

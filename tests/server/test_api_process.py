@@ -1,0 +1,30 @@
+"""The API server process never loads torch: it tokenizes, validates and streams, and reaches the
+model only through the message structs of tram/engine/messages.py. The engine core process does."""
+from __future__ import annotations
+
+import httpx
+
+from conftest import STORIES
+from server_utils import RemoteServer
+
+
+def _loads_torch(pid: int) -> bool:
+    """Whether torch's native library is mapped into the process (an `import torch` maps it)."""
+    with open(f"/proc/{pid}/maps") as f:
+        maps = f.read()
+    return "libtorch" in maps or "/torch/_C" in maps
+
+
+def test_api_process_runs_without_torch() -> None:
+    srv = RemoteServer(STORIES)
+    try:
+        body = {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}
+        first = httpx.post(srv.url_for("/v1/completions"), json=body, timeout=30).json()
+        assert len(first["choices"][0]["text"]) > 0
+        chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": True}
+        with httpx.stream("POST", srv.url_for("/v1/chat/completions"), json=chat, timeout=30) as r:
+            assert r.status_code == 200 and "[DONE]" in r.read().decode()
+        assert not _loads_torch(srv.proc.pid), "the API server process imported torch"
+        assert [pid for pid in srv.engine_pids if _loads_torch(pid)], "the engine core should run torch"
+    finally:
+        srv.stop()

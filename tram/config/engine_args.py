@@ -1,0 +1,108 @@
+"""Engine settings with vLLM's names, each declared once, and their resolution into the configs
+each layer reads. `tram serve/generate` flags and `LLM(...)` keywords are these fields."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+from typing import Any
+
+from tram.config.cli_args import add_arguments, from_namespace, setting
+from tram.config.engine import CacheConfig, EngineConfig, SchedulerConfig
+from tram.config.model import DTYPES, LOAD_FORMATS, ModelConfig
+
+ATTENTION_BACKENDS = ("torch", "triton")
+_POSITIVE = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks_override",
+             "kv_cache_memory_bytes")
+
+
+@dataclass
+class EngineArgs:
+    """Every engine setting: name, type, default and help, in one place."""
+
+    model: str = setting(None, "local Hugging Face model folder or hub id", positional=True)
+    tokenizer: str | None = setting(None, "tokenizer folder or hub id (default: the model's)")
+    revision: str | None = setting(None, "hub revision (branch, tag or commit) of the model")
+    trust_remote_code: bool = setting(False, "allow model code from the hub (transformers' trust_remote_code)")
+    dtype: str = setting("auto", "weights and activations dtype; auto follows the checkpoint "
+                         "(bfloat16 for float16 on CPU and float32 on CUDA)", choices=("auto", *DTYPES))
+    seed: int = setting(0, "seed of dummy weights and of unseeded sampling")
+    max_model_len: int | None = setting(None, "longest context (prompt + output) in tokens "
+                                        "(default: the model's max_position_embeddings)")
+    max_num_seqs: int = setting(256, "most requests in one step's batch")
+    max_num_batched_tokens: int | None = setting(None, "token budget of one step (default: max(4096, max_num_seqs))")
+    block_size: int = setting(16, "tokens per KV cache block")
+    enable_prefix_caching: bool = setting(True, "reuse the KV of prompt prefixes seen before")
+    num_gpu_blocks_override: int | None = setting(None, "KV cache blocks to allocate, whatever the memory")
+    gpu_memory_utilization: float = setting(0.9, "fraction of GPU memory the engine may use (GPU only)")
+    kv_cache_memory_bytes: int | None = setting(None, "KV cache size in bytes (default on CPU: 4 GiB or less)")
+    load_format: str = setting("auto", "auto/safetensors: the checkpoint; dummy: seeded random weights",
+                               choices=LOAD_FORMATS)
+    attention_backend: str | None = setting(None, "attention kernels (default: triton on CUDA, torch elsewhere)",
+                                            choices=ATTENTION_BACKENDS)
+    device: str = setting("auto", "cpu, cuda, cuda:N, or auto (CUDA when visible)")
+    skip_tokenizer_init: bool = setting(False, "no tokenizer: prompts must be token ids, outputs carry no text")
+    max_logprobs: int = setting(20, "most logprobs a request may ask for")
+    enforce_eager: bool = setting(False, "no CUDA graphs (GPU only)")
+
+    @classmethod
+    def from_kwargs(cls, model: str, **kwargs: Any) -> EngineArgs:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"unknown engine argument(s): {', '.join(unknown)}")
+        return cls(model=model, **kwargs)
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        add_arguments(parser, EngineArgs)
+
+    @classmethod
+    def from_cli_args(cls, namespace: argparse.Namespace) -> EngineArgs:
+        return from_namespace(cls, namespace)
+
+    def _validate(self) -> None:
+        for name in _POSITIVE:
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
+        if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"Unknown attention backend {self.attention_backend!r}. "
+                             f"Supported backends: {', '.join(ATTENTION_BACKENDS)}")
+
+    def create_engine_config(self) -> EngineConfig:
+        """Resolve the settings against the model's config; ValueError on a bad combination."""
+        from tram.model.hub import resolve_model_path
+
+        self._validate()
+        model_path = resolve_model_path(self.model, self.revision)
+        model_config = ModelConfig(
+            model=model_path, dtype=self.dtype, device=self.device, load_format=self.load_format,
+            revision=self.revision, trust_remote_code=self.trust_remote_code, seed=self.seed,
+            attention_backend=self.attention_backend, enforce_eager=self.enforce_eager,
+        )
+        derived_len = int(getattr(model_config.hf_config, "max_position_embeddings", 2048))
+        max_model_len = self.max_model_len or derived_len
+        if max_model_len > derived_len:
+            raise ValueError(
+                f"max_model_len {max_model_len} is larger than the model's maximum context "
+                f"(max_position_embeddings = {derived_len})"
+            )
+        model_config.max_model_len = max_model_len
+        max_batched = self.max_num_batched_tokens or max(4096, self.max_num_seqs)
+        return EngineConfig(
+            model_config=model_config,
+            cache_config=CacheConfig(self.block_size, 0, self.enable_prefix_caching),
+            scheduler_config=SchedulerConfig(self.max_num_seqs, max_batched, max_model_len),
+            tokenizer=self.tokenizer or model_path,
+            revision=self.revision,
+            trust_remote_code=self.trust_remote_code,
+            skip_tokenizer_init=self.skip_tokenizer_init,
+            num_gpu_blocks_override=self.num_gpu_blocks_override,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_logprobs=self.max_logprobs,
+        )

@@ -1,0 +1,45 @@
+"""Where a model's files are: a local folder, or a Hugging Face hub snapshot downloaded (or found in
+the local cache). Torch-free: the API server process resolves the model before the engine starts."""
+from __future__ import annotations
+
+import json
+import os
+
+INDEX_FILE = "model.safetensors.index.json"
+# Everything but the weights: configs, tokenizer files (sentencepiece, BPE merges, tiktoken), chat templates.
+_METADATA_PATTERNS = ["*.json", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
+
+
+def resolve_model_path(model: str, revision: str | None = None) -> str:
+    """A local folder holding the model's config, tokenizer and safetensors weights.
+
+    A local folder is used as is. Otherwise the hub snapshot is downloaded (or found in the local
+    cache): metadata first, then only the weight files the index names, so that repos that also
+    ship a consolidated checkpoint are not downloaded twice.
+    """
+    if os.path.isdir(model):
+        return model
+    try:
+        # Offline, snapshot_download itself falls back to a cached snapshot.
+        return _download(model, revision)
+    except Exception as err:  # network, auth, unknown repo: all end in the same advice
+        raise ValueError(
+            f"Model {model!r} is not a local folder and could not be fetched from the Hugging Face hub "
+            f"({type(err).__name__}: {err}). Pass a local path, check the name and the network, "
+            "or log in (HF_TOKEN) for gated models."
+        ) from err
+
+
+def _download(model: str, revision: str | None) -> str:
+    from huggingface_hub import snapshot_download
+
+    path = snapshot_download(model, revision=revision, allow_patterns=_METADATA_PATTERNS)
+    index = os.path.join(path, INDEX_FILE)
+    weights = sorted(set(read_index(index).values())) if os.path.exists(index) else ["*.safetensors"]
+    return snapshot_download(model, revision=revision, allow_patterns=weights)
+
+
+def read_index(index_path: str) -> dict[str, str]:
+    """A sharded checkpoint's weight name -> file map."""
+    with open(index_path) as f:
+        return json.load(f)["weight_map"]
