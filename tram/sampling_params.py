@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 # Below this temperature a request is greedy; dividing logits by it would only add noise.
-_SAMPLING_EPS = 1e-5
+SAMPLING_EPS = 1e-5
 # torch.Generator.manual_seed accepts exactly this range; reject the rest here, not in the worker.
 _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
 
@@ -61,7 +61,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         self._normalise_stops()
         self._normalise_logit_bias()
         self._verify_ranges()
-        if self.temperature < _SAMPLING_EPS:
+        if self.temperature < SAMPLING_EPS:
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
 
     # ----------------------------------------------------------------- validation helpers
@@ -163,7 +163,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     @property
     def sampling_type(self) -> SamplingType:
-        if self.temperature < _SAMPLING_EPS:
+        if self.temperature < SAMPLING_EPS:
             return SamplingType.GREEDY
         if self.seed is not None:
             return SamplingType.RANDOM_SEED

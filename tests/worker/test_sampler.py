@@ -21,7 +21,7 @@ def _fixed_global_rng() -> None:
 def row(params: SamplingParams, prompt: list[int] | None = None, output: list[int] | None = None,
         generator: torch.Generator | None = None, stop_ids: set[int] | None = None) -> SamplingRow:
     return SamplingRow(params=params, prompt_token_ids=prompt or [1, 2, 3], output_token_ids=output or [],
-                       generator=generator, stop_token_ids=stop_ids or set())
+                       generator=generator, min_tokens_masked_ids=frozenset(stop_ids or ()))
 
 
 def run(logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
@@ -180,7 +180,7 @@ def test_penalties_match_reference() -> None:
 
 def test_only_repetition_needs_prompt_tokens() -> None:
     meta = build_sampling_metadata([row(SamplingParams(presence_penalty=0.5), output=[1])], V, "cpu")
-    assert meta.prompt_token_ids is None and meta.output_token_ids is not None
+    assert meta.penalties.prompt_seen is None and meta.penalties.output_counts is not None
 
 
 def test_min_tokens_masks_stop_ids_including_eos() -> None:

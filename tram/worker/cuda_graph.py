@@ -1,9 +1,10 @@
 """CUDA graphs for decode-only steps.
 
 A decode step of B requests launches hundreds of small kernels; on a GPU the launch overhead alone
-can exceed the work. At start-up we capture one graph per bucket of batch sizes over static input
-buffers; a later decode step of T <= B tokens copies its inputs into the buffers, pads the rest,
-and replays the bucket's graph.
+can exceed the work. At start-up we capture one graph per bucket of batch sizes over the persistent
+batch's own device buffers (tram/worker/step_inputs.py, block_table.py); a later decode step of
+T <= B tokens has already written its inputs there, so the runner only pads the rest and replays
+the bucket's graph.
 
 Padding rows are harmless by construction: their slot is -1 (the cache write skips them) and their
 context length is 0 (attention reads no KV for them); their outputs are dropped. The Triton backend's
@@ -25,6 +26,8 @@ import torch
 
 from tram.model.attention.base import AttentionMetadata
 from tram.model.attention.triton_backend import choose_num_splits
+from tram.worker.block_table import BlockTable
+from tram.worker.step_inputs import StepBuffers
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +44,8 @@ def capture_sizes(max_batch: int) -> list[int]:
 
 class DecodeGraphRunner:
     def __init__(
-        self, model: ModelFn, kv_caches: list[torch.Tensor], max_batch: int, max_model_len: int,
-        block_size: int, num_kv_heads: int, device: torch.device, use_graphs: bool = True,
+        self, model: ModelFn, kv_caches: list[torch.Tensor], buffers: StepBuffers, block_table: BlockTable,
+        max_batch: int, max_model_len: int, num_kv_heads: int, use_graphs: bool = True,
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
@@ -50,15 +53,23 @@ class DecodeGraphRunner:
         self.max_model_len = max_model_len
         self.num_kv_heads = num_kv_heads
         self.use_graphs = use_graphs
-        n, max_blocks = self.sizes[-1], -(-max_model_len // block_size)
-        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
-        self.positions = torch.zeros(n, dtype=torch.long, device=device)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.long, device=device)
-        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
-        # Every decode request has exactly one query token, so the offsets never change.
-        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
-        self.block_tables = torch.zeros((n, max_blocks), dtype=torch.int32, device=device)
+        dev = buffers.dev
+        self.input_ids = dev["input_ids"]
+        self.positions = dev["positions"]
+        self.slot_mapping = dev["slot_mapping"]
+        self.seq_lens = dev["seq_lens"]
+        self.query_start_loc = dev["query_start_loc"]
+        self.block_tables = block_table.gpu
+        self._offsets = torch.arange(self.sizes[-1] + 1, dtype=torch.int32, device=self.query_start_loc.device)
+        self._pad(0, self.sizes[-1])  # capture sees only padding rows
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph | None, torch.Tensor | None]] = {}
+
+    def _pad(self, num: int, size: int) -> None:
+        """Rows num..size-1 become padding: slot -1 (the cache write skips them), context length 0
+        (attention reads no KV for them), and one query token each."""
+        self.slot_mapping[num:size].fill_(-1)
+        self.seq_lens[num:size].fill_(0)
+        self.query_start_loc[num + 1:size + 1].copy_(self._offsets[num + 1:size + 1])
 
     def _meta(self, size: int) -> AttentionMetadata:
         return AttentionMetadata(
@@ -101,14 +112,15 @@ class DecodeGraphRunner:
         """Hidden states [T, hidden] of a decode-only step of T tokens (T requests)."""
         num = meta.num_tokens
         size = self.sizes[bisect.bisect_left(self.sizes, num)]
-        self.input_ids[:num].copy_(input_ids, non_blocking=True)
-        self.positions[:num].copy_(positions, non_blocking=True)
-        self.slot_mapping[:num].copy_(meta.slot_mapping, non_blocking=True)
-        self.slot_mapping[num:size].fill_(-1)
-        self.seq_lens[:num].copy_(meta.seq_lens, non_blocking=True)
-        self.seq_lens[num:size].fill_(0)
-        width = meta.block_tables.shape[1]
-        self.block_tables[:num, :width].copy_(meta.block_tables, non_blocking=True)
+        # The persistent batch writes the step's inputs into these buffers already; copy only
+        # inputs that came from elsewhere.
+        for dst, src in ((self.input_ids, input_ids), (self.positions, positions),
+                         (self.slot_mapping, meta.slot_mapping), (self.seq_lens, meta.seq_lens)):
+            if src.data_ptr() != dst.data_ptr():
+                dst[:num].copy_(src, non_blocking=True)
+        if meta.block_tables.data_ptr() != self.block_tables.data_ptr():
+            self.block_tables[:num, :meta.block_tables.shape[1]].copy_(meta.block_tables, non_blocking=True)
+        self._pad(num, size)
         graph, out = self.graphs[size]
         if graph is None:
             return self._forward(size)[:num]

@@ -1,122 +1,141 @@
-"""Per-request state the worker keeps across steps, and the flattened batch built from it each step."""
+"""The worker's per-request state and the persistent batch built from it.
+
+`CachedRequestState` lives as long as the request (preemption included). `InputBatch` holds one row
+per request scheduled in the current step, in numpy columns that steps update in place: token ids
+(prompt + outputs), counts, and the block table. The model runner applies the scheduler's diff to
+it: new requests are added in full, running ones get their new block ids and computed count,
+requests that finished or were not scheduled leave. A request that leaves frees its row; `condense`
+moves the last rows into the holes so rows stay dense, and only then is the sampling state
+(`sampling_metadata`) rebuilt, once per membership change, never on a steady decode step.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from tram.core.sched_output import SchedulerOutput
-from tram.model.attention.base import AttentionMetadata
-from tram.sampling_params import SamplingParams
-from tram.worker.device_copy import to_device
+from tram.worker.block_table import BlockTable
+from tram.worker.logits_processors import LogitsProcessor, SamplingRow
+from tram.worker.sampling_metadata import SamplingMetadata, build_sampling_metadata, make_logits_processors
 
 
-@dataclass
+@dataclass(eq=False)
 class CachedRequestState:
     req_id: str
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams
+    sampling: SamplingRow  # params, prompt ids, output ids (grown in place), generator
     block_ids: list[int]
     num_computed_tokens: int
-    stop_token_ids: frozenset[int]
-    generator: torch.Generator | None
-    output_token_ids: list[int] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)  # prompt + output
 
-    def __post_init__(self) -> None:
-        if not self.token_ids:
-            self.token_ids = list(self.prompt_token_ids)
-
-    def append_output_token(self, token_id: int) -> None:
-        self.output_token_ids.append(token_id)
-        self.token_ids.append(token_id)
+    @property
+    def num_tokens(self) -> int:
+        return len(self.sampling.prompt_token_ids) + len(self.sampling.output_token_ids)
 
 
-@dataclass
-class PromptLogprobsJob:
-    """Prompt positions of this step whose next-token logprobs a request asked for."""
+class InputBatch:
+    def __init__(self, max_num_reqs: int, max_model_len: int, block_size: int, vocab_size: int,
+                 device: torch.device) -> None:
+        self.max_num_reqs = max_num_reqs
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.device = device
+        self.states: list[CachedRequestState | None] = []  # row -> request (None: a hole)
+        self.row_of: dict[str, int] = {}
+        # One column more than a context holds: the token sampled at max_model_len ends the request
+        # and is never fed back, but it is recorded like any other.
+        self.token_ids = np.zeros((max_num_reqs, max_model_len + 1), dtype=np.int32)
+        self.num_tokens = np.zeros(max_num_reqs, dtype=np.int64)  # prompt + outputs known
+        self.num_prompt_tokens = np.zeros(max_num_reqs, dtype=np.int64)
+        self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int64)
+        self.block_table = BlockTable(max_num_reqs, -(-max_model_len // block_size), device)
+        self.processors: list[LogitsProcessor] = make_logits_processors(vocab_size, device)
+        self._sampling: SamplingMetadata | None = None  # None: membership changed since it was built
+        self._prompt_logprobs_rows: list[int] | None = None
 
-    req_id: str
-    hidden_indices: np.ndarray  # rows of the step's hidden states
-    target_token_ids: list[int]  # the prompt token that follows each of those positions
+    # ---- membership ------------------------------------------------------------------------
+    @property
+    def num_reqs(self) -> int:
+        return len(self.row_of)
 
+    @property
+    def req_ids(self) -> list[str]:
+        """Request ids in row order (call after `condense`)."""
+        return [s.req_id for s in self.states if s is not None]
 
-@dataclass
-class StepInputs:
-    input_ids: torch.Tensor  # [T]
-    positions: torch.Tensor  # [T]
-    meta: AttentionMetadata
-    sample_req_ids: list[str]  # requests whose chunk ends at their last known token
-    sample_indices: torch.Tensor  # [S] rows of the hidden states to sample from
-    prompt_logprobs_jobs: list[PromptLogprobsJob]
+    def __contains__(self, req_id: str) -> bool:
+        return req_id in self.row_of
 
+    def add(self, state: CachedRequestState) -> None:
+        row = next((i for i, s in enumerate(self.states) if s is None), len(self.states))
+        if row == len(self.states):
+            assert row < self.max_num_reqs, "more requests in a step than max_num_seqs"
+            self.states.append(None)
+        self.states[row] = state
+        self.row_of[state.req_id] = row
+        prompt, output = state.sampling.prompt_token_ids, state.sampling.output_token_ids
+        n_prompt, n = len(prompt), len(prompt) + len(output)
+        self.token_ids[row, :n_prompt] = prompt
+        self.token_ids[row, n_prompt:n] = output
+        self.num_prompt_tokens[row], self.num_tokens[row] = n_prompt, n
+        self.num_computed_tokens[row] = state.num_computed_tokens
+        self.block_table.set_row(row, state.block_ids)
+        self._sampling = None
 
-def prepare_inputs(
-    states: dict[str, CachedRequestState], sched: SchedulerOutput, block_size: int, device: torch.device
-) -> StepInputs:
-    """Flatten the scheduled requests (in the scheduler's order) into one variable-length batch."""
-    req_ids = list(sched.num_scheduled_tokens)
-    query_lens = [sched.num_scheduled_tokens[r] for r in req_ids]
-    input_ids: list[int] = []
-    starts: list[int] = []
-    sample_req_ids: list[str] = []
-    sample_indices: list[int] = []
-    jobs: list[PromptLogprobsJob] = []
-    offset = 0
-    for rid, n in zip(req_ids, query_lens):
-        st = states[rid]
-        start = st.num_computed_tokens
-        starts.append(start)
-        input_ids.extend(st.token_ids[start : start + n])
-        if start + n == len(st.token_ids):
-            sample_req_ids.append(rid)
-            sample_indices.append(offset + n - 1)
-        if st.sampling_params.prompt_logprobs is not None:
-            job = _prompt_logprobs_job(st, start, n, offset)
-            if job is not None:
-                jobs.append(job)
-        offset += n
-    q_lens = np.asarray(query_lens, dtype=np.int64)
-    seq_lens = np.asarray(starts, dtype=np.int64) + q_lens
-    # positions: each request's slice continues from its computed count
-    positions = np.arange(offset, dtype=np.int64) - np.repeat(np.cumsum(q_lens) - q_lens - starts, q_lens)
-    max_blocks = int(-(-seq_lens.max() // block_size))
-    block_table = np.zeros((len(req_ids), max_blocks), dtype=np.int64)
-    for i, rid in enumerate(req_ids):
-        ids = states[rid].block_ids[:max_blocks]
-        block_table[i, : len(ids)] = ids
-    row = np.repeat(np.arange(len(req_ids)), q_lens)
-    slot_mapping = block_table[row, positions // block_size] * block_size + positions % block_size
-    query_start_loc = np.concatenate(([0], np.cumsum(q_lens)))
-    meta = AttentionMetadata(
-        num_tokens=offset,
-        slot_mapping=to_device(slot_mapping, torch.long, device),
-        query_start_loc=to_device(query_start_loc, torch.int32, device),
-        seq_lens=to_device(seq_lens, torch.int32, device),
-        block_tables=to_device(block_table, torch.int32, device),
-        query_lens_list=query_lens,
-        seq_lens_list=seq_lens.tolist(),
-        max_query_len=int(q_lens.max()),
-        max_seq_len=int(seq_lens.max()),
-    )
-    return StepInputs(
-        input_ids=to_device(input_ids, torch.long, device),
-        positions=to_device(positions, torch.long, device),
-        meta=meta,
-        sample_req_ids=sample_req_ids,
-        sample_indices=to_device(sample_indices, torch.long, device),
-        prompt_logprobs_jobs=jobs,
-    )
+    def remove(self, req_id: str) -> None:
+        row = self.row_of.pop(req_id, None)
+        if row is not None:
+            self.states[row] = None
+            self._sampling = None
 
+    def condense(self) -> None:
+        """Fill the holes left by removed requests with the last rows, so rows 0..num_reqs-1 are live."""
+        while self.states and self.states[-1] is None:
+            self.states.pop()
+        for hole in range(len(self.states)):
+            if hole >= len(self.states):
+                break
+            if self.states[hole] is None:
+                self._move(len(self.states) - 1, hole)
+                while self.states and self.states[-1] is None:
+                    self.states.pop()
 
-def _prompt_logprobs_job(st: CachedRequestState, start: int, n: int, offset: int) -> PromptLogprobsJob | None:
-    """Position p predicts prompt token p+1, so the last prompt position has no prompt logprob."""
-    end = min(start + n, len(st.prompt_token_ids) - 1)
-    if end <= start:
-        return None
-    return PromptLogprobsJob(
-        st.req_id,
-        np.arange(offset, offset + end - start),
-        st.prompt_token_ids[start + 1 : end + 1],
-    )
+    def _move(self, src: int, dst: int) -> None:
+        state = self.states[src]
+        assert state is not None
+        n = int(self.num_tokens[src])
+        self.token_ids[dst, :n] = self.token_ids[src, :n]
+        for column in (self.num_tokens, self.num_prompt_tokens, self.num_computed_tokens):
+            column[dst] = column[src]
+        self.block_table.move_row(src, dst)
+        self.states[dst], self.states[src] = state, None
+        self.row_of[state.req_id] = dst
+
+    # ---- per-step updates --------------------------------------------------------------------
+    def append_blocks(self, req_id: str, block_ids: list[int]) -> None:
+        self.block_table.append(self.row_of[req_id], block_ids)
+
+    def set_num_computed(self, req_id: str, num_computed: int) -> None:
+        self.num_computed_tokens[self.row_of[req_id]] = num_computed
+
+    def append_sampled(self, rows: np.ndarray, tokens: list[int]) -> None:
+        """Record tokens sampled for `rows` (in the token table and each request's output list)."""
+        self.token_ids[rows, self.num_tokens[rows]] = tokens
+        self.num_tokens[rows] += 1
+        for row, token in zip(rows.tolist(), tokens):
+            state = self.states[row]
+            assert state is not None
+            state.sampling.output_token_ids.append(token)
+
+    def sampling_metadata(self) -> SamplingMetadata:
+        """The rows' sampling state, rebuilt only when membership or row order changed."""
+        if self._sampling is None:
+            rows = [s.sampling for s in self.states if s is not None]
+            self._sampling = build_sampling_metadata(rows, self.vocab_size, self.device, self.processors)
+            self._prompt_logprobs_rows = [i for i, r in enumerate(rows) if r.params.prompt_logprobs is not None]
+        return self._sampling
+
+    def prompt_logprobs_rows(self) -> list[int]:
+        """Rows whose request asked for prompt logprobs."""
+        self.sampling_metadata()
+        assert self._prompt_logprobs_rows is not None
+        return self._prompt_logprobs_rows

@@ -1,7 +1,8 @@
-"""The model runner: applies the scheduler's diff to its request state, runs one forward over the
+"""The model runner: applies the scheduler's diff to its persistent batch, runs one forward over the
 flattened batch, and samples. It never sees text."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -15,10 +16,11 @@ from tram.model.loader import load_model
 from tram.model.registry import kv_cache_shape_info
 from tram.worker.cpu_memory import keep_freed_memory
 from tram.worker.cuda_graph import DecodeGraphRunner
-from tram.worker.input_batch import CachedRequestState, PromptLogprobsJob, StepInputs, prepare_inputs
+from tram.worker.input_batch import CachedRequestState, InputBatch
+from tram.worker.logits_processors import SamplingRow
 from tram.worker.memory_profiler import MemoryProfile, profile_cuda_memory, run_dummy_step
 from tram.worker.sampler import Sampler, compute_token_logprobs
-from tram.worker.sampling_metadata import SamplingRow, build_sampling_metadata
+from tram.worker.step_inputs import PromptLogprobsJob, StepBuffers, StepInputs, prepare_inputs
 
 logger = logging.getLogger(__name__)
 # Tokens in the CPU warm-up step: a long prompt, and ~2.5 TFLOP for a 1B model (about 12 s on 2 cores).
@@ -47,6 +49,10 @@ class ModelRunner:
         self.num_layers, self.num_kv_heads, self.head_dim = kv_cache_shape_info(model_config.hf_config)
         self.sampler = Sampler()
         self.requests: dict[str, CachedRequestState] = {}
+        self.input_batch = InputBatch(max_num_seqs, model_config.max_model_len, block_size, self.vocab_size,
+                                      self.device)
+        # Decode steps have one token per request, so the buffers must hold max_num_seqs tokens too.
+        self.buffers = StepBuffers(max(max_num_batched_tokens, max_num_seqs), max_num_seqs, self.device)
         self.kv_caches: list[torch.Tensor] = []
         self.graph_runner: DecodeGraphRunner | None = None
 
@@ -80,10 +86,11 @@ class ModelRunner:
         return self.device.type == "cuda" and not mc.enforce_eager and mc.attention_backend == "triton"
 
     def capture_cuda_graphs(self, use_graphs: bool = True) -> None:
-        """Decode graphs for batch-size buckets up to max_num_seqs (capped at 512, as vLLM)."""
+        """Decode graphs for batch-size buckets up to max_num_seqs (capped at 512, as vLLM), over the
+        persistent batch's own input buffers."""
         self.graph_runner = DecodeGraphRunner(
-            self.model, self.kv_caches, min(self.max_num_seqs, 512), self.model_config.max_model_len,
-            self.block_size, self.num_kv_heads, self.device, use_graphs=use_graphs,
+            self.model, self.kv_caches, self.buffers, self.input_batch.block_table, min(self.max_num_seqs, 512),
+            self.model_config.max_model_len, self.num_kv_heads, use_graphs=use_graphs,
         )
         seconds = self.graph_runner.capture()
         logger.info("Captured decode CUDA graphs for %d batch sizes (up to %d) in %.1f s",
@@ -95,70 +102,93 @@ class ModelRunner:
 
     # ---- one step ------------------------------------------------------------------------
     def _update_states(self, sched: SchedulerOutput) -> None:
+        """Apply the scheduler's diff: after it, the batch holds exactly this step's requests."""
+        batch = self.input_batch
         for rid in sched.finished_req_ids:
             self.requests.pop(rid, None)
+            batch.remove(rid)
+        scheduled = sched.num_scheduled_tokens
+        for rid in [r for r in batch.row_of if r not in scheduled]:
+            batch.remove(rid)  # preempted, or left out of this step's budget: its state stays
         for new in sched.scheduled_new_reqs:
-            params = new.sampling_params
-            gen = None
-            if params.seed is not None:
-                gen = torch.Generator(device=self.device)
-                gen.manual_seed(params.seed)
-            self.requests[new.req_id] = CachedRequestState(
-                new.req_id, new.prompt_token_ids, params, list(new.block_ids), new.num_computed_tokens,
-                new.min_tokens_masked_ids, gen,
-            )
+            generator = None
+            if new.sampling_params.seed is not None:
+                generator = torch.Generator(device=self.device)
+                generator.manual_seed(new.sampling_params.seed)
+            sampling = SamplingRow(new.sampling_params, new.prompt_token_ids, [], generator, new.min_tokens_masked_ids)
+            state = CachedRequestState(new.req_id, sampling, list(new.block_ids), new.num_computed_tokens)
+            self.requests[new.req_id] = state
+            batch.add(state)
         for cached in sched.scheduled_cached_reqs:
-            st = self.requests[cached.req_id]
+            state = self.requests[cached.req_id]
+            state.num_computed_tokens = cached.num_computed_tokens
             if cached.resumed_from_preemption:
-                st.block_ids = list(cached.new_block_ids)
+                state.block_ids = list(cached.new_block_ids)
             else:
-                st.block_ids.extend(cached.new_block_ids)
-            st.num_computed_tokens = cached.num_computed_tokens
+                state.block_ids.extend(cached.new_block_ids)
+            if cached.req_id in batch and not cached.resumed_from_preemption:
+                batch.append_blocks(cached.req_id, cached.new_block_ids)
+                batch.set_num_computed(cached.req_id, cached.num_computed_tokens)
+            else:
+                batch.remove(cached.req_id)
+                batch.add(state)
+        batch.condense()
 
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         self._update_states(sched)
         if sched.is_empty:
             return ModelRunnerOutput()
-        inputs = prepare_inputs(self.requests, sched, self.block_size, self.device)
+        inputs = prepare_inputs(self.input_batch, sched, self.buffers, self.block_size)
         if self.graph_runner is not None and self.graph_runner.can_run(inputs.meta):
             hidden = self.graph_runner.run(inputs.input_ids, inputs.positions, inputs.meta)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         out = ModelRunnerOutput(sampled_token_ids={}, logprobs={}, prompt_logprobs={})
-        if inputs.sample_req_ids:
+        if inputs.sample_rows.any():
             self._sample(hidden, inputs, out)
         for job in inputs.prompt_logprobs_jobs:
             out.prompt_logprobs[job.req_id] = self._prompt_logprobs(hidden, job)
-        for rid, n in sched.num_scheduled_tokens.items():
-            self.requests[rid].num_computed_tokens += n
+        self._advance(sched)
         return out
 
+    def _advance(self, sched: SchedulerOutput) -> None:
+        batch = self.input_batch
+        n = batch.num_reqs
+        scheduled = sched.num_scheduled_tokens
+        for rid, state in zip(batch.req_ids, batch.states[:n]):
+            state.num_computed_tokens += scheduled[rid]
+        batch.num_computed_tokens[:n] += [scheduled[rid] for rid in batch.req_ids]
+
     def _sample(self, hidden: torch.Tensor, inputs: StepInputs, out: ModelRunnerOutput) -> None:
-        logits = self.model.compute_logits(hidden[inputs.sample_indices])  # [S, V] float32
-        states = [self.requests[rid] for rid in inputs.sample_req_ids]
-        rows = [
-            SamplingRow(st.sampling_params, st.prompt_token_ids, st.output_token_ids, st.generator, st.stop_token_ids)
-            for st in states
-        ]
-        meta = build_sampling_metadata(rows, self.vocab_size, self.device)
+        """Every row gets logits and a draw (keeping the batch's sampling tensors aligned with its
+        rows); rows still in the middle of their prompt drop theirs, and their seeded generators
+        are left untouched, so they draw nothing from them."""
+        batch = self.input_batch
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [B, V] float32
+        meta = batch.sampling_metadata()
+        sample_rows = inputs.sample_rows
+        if not sample_rows.all() and meta.generators:
+            meta = dataclasses.replace(meta, generators={i: g for i, g in meta.generators.items() if sample_rows[i]})
         result = self.sampler(logits, meta)
+        rows = sample_rows.nonzero()[0]
         tokens = result.sampled_token_ids.tolist()
-        for st, tok in zip(states, tokens):
-            st.append_output_token(tok)
-            out.sampled_token_ids[st.req_id] = tok
+        chosen = [tokens[i] for i in rows.tolist()]
+        batch.append_sampled(rows, chosen)
+        states = [batch.states[i] for i in rows.tolist()]
+        for state, token in zip(states, chosen):
+            out.sampled_token_ids[state.req_id] = token
         if result.logprobs is not None:
             ids, lps, ranks = result.logprobs.tolists()
-            for i, st in enumerate(states):
-                k = st.sampling_params.logprobs
+            for i, state in zip(rows.tolist(), states):
+                k = state.sampling.params.logprobs
                 if k is None:
                     continue
                 cols = len(ids[i]) if k < 0 else k + 1
-                out.logprobs[st.req_id] = LogprobsLists([ids[i][:cols]], [lps[i][:cols]], [ranks[i]])
+                out.logprobs[state.req_id] = LogprobsLists([ids[i][:cols]], [lps[i][:cols]], [ranks[i]])
 
     def _prompt_logprobs(self, hidden: torch.Tensor, job: PromptLogprobsJob) -> LogprobsLists:
-        st = self.requests[job.req_id]
-        k = st.sampling_params.prompt_logprobs
+        k = self.requests[job.req_id].sampling.params.prompt_logprobs
         idx = torch.from_numpy(job.hidden_indices).to(self.device)
         logits = self.model.compute_logits(hidden[idx])
         num = self.vocab_size if k < 0 else k

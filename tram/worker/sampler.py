@@ -1,7 +1,8 @@
 """Turns a batch of logits into next tokens (and their logprobs), vectorised over the batch.
 
-Order follows vLLM v1: raw logprobs, min_tokens, logit_bias, penalties, greedy argmax,
-temperature, min_p, top_k/top_p, then an exponential-race draw.
+Order follows vLLM v1: raw logprobs, the logits processors that can change the argmax (min_tokens,
+logit_bias, penalties), greedy argmax, temperature, the argmax-invariant ones (min_p), top_k/top_p,
+then an exponential-race draw.
 """
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
+from tram.sampling_params import SAMPLING_EPS
+from tram.worker.logits_processors import Stage
 from tram.worker.sampling_metadata import SamplingMetadata
-
-_SAMPLING_EPS = 1e-5
 
 
 @dataclass
@@ -73,41 +74,13 @@ class Sampler(torch.nn.Module):
         return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
 
 
-def apply_logits_processors(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-    """The stages that can change the argmax, so they run before the greedy pick."""
-    if meta.min_tokens_mask is not None:
-        m = meta.min_tokens_mask
-        logits[m.rows, m.token_ids] = float("-inf")
-    if meta.logit_bias is not None:
-        b = meta.logit_bias
-        logits.index_put_((b.rows, b.token_ids), b.values, accumulate=True)
-    if not meta.no_penalties:
-        logits = apply_penalties(logits, meta)
+def apply_logits_processors(logits: torch.Tensor, meta: SamplingMetadata,
+                            stage: Stage = Stage.BEFORE_ARGMAX) -> torch.Tensor:
+    """Run the batch's active processors of one stage, in order."""
+    for processor in meta.processors:
+        if processor.stage is stage and processor.active:
+            logits = processor.apply(logits)
     return logits
-
-
-def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-    """Repetition on prompt+output tokens; frequency and presence on output tokens only."""
-    batch, vocab = logits.shape
-    assert meta.output_token_ids is not None
-    output_counts = _bin_counts(meta.output_token_ids, batch, vocab)  # [B, V] int32
-    output_seen = output_counts > 0  # [B, V]
-    if meta.prompt_token_ids is not None and meta.repetition_penalties is not None:
-        seen = output_seen | (_bin_counts(meta.prompt_token_ids, batch, vocab) > 0)
-        rep = meta.repetition_penalties.unsqueeze(-1)  # [B, 1]
-        # Dividing a positive logit and multiplying a negative one both make the token less likely.
-        penalised = torch.where(logits > 0, logits / rep, logits * rep)
-        logits = torch.where(seen, penalised, logits)
-    logits = logits - meta.frequency_penalties.unsqueeze(-1) * output_counts
-    logits = logits - meta.presence_penalties.unsqueeze(-1) * output_seen
-    return logits
-
-
-def _bin_counts(token_ids: torch.Tensor, batch: int, vocab: int) -> torch.Tensor:
-    # One extra bin swallows the padding id (== vocab) and is then dropped.
-    counts = torch.zeros(batch, vocab + 1, dtype=torch.int32, device=token_ids.device)
-    counts.scatter_add_(1, token_ids, torch.ones_like(token_ids, dtype=torch.int32))
-    return counts[:, :vocab]
 
 
 def sample(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
@@ -117,12 +90,11 @@ def sample(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         assert greedy is not None
         return greedy
     assert meta.temperature is not None
-    is_greedy = meta.temperature < _SAMPLING_EPS  # [B]
+    is_greedy = meta.temperature < SAMPLING_EPS  # [B]
     # Greedy rows divide by 1 so that they stay finite; their draw is discarded below.
     temperature = torch.where(is_greedy, torch.ones_like(meta.temperature), meta.temperature)
     logits = logits / temperature.unsqueeze(-1)
-    if meta.min_p is not None:
-        logits = apply_min_p(logits, meta.min_p)
+    logits = apply_logits_processors(logits, meta, Stage.AFTER_TEMPERATURE)
     if meta.top_k is not None or meta.top_p is not None:
         logits = apply_top_k_top_p(logits, meta.top_k, meta.top_p, meta.max_top_k)
     probs = torch.softmax(logits, dim=-1)
@@ -130,13 +102,6 @@ def sample(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
     if greedy is None:
         return random
     return torch.where(is_greedy, greedy, random)
-
-
-def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """Drop tokens whose probability is below min_p times the row's top probability."""
-    probs = torch.softmax(logits, dim=-1)  # [B, V]
-    threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(-1)  # [B, 1]
-    return logits.masked_fill(probs < threshold, float("-inf"))
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,

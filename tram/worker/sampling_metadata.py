@@ -1,50 +1,30 @@
-"""Per-step batched sampling tensors, built from the requests in the batch."""
+"""Batched sampling state: the per-row columns the sampler itself reads (temperature, top-k, top-p,
+generators, logprobs) and the logits processors that own everything else.
+
+The persistent batch rebuilds it only when its membership changes (`build_sampling_metadata` with
+its long-lived processors); built from scratch from a list of rows, it is what a test or the
+memory profiler uses, and what the persistent batch must always equal.
+"""
 from __future__ import annotations
 
-from collections.abc import Set
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from tram.sampling_params import SamplingParams, SamplingType
+from tram.sampling_params import SamplingType
 from tram.worker.device_copy import to_device
+from tram.worker.logits_processors import (
+    LOGITS_PROCESSORS, LogitBiasProcessor, LogitsProcessor, MinPProcessor, MinTokensProcessor, PenaltiesProcessor,
+    SamplingRow, TokenBias, TokenMask,
+)
 
-
-@dataclass
-class SamplingRow:
-    """What the sampler needs to know about one row of the batch this step."""
-
-    params: SamplingParams
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
-    # Seeded requests only. The model runner seeds it once and keeps it across steps, so that
-    # the request's noise stream does not depend on which other requests share the batch.
-    generator: torch.Generator | None = None
-    # Masked while len(output_token_ids) < min_tokens: stop_token_ids plus every eos id.
-    stop_token_ids: Set[int] = field(default_factory=frozenset)
-
-
-@dataclass
-class TokenMask:
-    """Sparse (row, token) pairs whose logit becomes -inf."""
-
-    rows: torch.Tensor  # [N] int64
-    token_ids: torch.Tensor  # [N] int64
-
-
-@dataclass
-class TokenBias:
-    """Sparse (row, token) pairs with an additive bias."""
-
-    rows: torch.Tensor  # [N] int64
-    token_ids: torch.Tensor  # [N] int64
-    values: torch.Tensor  # [N] float32
+__all__ = ["SamplingMetadata", "SamplingRow", "build_sampling_metadata", "make_logits_processors"]
 
 
 @dataclass
 class SamplingMetadata:
-    """Batched sampling state for one step. A field is None when no row in the batch needs it,
-    so the sampler skips that stage entirely."""
+    """A field is None when no row in the batch needs it, so the sampler skips that stage entirely."""
 
     vocab_size: int
     all_greedy: bool
@@ -53,29 +33,52 @@ class SamplingMetadata:
     top_p: torch.Tensor | None  # [B] float32, 1.0 where disabled
     top_k: torch.Tensor | None  # [B] int64, vocab_size where disabled
     max_top_k: int  # host copy of top_k.max(), so the sampler never syncs to read it; 0 if None
-    min_p: torch.Tensor | None  # [B] float32, 0.0 where disabled
     generators: dict[int, torch.Generator]  # row index -> generator of a seeded row
     # Largest number of top logprobs requested in the batch (-1 resolved to vocab_size);
     # None when no row asked for logprobs.
     max_num_logprobs: int | None
-    presence_penalties: torch.Tensor | None  # [B] float32
-    frequency_penalties: torch.Tensor | None  # [B] float32
-    repetition_penalties: torch.Tensor | None  # [B] float32
-    # Padded with vocab_size, which lands in a discarded extra bin when counting.
-    prompt_token_ids: torch.Tensor | None  # [B, max_prompt_len] int64; only for repetition
-    output_token_ids: torch.Tensor | None  # [B, max_output_len] int64
-    min_tokens_mask: TokenMask | None
-    logit_bias: TokenBias | None
+    processors: Sequence[LogitsProcessor]  # in the order they run
+
+    def _processor(self, kind: type) -> LogitsProcessor | None:
+        return next((p for p in self.processors if isinstance(p, kind) and p.active), None)
+
+    @property
+    def min_tokens_mask(self) -> TokenMask | None:
+        p = self._processor(MinTokensProcessor)
+        return p.mask if p is not None else None
+
+    @property
+    def logit_bias(self) -> TokenBias | None:
+        p = self._processor(LogitBiasProcessor)
+        return p.bias if p is not None else None
+
+    @property
+    def min_p(self) -> torch.Tensor | None:
+        p = self._processor(MinPProcessor)
+        return p.min_p if p is not None else None
+
+    @property
+    def penalties(self) -> PenaltiesProcessor | None:
+        return self._processor(PenaltiesProcessor)
 
     @property
     def no_penalties(self) -> bool:
-        return self.output_token_ids is None
+        return self.penalties is None
 
 
-def build_sampling_metadata(rows: list[SamplingRow], vocab_size: int,
-                            device: torch.device | str) -> SamplingMetadata:
-    """Turn the batch's per-request params into tensors on `device` (one row per request)."""
+def make_logits_processors(vocab_size: int, device: torch.device | str) -> list[LogitsProcessor]:
+    return [cls(vocab_size, torch.device(device)) for cls in LOGITS_PROCESSORS]
+
+
+def build_sampling_metadata(rows: Sequence[SamplingRow], vocab_size: int, device: torch.device | str,
+                            processors: Sequence[LogitsProcessor] | None = None) -> SamplingMetadata:
+    """The batch's sampling state, one row per request; `processors` (kept by a persistent batch)
+    are brought up to date, or fresh ones are made."""
     device = torch.device(device)
+    if processors is None:
+        processors = make_logits_processors(vocab_size, device)
+    for p in processors:
+        p.update_rows(rows)
     params = [r.params for r in rows]
     types = [p.sampling_type for p in params]
     all_greedy = all(t == SamplingType.GREEDY for t in types)
@@ -85,7 +88,7 @@ def build_sampling_metadata(rows: list[SamplingRow], vocab_size: int,
         return to_device(values, dtype, device)
 
     temperature = None if all_greedy else column([p.temperature for p in params], torch.float32)
-    top_p = top_k = min_p = None
+    top_p = top_k = None
     max_top_k = 0
     if not all_greedy:
         if any(p.top_p < 1.0 for p in params):
@@ -93,75 +96,11 @@ def build_sampling_metadata(rows: list[SamplingRow], vocab_size: int,
         if any(0 < p.top_k < vocab_size for p in params):
             ks = [min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in params]
             top_k, max_top_k = column(ks, torch.int64), max(ks)
-        if any(p.min_p > 0.0 for p in params):
-            min_p = column([p.min_p for p in params], torch.float32)
-
     generators = {i: r.generator for i, r in enumerate(rows)
                   if r.generator is not None and types[i] == SamplingType.RANDOM_SEED}
-
     requested = [vocab_size if p.logprobs == -1 else p.logprobs for p in params if p.logprobs is not None]
-    max_num_logprobs = min(max(requested), vocab_size) if requested else None
-
-    meta = SamplingMetadata(
-        vocab_size=vocab_size, all_greedy=all_greedy, all_random=all_random,
-        temperature=temperature, top_p=top_p, top_k=top_k, max_top_k=max_top_k, min_p=min_p,
-        generators=generators, max_num_logprobs=max_num_logprobs,
-        presence_penalties=None, frequency_penalties=None, repetition_penalties=None,
-        prompt_token_ids=None, output_token_ids=None,
-        min_tokens_mask=_build_min_tokens_mask(rows, device),
-        logit_bias=_build_logit_bias(rows, device),
+    return SamplingMetadata(
+        vocab_size=vocab_size, all_greedy=all_greedy, all_random=all_random, temperature=temperature,
+        top_p=top_p, top_k=top_k, max_top_k=max_top_k, generators=generators,
+        max_num_logprobs=min(max(requested), vocab_size) if requested else None, processors=processors,
     )
-    _fill_penalties(meta, rows, vocab_size, device)
-    return meta
-
-
-def _fill_penalties(meta: SamplingMetadata, rows: list[SamplingRow], vocab_size: int,
-                    device: torch.device) -> None:
-    params = [r.params for r in rows]
-    use_rep = any(p.repetition_penalty != 1.0 for p in params)
-    use_freq_pres = any(p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 for p in params)
-    if not (use_rep or use_freq_pres):
-        return
-    # Neutral values (1, 0, 0) on rows without penalties leave their logits bit-identical.
-    meta.repetition_penalties = to_device([p.repetition_penalty for p in params], torch.float32, device)
-    meta.frequency_penalties = to_device([p.frequency_penalty for p in params], torch.float32, device)
-    meta.presence_penalties = to_device([p.presence_penalty for p in params], torch.float32, device)
-    meta.output_token_ids = _pad([r.output_token_ids for r in rows], vocab_size, device)
-    if use_rep:
-        meta.prompt_token_ids = _pad([r.prompt_token_ids for r in rows], vocab_size, device)
-
-
-def _build_min_tokens_mask(rows: list[SamplingRow], device: torch.device) -> TokenMask | None:
-    row_idx: list[int] = []
-    token_ids: list[int] = []
-    for i, r in enumerate(rows):
-        if len(r.output_token_ids) >= r.params.min_tokens:
-            continue
-        stop_ids = sorted(r.stop_token_ids)
-        row_idx.extend([i] * len(stop_ids))
-        token_ids.extend(stop_ids)
-    if not row_idx:
-        return None
-    return TokenMask(to_device(row_idx, torch.int64, device), to_device(token_ids, torch.int64, device))
-
-
-def _build_logit_bias(rows: list[SamplingRow], device: torch.device) -> TokenBias | None:
-    row_idx: list[int] = []
-    token_ids: list[int] = []
-    values: list[float] = []
-    for i, r in enumerate(rows):
-        bias = r.params.logit_bias
-        if not bias:
-            continue
-        row_idx.extend([i] * len(bias))
-        token_ids.extend(bias.keys())
-        values.extend(bias.values())
-    if not row_idx:
-        return None
-    return TokenBias(to_device(row_idx, torch.int64, device), to_device(token_ids, torch.int64, device),
-                     to_device(values, torch.float32, device))
-
-
-def _pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> torch.Tensor:
-    width = max((len(s) for s in seqs), default=0)
-    return to_device([list(s) + [pad_id] * (width - len(s)) for s in seqs], torch.int64, device)

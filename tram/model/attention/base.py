@@ -13,7 +13,7 @@ KV cache layout, one tensor per layer: [2, num_blocks, block_size, num_kv_heads,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -34,6 +34,9 @@ class AttentionMetadata:
     # requests, while kernels must see the padded count; and the split count is fixed per graph.
     num_padded_reqs: int | None = None
     num_splits: int | None = None
+    # A backend's own per-step plan, made by the first layer that needs it and read by the others
+    # (the runner builds fresh metadata every step, so a plan never outlives its step).
+    plan: Any = None
 
     @property
     def num_reqs(self) -> int:

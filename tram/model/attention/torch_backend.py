@@ -132,13 +132,6 @@ class TorchAttentionBackend:
 
     name = "torch"
 
-    def __init__(self) -> None:
-        # Every layer of a step gets the same metadata, so the plan is made once per step. The key
-        # includes the host lists in case a runner refills one metadata object in place.
-        self._planned_meta: AttentionMetadata | None = None  # held so that its id cannot be reused
-        self._plan_key: tuple[int, tuple[int, ...], tuple[int, ...], int] | None = None
-        self._plan: _StepPlan | None = None
-
     def forward(
         self,
         query: torch.Tensor,  # [T, num_heads, head_dim]
@@ -179,13 +172,12 @@ class TorchAttentionBackend:
                                      [p.seq_len for p in pres])
         paged_prefill_attention_(out, query, kv_cache, *plan.cpu_prefill_args, scale, sliding_window)
 
-    def _get_plan(self, meta: AttentionMetadata, block_size: int, device: torch.device) -> _StepPlan:
-        key = (id(meta), tuple(meta.query_lens_list), tuple(meta.seq_lens_list), block_size)
-        if key != self._plan_key or self._plan is None:
-            self._plan = _plan(meta, block_size, device)
-            self._plan_key = key
-            self._planned_meta = meta
-        return self._plan
+    @staticmethod
+    def _get_plan(meta: AttentionMetadata, block_size: int, device: torch.device) -> _StepPlan:
+        """Every layer of a step gets the same metadata, so the first one plans for all of them."""
+        if not isinstance(meta.plan, _StepPlan):
+            meta.plan = _plan(meta, block_size, device)
+        return meta.plan
 
     def _decode(self, query: torch.Tensor, kv_cache: torch.Tensor, plan: _StepPlan, scale: float,
                 sliding_window: int | None) -> torch.Tensor:

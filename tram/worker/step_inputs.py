@@ -1,0 +1,121 @@
+"""One step's flattened batch, computed from the persistent batch with vectorised numpy.
+
+Every per-token and per-request input of a step lives in persistent buffers (`StepBuffers`): host
+arrays written in place, and on CUDA device buffers refreshed with one copy each. The decode CUDA
+graphs are captured over these same device buffers, so a replay needs no copies of its own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tram.core.sched_output import SchedulerOutput
+from tram.model.attention.base import AttentionMetadata
+from tram.worker.input_batch import InputBatch
+
+
+class StepBuffers:
+    """input_ids, positions, slot_mapping [max_tokens]; query_start_loc [max_reqs + 1]; seq_lens,
+    logits_indices [max_reqs]. `np` holds numpy views of the host tensors, `dev` the device ones."""
+
+    _SPECS = {
+        "input_ids": (torch.int64, "tokens"), "positions": (torch.int64, "tokens"),
+        "slot_mapping": (torch.int64, "tokens"), "query_start_loc": (torch.int32, "reqs+1"),
+        "seq_lens": (torch.int32, "reqs"), "logits_indices": (torch.int64, "reqs"),
+    }
+
+    def __init__(self, max_tokens: int, max_reqs: int, device: torch.device) -> None:
+        sizes = {"tokens": max_tokens, "reqs": max_reqs, "reqs+1": max_reqs + 1}
+        pin = device.type == "cuda"
+        self.device = device
+        self.host = {k: torch.zeros(sizes[n], dtype=dt, pin_memory=pin) for k, (dt, n) in self._SPECS.items()}
+        self.np = {k: t.numpy() for k, t in self.host.items()}
+        self.dev = self.host if device.type == "cpu" else {k: torch.zeros_like(t, device=device)
+                                                          for k, t in self.host.items()}
+
+    def to_device(self, name: str, n: int) -> torch.Tensor:
+        """The first n entries on the device (a view; one non-blocking copy on CUDA)."""
+        dev = self.dev[name]
+        if dev is not self.host[name]:
+            dev[:n].copy_(self.host[name][:n], non_blocking=True)
+        return dev[:n]
+
+
+@dataclass
+class PromptLogprobsJob:
+    """Prompt positions of this step whose next-token logprobs a request asked for."""
+
+    req_id: str
+    hidden_indices: np.ndarray  # rows of the step's hidden states
+    target_token_ids: list[int]  # the prompt token that follows each of those positions
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # [B] the hidden row of each batch row's last scheduled token
+    sample_rows: np.ndarray  # [B] bool: the row's chunk reaches its last known token, so it samples
+    prompt_logprobs_jobs: list[PromptLogprobsJob]
+
+
+def prepare_inputs(batch: InputBatch, sched: SchedulerOutput, buffers: StepBuffers, block_size: int) -> StepInputs:
+    """Flatten the batch's rows (every row is scheduled this step) into one variable-length batch."""
+    num_reqs = batch.num_reqs
+    req_ids = batch.req_ids
+    q = np.fromiter((sched.num_scheduled_tokens[r] for r in req_ids), dtype=np.int64, count=num_reqs)
+    start = batch.num_computed_tokens[:num_reqs]
+    seq = start + q
+    cu = np.cumsum(q)
+    total = int(cu[-1])
+    b = buffers.np
+    b["query_start_loc"][0] = 0
+    b["query_start_loc"][1:num_reqs + 1] = cu
+    rows = np.repeat(np.arange(num_reqs), q)
+    # positions: each request's slice continues from its computed count
+    positions = b["positions"][:total]
+    np.subtract(np.arange(total), np.repeat(cu - q - start, q), out=positions)
+    b["input_ids"][:total] = batch.token_ids[rows, positions]
+    block_ids = batch.block_table.np[rows, positions // block_size]
+    np.add(block_ids * block_size, positions % block_size, out=b["slot_mapping"][:total])
+    b["seq_lens"][:num_reqs] = seq
+    b["logits_indices"][:num_reqs] = cu - 1
+    max_seq = int(seq.max())
+    width = -(-max_seq // block_size)
+    meta = AttentionMetadata(
+        num_tokens=total,
+        slot_mapping=buffers.to_device("slot_mapping", total),
+        query_start_loc=buffers.to_device("query_start_loc", num_reqs + 1),
+        seq_lens=buffers.to_device("seq_lens", num_reqs),
+        block_tables=batch.block_table.commit(num_reqs)[:, :width],
+        query_lens_list=q.tolist(),
+        seq_lens_list=seq.tolist(),
+        max_query_len=int(q.max()),
+        max_seq_len=max_seq,
+    )
+    return StepInputs(
+        input_ids=buffers.to_device("input_ids", total),
+        positions=buffers.to_device("positions", total),
+        meta=meta,
+        logits_indices=buffers.to_device("logits_indices", num_reqs),
+        sample_rows=seq == batch.num_tokens[:num_reqs],
+        prompt_logprobs_jobs=_prompt_logprobs_jobs(batch, cu - q, q),
+    )
+
+
+def _prompt_logprobs_jobs(batch: InputBatch, offsets: np.ndarray, q: np.ndarray) -> list[PromptLogprobsJob]:
+    """Position p predicts prompt token p+1, so the last prompt position has no prompt logprob."""
+    jobs = []
+    for row in batch.prompt_logprobs_rows():
+        state = batch.states[row]
+        assert state is not None
+        start, n, offset = int(batch.num_computed_tokens[row]), int(q[row]), int(offsets[row])
+        prompt = state.sampling.prompt_token_ids
+        end = min(start + n, len(prompt) - 1)
+        if end > start:
+            jobs.append(PromptLogprobsJob(state.req_id, np.arange(offset, offset + end - start),
+                                          prompt[start + 1:end + 1]))
+    return jobs
