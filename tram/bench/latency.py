@@ -8,15 +8,15 @@ Steps that ran prompt tokens are reported as prefill steps, the rest as decode s
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import numpy as np
 import torch
 
 from tram.bench.datasets import random_requests
-from tram.bench.report import machine_info
+from tram.bench.report import machine_info, write_json
 from tram.bench.throughput import add_engine_flags, model_checkpoint
+from tram.bench.timing import stats_ms
 
 
 def add_latency_args(p: argparse.ArgumentParser) -> None:
@@ -56,9 +56,8 @@ def prompts_done(engine) -> bool:
 def _stats(values: list[float]) -> dict[str, float]:
     if not values:
         return {}
-    arr = np.asarray(values) * 1000
-    return {"mean_ms": float(arr.mean()), "p50_ms": float(np.percentile(arr, 50)),
-            "p90_ms": float(np.percentile(arr, 90)), "p99_ms": float(np.percentile(arr, 99))}
+    stats = stats_ms(values, [50, 90, 99])
+    return {f"{k}_ms": stats[k] for k in ("mean", "p50", "p90", "p99")}
 
 
 def run_latency(args: argparse.Namespace) -> dict:
@@ -90,6 +89,5 @@ def run_latency(args: argparse.Namespace) -> dict:
             print(f"{key:<13} mean {s['mean_ms']:9.2f} ms   p50 {s['p50_ms']:9.2f}   p90 {s['p90_ms']:9.2f}   p99 {s['p99_ms']:9.2f}")
     print(f"output tokens/s {report['output_tokens_per_s']:.1f}")
     if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(report, f, indent=2)
+        write_json(args.output_json, report)
     return report
