@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from tram.bench.datasets import random_requests
-from tram.bench.report import machine_info, write_json
+from tram.bench.report import machine_info, machine_summary, write_json
 from tram.bench.throughput import add_engine_flags, model_checkpoint
 from tram.bench.timing import stats_ms
 
@@ -82,6 +82,7 @@ def run_latency(args: argparse.Namespace) -> dict:
               "prefill_step": _stats(prefill), "decode_step": _stats(decode),
               "num_prefill_steps": len(prefill), "num_decode_steps": len(decode),
               "output_tokens_per_s": args.batch_size * args.output_len / float(np.mean(e2e))}
+    print(machine_summary())
     print(f"batch {args.batch_size} x ({args.input_len} in, {args.output_len} out), {args.dtype}, model {args.model}")
     for key in ("end_to_end", "prefill_step", "decode_step"):
         s = report[key]

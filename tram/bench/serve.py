@@ -25,7 +25,7 @@ import aiohttp
 import numpy as np
 
 from tram.bench.datasets import BenchRequest, make_requests
-from tram.bench.report import json_safe, machine_info, write_json  # noqa: F401 (json_safe: re-exported)
+from tram.bench.report import json_safe, machine_info, machine_summary, write_json  # noqa: F401 (json_safe: re-exported)
 from tram.bench.serve_metrics import (
     RequestResult, StreamParser, format_report, format_sweep_table, parse_goodput, parse_percentiles, summarize,
 )
@@ -284,6 +284,7 @@ async def run_serve_async(args: argparse.Namespace) -> dict[str, Any] | list[dic
         labels = [f"{lab} ({u})" if lab else u for lab, u in zip(labels, urls)]
     percentiles, slos = parse_percentiles(args.percentiles), parse_goodput(args.goodput or [])
     param, values = parse_sweep(args.sweep) if args.sweep else ("", [None])
+    print(f"client {machine_summary()}", flush=True)
     runs = []
     for url, model, label in zip(urls, models, labels):
         model = model or await fetch_model_id(url)

@@ -19,7 +19,7 @@ import torch
 from tram.bench.datasets import BenchRequest, make_requests, workload_summary
 from tram.bench.hf_backends import GenerateFn, hf_cb_backend, hf_static_backend
 from tram.bench.presets import checkpoint_for
-from tram.bench.report import machine_info, write_json
+from tram.bench.report import machine_info, machine_summary, write_json
 
 BACKENDS = ("tram", "hf-static", "hf-cb")
 
@@ -147,6 +147,7 @@ def run_throughput(args: argparse.Namespace) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model) if args.dataset_path else None
     requests = make_requests(args.num_prompts, args.input_len, args.output_len, args.seed,
                              tokenizer=tokenizer, vocab_size=vocab_size, dataset_path=args.dataset_path)
+    print(machine_summary())
     print(f"workload: {workload_summary(requests)}, model {args.model} ({model}), {args.dtype}, "
           f"{args.threads} torch threads", flush=True)
     results, outputs = [], {}
