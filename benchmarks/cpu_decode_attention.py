@@ -24,7 +24,8 @@ SHAPES = {"15M": (6, 6, 48), "110M": (12, 12, 64)}  # name -> (H, Hkv, D)
 BLOCK = 16
 
 
-def make_inputs(batch: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int = 0):
+def make_inputs(batch: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     rng = random.Random(seed)
     lens = [rng.randint(32, 768) for _ in range(batch)]
     nblk = [-(-n // BLOCK) for n in lens]

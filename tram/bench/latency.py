@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ def add_latency_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-json")
 
 
-def _one_batch(engine, prompts: list[list[int]], output_len: int, tag: str) -> tuple[float, list[float], list[float]]:
+def _one_batch(engine: Any, prompts: list[list[int]], output_len: int, tag: str) -> tuple[float, list[float], list[float]]:
     """Seconds end to end, and the durations of prefill steps and of decode steps."""
     from tram import SamplingParams
 
@@ -47,7 +48,7 @@ def _one_batch(engine, prompts: list[list[int]], output_len: int, tag: str) -> t
     return time.perf_counter() - start, prefill, decode
 
 
-def prompts_done(engine) -> bool:
+def prompts_done(engine: Any) -> bool:
     """True once no request is waiting and none is mid-prompt."""
     sched = engine.engine_core.scheduler
     return not sched.waiting and all(r.num_computed_tokens >= r.num_prompt_tokens for r in sched.running)
