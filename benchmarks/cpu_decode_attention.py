@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import random
-import time
-from collections.abc import Callable
 
 import torch
 
+import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
+from tram.bench.report import machine_summary
+from tram.bench.timing import best_ms
 from tram.model.cpu_kernels import load_cpu_kernels, paged_decode_attention
 from tram.model.attention.torch_backend import TorchAttentionBackend, _StepPlan
 
@@ -23,7 +24,8 @@ SHAPES = {"15M": (6, 6, 48), "110M": (12, 12, 64)}  # name -> (H, Hkv, D)
 BLOCK = 16
 
 
-def make_inputs(batch: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int = 0):
+def make_inputs(batch: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     rng = random.Random(seed)
     lens = [rng.randint(32, 768) for _ in range(batch)]
     nblk = [-(-n // BLOCK) for n in lens]
@@ -41,17 +43,6 @@ def make_inputs(batch: int, heads: int, kv_heads: int, head_dim: int, dtype: tor
     return query, cache, tables, seq_lens
 
 
-def best_ms(fn: Callable[[], object], repeats: int, calls: int) -> float:
-    fn()  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best * 1e3
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, nargs="+", default=[32, 256])
@@ -64,6 +55,7 @@ def main() -> None:
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     backend = TorchAttentionBackend()
 
+    print(machine_summary() + " (threads set per row below)\n")
     print("| shape | dtype | B | threads | gather+SDPA ms | kernel ms | speed-up | max abs diff |")
     print("|---|---|---|---|---|---|---|---|")
     for shape in args.shapes:

@@ -12,8 +12,10 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from cpu_decode_attention import best_ms  # this folder is on sys.path when a script here runs
 
+import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
+from tram.bench.report import machine_summary
+from tram.bench.timing import best_ms
 from tram.model.cpu_kernels import load_cpu_kernels, skinny_linear
 
 WEIGHTS = {"32000x288": (32000, 288), "3072x768": (3072, 768)}
@@ -27,6 +29,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
     assert load_cpu_kernels() is not None, "the CPU kernels failed to build"
+    print(machine_summary() + " (threads set per row below)\n")
     print("| weight | dtype | threads | rows | F.linear ms | kernel ms | kernel GB/s | speed-up |")
     print("|---|---|---|---|---|---|---|---|")
     for threads in args.threads:

@@ -24,9 +24,8 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
 
 # Checked in order; the first category whose marker is on a sample's stack takes the sample.
 CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
@@ -124,14 +123,12 @@ def engine_core_pid(child_pids: list[int]) -> int:
 
 
 def server(args: argparse.Namespace) -> None:
-    sys.path.insert(0, str(REPO / "tests"))
-    from server_utils import RemoteServer  # the test suite's server launcher: waits for health
-
     from tram.bench.presets import resolve_model
     from tram.bench.serve import benchmark, fetch_model_id
+    from tram.bench.server_process import TramServer
 
-    srv = RemoteServer(resolve_model(args.model), ["--load-format", "dummy", "--dtype", args.dtype,
-                                                  "--max-num-seqs", str(args.num_running)], timeout=300)
+    srv = TramServer(resolve_model(args.model), ["--load-format", "dummy", "--dtype", args.dtype,
+                                                "--max-num-seqs", str(args.num_running)], timeout=300)
     try:
         engine_pid = engine_core_pid(srv.engine_pids)
         reqs = steady_requests(args, 32000)

@@ -15,21 +15,19 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
-import time
-import urllib.request
 from pathlib import Path
+
+import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
+from tram.bench.server_process import ServerProcess, TramServer
 
 # With 16 requests at concurrency 1, p99 TTFT is in effect the slowest prompt's, and it moved 20-30%
 # between identical runs on this shared machine; 32 requests give a steadier sample.
 MIN_PROMPTS = 32
 CACHE = Path(os.environ.get("TRAM_LLAMA_CPP_CACHE", Path.home() / ".cache" / "tram" / "llama.cpp"))
-REPO = Path(__file__).resolve().parent.parent
 
 
 def log(msg: str) -> None:
@@ -76,11 +74,9 @@ def gguf_path(checkpoint: str, dtype: str) -> Path:
 
 def convert(model: str, dtype: str, seed: int) -> tuple[str, Path]:
     """(the checkpoint Tram serves, the same weights as GGUF at the same dtype)."""
-    from tram.bench.presets import is_config_only, materialize, resolve_model
+    from tram.bench.presets import checkpoint_for
 
-    checkpoint = resolve_model(model)
-    if is_config_only(checkpoint):
-        checkpoint = materialize(checkpoint, dtype, seed)
+    checkpoint = checkpoint_for(model, dtype, seed)
     out = gguf_path(checkpoint, dtype)
     if out.exists():
         return checkpoint, out
@@ -100,54 +96,21 @@ def convert(model: str, dtype: str, seed: int) -> tuple[str, Path]:
     return checkpoint, out
 
 
-class Server:
-    """A server subprocess that is ready once GET {url}/health answers 200; stopped with SIGTERM."""
-
-    def __init__(self, name: str, argv: list[str], port: int, log_path: Path, env: dict | None = None) -> None:
-        self.name, self.url = name, f"http://127.0.0.1:{port}"
-        self._log = open(log_path, "w")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO,
-                                     env={**os.environ, **(env or {})})
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{name} exited during start-up; see {log_path}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"{name} did not become healthy; see {log_path}")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
-
-
 def start_llama_server(binary: Path, gguf: Path, slots: int, ctx_per_slot: int, port: int,
-                       threads: int | None, log_dir: Path) -> Server:
+                       threads: int | None, log_dir: Path) -> ServerProcess:
     argv = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
             "-c", str(slots * ctx_per_slot), "--no-webui", "-a", "llama.cpp"]
     if threads:
         argv += ["-t", str(threads), "-tb", str(threads)]
-    return Server("llama-server", argv, port, log_dir / f"llama-server-np{slots}.log")
+    return ServerProcess("llama-server", argv, port, log_path=log_dir / f"llama-server-np{slots}.log")
 
 
-def start_tram(checkpoint: str, dtype: str, port: int, max_model_len: int, log_dir: Path) -> Server:
-    argv = [sys.executable, "-m", "tram", "serve", checkpoint, "--port", str(port), "--dtype", dtype,
-            "--max-model-len", str(max_model_len), "--served-model-name", "tram"]
-    return Server("tram", argv, port, log_dir / "tram-serve.log")
+def start_tram(checkpoint: str, dtype: str, port: int, max_model_len: int, log_dir: Path) -> TramServer:
+    args = ["--dtype", dtype, "--max-model-len", str(max_model_len), "--served-model-name", "tram"]
+    return TramServer(checkpoint, args, timeout=300, port=port, log_path=log_dir / "tram-serve.log")
 
 
-def bench(server: Server, model: str, requests: list, concurrency: int, label: str, warmup: int) -> dict:
+def bench(server: ServerProcess, model: str, requests: list, concurrency: int, label: str, warmup: int) -> dict:
     import asyncio
 
     from tram.bench.serve import benchmark
@@ -182,7 +145,7 @@ def print_comparison(runs: list[dict]) -> list[dict]:
 
 def compare(args: argparse.Namespace) -> None:
     from tram.bench.datasets import make_requests, parse_range
-    from tram.bench.serve import json_safe
+    from tram.bench.report import machine_info, write_json
     from tram.bench.sweep_plot import plot_sweep
 
     binary = build()
@@ -207,14 +170,14 @@ def compare(args: argparse.Namespace) -> None:
             try:
                 runs.append(bench(llama, "llama.cpp", requests, conc, "llama.cpp", args.warmup))
             finally:
-                llama.stop()
+                llama.stop(timeout=30, strict=False)  # a slow exit must not lose the measurements
             runs.append(bench(tram, "tram", requests, conc, "tram", args.warmup))
     finally:
-        tram.stop()
+        tram.stop(timeout=30, strict=False)
     ratios = print_comparison(runs)
     plot_sweep(runs, args.plot, title=f"{args.model} {args.dtype}: tram vs llama.cpp")
-    with open(args.output_json, "w") as f:
-        json.dump(json_safe({"model": args.model, "dtype": args.dtype, "ratios": ratios, "runs": runs}), f, indent=2)
+    write_json(args.output_json, {"model": args.model, "dtype": args.dtype, "machine": machine_info(),
+                                  "ratios": ratios, "runs": runs})
     print(f"wrote {args.output_json} and {args.plot}")
 
 

@@ -111,6 +111,7 @@ def test_throughput_all_backends(stories_path: str, tmp_path: Path) -> None:
     by = {r["backend"]: r for r in report["results"]}
     assert report["ratios"]["tram/hf-cb"] == pytest.approx(by["tram"]["output_tokens_per_s"] / by["hf-cb"]["output_tokens_per_s"])
     assert json.loads(out.read_text())["ratios"] == report["ratios"]
+    assert "model_name" in json.loads(out.read_text())["machine"]["cpu"]  # the report records the CPU
 
 
 def test_throughput_rejects_unknown_backend(stories_path: str) -> None:
@@ -127,3 +128,4 @@ def test_latency_counts_prefill_and_decode_steps(stories_path: str) -> None:
     assert report["prefill_step"]["mean_ms"] > 0
     assert report["end_to_end"]["mean_ms"] > report["decode_step"]["mean_ms"] * 4
     assert report["num_prefill_steps"] == 2 and report["num_decode_steps"] == 8
+    assert report["machine"]["threads"]["torch_threads"] == 1  # --threads 1, in force when it ran

@@ -354,6 +354,7 @@ def test_sweep_over_two_endpoints_writes_png_and_json(tmp_path: Any, capsys: Any
     assert all(r["completed"] == 6 and r["good_requests"] == 6 for r in saved)
     assert saved[0]["max_concurrency_observed"] == 1 and saved[0]["model"] == "fake-model"  # from /v1/models
     assert saved[0]["total_output_tokens"] == saved[3]["total_output_tokens"]  # same workload everywhere
+    assert all(set(r["machine"]["cpu"]["isa"]) >= {"avx2", "avx512f"} for r in saved)  # every run records the CPU
     printed = capsys.readouterr().out
     assert printed.count("Serving Benchmark Result") == 4 and "sweep plot written" in printed
 

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_bench.py --smoke: the whole GPU benchmark on the CPU with tiny sizes.
+"""benchmarks/gpu_bench.py --smoke: the whole GPU benchmark (code in benchmarks/gpu/) on the CPU with tiny sizes.
 
 The script is run once, as a subprocess (as it will be run on the GPU machine), and each section
 is checked by its own test, so a broken section (e.g. the Triton kernels) fails only its test.
@@ -56,6 +56,7 @@ def test_meta_and_table(smoke: dict[str, Any]) -> None:
     for pkg in ("torch", "triton", "transformers"):
         assert meta["versions"][pkg], pkg
     assert meta["device"]["type"] == "cpu" and meta["device"]["name"]
+    assert "model_name" in meta["machine"]["cpu"] and set(meta["machine"]["cpu"]["isa"]) >= {"avx2", "amx_bf16"}
     assert set(smoke["report"]["sections"]) == {"decode", "kernels", "throughput"}
     stdout = smoke["proc"].stdout
     for name in ("decode", "kernels", "throughput"):

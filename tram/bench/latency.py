@@ -8,15 +8,16 @@ Steps that ran prompt tokens are reported as prefill steps, the rest as decode s
 from __future__ import annotations
 
 import argparse
-import json
 import time
+from typing import Any
 
 import numpy as np
 import torch
 
 from tram.bench.datasets import random_requests
-from tram.bench.report import machine_info
+from tram.bench.report import machine_info, machine_summary, write_json
 from tram.bench.throughput import add_engine_flags, model_checkpoint
+from tram.bench.timing import stats_ms
 
 
 def add_latency_args(p: argparse.ArgumentParser) -> None:
@@ -29,7 +30,7 @@ def add_latency_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-json")
 
 
-def _one_batch(engine, prompts: list[list[int]], output_len: int, tag: str) -> tuple[float, list[float], list[float]]:
+def _one_batch(engine: Any, prompts: list[list[int]], output_len: int, tag: str) -> tuple[float, list[float], list[float]]:
     """Seconds end to end, and the durations of prefill steps and of decode steps."""
     from tram import SamplingParams
 
@@ -47,7 +48,7 @@ def _one_batch(engine, prompts: list[list[int]], output_len: int, tag: str) -> t
     return time.perf_counter() - start, prefill, decode
 
 
-def prompts_done(engine) -> bool:
+def prompts_done(engine: Any) -> bool:
     """True once no request is waiting and none is mid-prompt."""
     sched = engine.engine_core.scheduler
     return not sched.waiting and all(r.num_computed_tokens >= r.num_prompt_tokens for r in sched.running)
@@ -56,9 +57,8 @@ def prompts_done(engine) -> bool:
 def _stats(values: list[float]) -> dict[str, float]:
     if not values:
         return {}
-    arr = np.asarray(values) * 1000
-    return {"mean_ms": float(arr.mean()), "p50_ms": float(np.percentile(arr, 50)),
-            "p90_ms": float(np.percentile(arr, 90)), "p99_ms": float(np.percentile(arr, 99))}
+    stats = stats_ms(values, [50, 90, 99])
+    return {f"{k}_ms": stats[k] for k in ("mean", "p50", "p90", "p99")}
 
 
 def run_latency(args: argparse.Namespace) -> dict:
@@ -83,6 +83,7 @@ def run_latency(args: argparse.Namespace) -> dict:
               "prefill_step": _stats(prefill), "decode_step": _stats(decode),
               "num_prefill_steps": len(prefill), "num_decode_steps": len(decode),
               "output_tokens_per_s": args.batch_size * args.output_len / float(np.mean(e2e))}
+    print(machine_summary())
     print(f"batch {args.batch_size} x ({args.input_len} in, {args.output_len} out), {args.dtype}, model {args.model}")
     for key in ("end_to_end", "prefill_step", "decode_step"):
         s = report[key]
@@ -90,6 +91,5 @@ def run_latency(args: argparse.Namespace) -> dict:
             print(f"{key:<13} mean {s['mean_ms']:9.2f} ms   p50 {s['p50_ms']:9.2f}   p90 {s['p90_ms']:9.2f}   p99 {s['p99_ms']:9.2f}")
     print(f"output tokens/s {report['output_tokens_per_s']:.1f}")
     if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(report, f, indent=2)
+        write_json(args.output_json, report)
     return report

@@ -50,3 +50,13 @@ def materialize(model: str, dtype: str = "float32", seed: int = 0) -> str:
             shutil.copyfile(src / name, tmp / name)
     tmp.rename(out)  # only a finished checkpoint is ever found in the cache
     return str(out)
+
+
+def checkpoint_for(model: str, dtype: str = "float32", seed: int = 0, random_weights: bool = False) -> str:
+    """The checkpoint every backend of a comparison loads: a preset's folder, or a config-only one, or any
+    model with `random_weights`, gets seeded random weights materialised once, because peers cannot load
+    Tram's 'dummy' format and all must run the same weights; anything else passes through."""
+    model = resolve_model(model)
+    if is_config_only(model) or random_weights:
+        return materialize(model, dtype, seed)
+    return model

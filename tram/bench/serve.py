@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import sys
 import time
@@ -26,6 +25,7 @@ import aiohttp
 import numpy as np
 
 from tram.bench.datasets import BenchRequest, make_requests
+from tram.bench.report import json_safe, machine_info, machine_summary, write_json  # noqa: F401 (json_safe: re-exported)
 from tram.bench.serve_metrics import (
     RequestResult, StreamParser, format_report, format_sweep_table, parse_goodput, parse_percentiles, summarize,
 )
@@ -225,7 +225,9 @@ async def benchmark(
             progress.close()
     out = {"label": label or base_url, "base_url": base_url, "endpoint": endpoint, "model": model,
            "num_prompts": len(requests), "request_rate": request_rate, "burstiness": burstiness,
-           "max_concurrency": max_concurrency}
+           "max_concurrency": max_concurrency,
+           # The client's machine: usually the server's too, and always the one whose clock timed it.
+           "machine": machine_info()}
     out.update(summarize(results, duration, percentiles, slos_ms))
     return out
 
@@ -270,17 +272,6 @@ def _load_tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
-def json_safe(obj: Any) -> Any:
-    """Infinite/NaN floats as strings: strict JSON has no such numbers (rate=inf is a common value)."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [json_safe(v) for v in obj]
-    return obj
-
-
 async def run_serve_async(args: argparse.Namespace) -> dict[str, Any] | list[dict[str, Any]]:
     """`tram bench serve` without the event loop: one run per (endpoint, sweep value)."""
     tokenizer = _load_tokenizer(args.tokenizer) if args.tokenizer else None
@@ -293,6 +284,7 @@ async def run_serve_async(args: argparse.Namespace) -> dict[str, Any] | list[dic
         labels = [f"{lab} ({u})" if lab else u for lab, u in zip(labels, urls)]
     percentiles, slos = parse_percentiles(args.percentiles), parse_goodput(args.goodput or [])
     param, values = parse_sweep(args.sweep) if args.sweep else ("", [None])
+    print(f"client {machine_summary()}", flush=True)
     runs = []
     for url, model, label in zip(urls, models, labels):
         model = model or await fetch_model_id(url)
@@ -316,8 +308,7 @@ async def run_serve_async(args: argparse.Namespace) -> dict[str, Any] | list[dic
         print(f"sweep plot written to {args.plot}")
     out: dict[str, Any] | list[dict[str, Any]] = runs if param or len(runs) > 1 else runs[0]
     if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(json_safe(out), f, indent=2)
+        write_json(args.output_json, out)
     return out
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+from tram.bench.timing import percentile_name, stats_ms
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
 
@@ -136,11 +136,6 @@ def parse_percentiles(text: str) -> list[float]:
     return values
 
 
-def percentile_name(p: float) -> str:
-    """The key suffix of a percentile: 99.0 -> 'p99', 99.9 -> 'p99.9' (as vLLM)."""
-    return f"p{int(p)}" if float(p).is_integer() else f"p{p}"
-
-
 def parse_goodput(items: Sequence[str]) -> dict[str, float]:
     """['ttft:500', 'e2el:2000'] -> {'ttft': 500.0, 'e2el': 2000.0} (milliseconds)."""
     slos: dict[str, float] = {}
@@ -174,18 +169,6 @@ def peak_concurrency(intervals: Iterable[tuple[float, float]]) -> int:
         live += delta
         peak = max(peak, live)
     return peak
-
-
-def stats_ms(values_s: Sequence[float], percentiles: Sequence[float]) -> dict[str, float | None]:
-    """Mean, median, std and linear-interpolated percentiles in ms; None for each when there are no values."""
-    keys = ["mean", "median", "std", *(percentile_name(p) for p in percentiles)]
-    if len(values_s) == 0:
-        return dict.fromkeys(keys)
-    a = np.asarray(values_s, dtype=float) * 1000.0
-    out: dict[str, float | None] = {"mean": float(a.mean()), "median": float(np.median(a)), "std": float(a.std())}
-    for p in percentiles:
-        out[percentile_name(p)] = float(np.percentile(a, p))
-    return out
 
 
 def summarize(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -19,8 +18,8 @@ import torch
 
 from tram.bench.datasets import BenchRequest, make_requests, workload_summary
 from tram.bench.hf_backends import GenerateFn, hf_cb_backend, hf_static_backend
-from tram.bench.presets import is_config_only, materialize, resolve_model
-from tram.bench.report import machine_info
+from tram.bench.presets import checkpoint_for
+from tram.bench.report import machine_info, machine_summary, write_json
 
 BACKENDS = ("tram", "hf-static", "hf-cb")
 
@@ -75,12 +74,8 @@ def add_throughput_args(p: argparse.ArgumentParser) -> None:
 
 
 def model_checkpoint(args: argparse.Namespace) -> str:
-    """The checkpoint every backend loads: random weights (a preset, or --load-format dummy) are
-    materialised once, because the peers cannot load 'dummy' and all must run the same weights."""
-    model = resolve_model(args.model)
-    if is_config_only(model) or args.load_format == "dummy":
-        return materialize(model, args.dtype, args.seed)
-    return model
+    """The checkpoint every backend loads (see presets.checkpoint_for); --load-format dummy means random weights."""
+    return checkpoint_for(args.model, args.dtype, args.seed, random_weights=args.load_format == "dummy")
 
 
 def tram_backend(model: str, args: argparse.Namespace) -> GenerateFn:
@@ -152,6 +147,7 @@ def run_throughput(args: argparse.Namespace) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model) if args.dataset_path else None
     requests = make_requests(args.num_prompts, args.input_len, args.output_len, args.seed,
                              tokenizer=tokenizer, vocab_size=vocab_size, dataset_path=args.dataset_path)
+    print(machine_summary())
     print(f"workload: {workload_summary(requests)}, model {args.model} ({model}), {args.dtype}, "
           f"{args.threads} torch threads", flush=True)
     results, outputs = [], {}
@@ -165,6 +161,5 @@ def run_throughput(args: argparse.Namespace) -> dict:
                                        "total_tokens_per_s": r.total_tokens_per_s} for r in results],
               "ratios": ratios}
     if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(report, f, indent=2)
+        write_json(args.output_json, report)
     return report
