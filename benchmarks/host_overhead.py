@@ -8,6 +8,7 @@ innermost category on its stack.
 
     pip install py-spy
     python3 benchmarks/host_overhead.py offline --model llama-15m --num-running 256
+    python3 benchmarks/host_overhead.py offline --model llama-15m --num-running 256 --penalties
     python3 benchmarks/host_overhead.py server --model llama-15m --num-running 256
 
 `offline` profiles LLMEngine.step in this process; `server` starts `tram serve`, keeps
@@ -30,12 +31,13 @@ import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
 # Checked in order; the first category whose marker is on a sample's stack takes the sample.
 CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
     ("model (forward + logits)", ("tram/model/",)),
-    ("sampling", ("tram/worker/sampler.py", "tram/worker/sampling_metadata.py")),
-    ("input preparation", ("tram/worker/input_batch.py", "tram/worker/device_copy.py", "_update_states")),
+    ("sampling", ("tram/worker/sampler.py", "tram/worker/sampling_metadata.py", "tram/worker/logits_processors/")),
+    ("input preparation", ("tram/worker/input_batch.py", "tram/worker/step_inputs.py", "tram/worker/block_table.py",
+                           "tram/worker/device_copy.py", "_update_states")),
     ("scheduling", ("tram/core/",)),
     ("output processing", ("tram/engine/output_processor.py", "tram/engine/detokenizer.py",
                            "tram/engine/stats.py", "tram/engine/llm_engine.py")),
-    ("IPC", ("tram/engine/ipc.py", "_drain_inputs", "_send (", "zmq/")),
+    ("IPC", ("tram/engine/messages.py", "tram/engine/ipc.py", "_drain_inputs", "_send (", "zmq/")),
 ]
 
 
@@ -60,13 +62,15 @@ def summarize(raw_path: str) -> dict[str, float]:
     return {k: v / total for k, v in counts.most_common()} | {"samples": float(total)}
 
 
-def print_summary(title: str, shares: dict[str, float]) -> None:
+def print_summary(title: str, shares: dict[str, float], ms_per_step: float | None = None) -> None:
     samples = int(shares.pop("samples"))
     print(f"\n{title}: {samples} samples")
     for name, share in shares.items():
-        print(f"  {name:<26} {100 * share:6.1f}%")
+        per_step = f"  {share * ms_per_step:7.2f} ms/step" if ms_per_step else ""
+        print(f"  {name:<26} {100 * share:6.1f}%{per_step}")
     host = 1 - shares.get("model (forward + logits)", 0.0)
-    print(f"  {'host overhead (all but model)':<26} {100 * host:6.1f}%")
+    per_step = f"  {host * ms_per_step:7.2f} ms/step" if ms_per_step else ""
+    print(f"  {'host overhead (all but model)':<26} {100 * host:6.1f}%{per_step}")
 
 
 def record(pid: int, duration: float, rate: int, out: str) -> subprocess.Popen:
@@ -93,7 +97,8 @@ def offline(args: argparse.Namespace) -> None:
     llm = LLM(resolve_model(args.model), load_format="dummy", dtype=args.dtype, max_num_seqs=args.num_running)
     engine = llm.llm_engine
     vocab = engine.engine_core.config.model_config.vocab_size
-    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+    penalties = dict(repetition_penalty=1.1, frequency_penalty=0.5, presence_penalty=0.5) if args.penalties else {}
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True, **penalties)
     for i, r in enumerate(steady_requests(args, vocab)):
         engine.add_processed_request(str(i), None, r.prompt_token_ids, params, final_only=True)
     while not prompts_done(engine):
@@ -107,9 +112,11 @@ def offline(args: argparse.Namespace) -> None:
     elapsed = time.perf_counter() - start
     if spy.returncode != 0:
         sys.exit(f"py-spy failed: {spy.stderr.read().decode()}")
+    ms_per_step = 1000 * elapsed / steps
     print(f"{steps} decode steps of {len(engine.engine_core.scheduler.running)} running requests, "
-          f"{1000 * elapsed / steps:.1f} ms per step (with the profiler attached)")
-    print_summary("offline LLMEngine.step", summarize(raw))
+          f"{ms_per_step:.1f} ms per step (with the profiler attached)")
+    title = "offline LLMEngine.step" + (" (repetition, frequency and presence penalties)" if args.penalties else "")
+    print_summary(title, summarize(raw), ms_per_step)
     engine.abort_request([str(i) for i in range(args.num_running)])
 
 
@@ -155,7 +162,11 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=15)
     p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     p.add_argument("--settle", type=float, default=40, help="server mode: seconds of load before profiling")
+    p.add_argument("--penalties", action="store_true", help="offline mode: every request uses all three penalties")
     args = p.parse_args()
+    from tram.bench.report import machine_summary
+
+    print(machine_summary())
     offline(args) if args.mode == "offline" else server(args)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tram.core.sched_output import SchedulerOutput
 from tram.worker.block_table import BlockTable
 from tram.worker.logits_processors import LogitsProcessor, SamplingRow
 from tram.worker.sampling_metadata import SamplingMetadata, build_sampling_metadata, make_logits_processors
@@ -139,3 +140,46 @@ class InputBatch:
         self.sampling_metadata()
         assert self._prompt_logprobs_rows is not None
         return self._prompt_logprobs_rows
+
+
+def apply_scheduler_output(batch: InputBatch, requests: dict[str, CachedRequestState], sched: SchedulerOutput) -> None:
+    """Apply the scheduler's diff to the worker's request states and batch: afterwards the batch
+    holds exactly this step's requests, condensed."""
+    for rid in sched.finished_req_ids:
+        requests.pop(rid, None)
+        batch.remove(rid)
+    scheduled = sched.num_scheduled_tokens
+    for rid in [r for r in batch.row_of if r not in scheduled]:
+        batch.remove(rid)  # preempted, or left out of this step's budget: its state stays
+    for new in sched.scheduled_new_reqs:
+        generator = None
+        if new.sampling_params.seed is not None:
+            generator = torch.Generator(device=batch.device)
+            generator.manual_seed(new.sampling_params.seed)
+        sampling = SamplingRow(new.sampling_params, new.prompt_token_ids, [], generator, new.min_tokens_masked_ids)
+        state = CachedRequestState(new.req_id, sampling, list(new.block_ids), new.num_computed_tokens)
+        requests[new.req_id] = state
+        batch.add(state)
+    for cached in sched.scheduled_cached_reqs:
+        state = requests[cached.req_id]
+        state.num_computed_tokens = cached.num_computed_tokens
+        if cached.resumed_from_preemption:
+            state.block_ids = list(cached.new_block_ids)
+        else:
+            state.block_ids.extend(cached.new_block_ids)
+        if cached.req_id in batch and not cached.resumed_from_preemption:
+            batch.append_blocks(cached.req_id, cached.new_block_ids)
+            batch.set_num_computed(cached.req_id, cached.num_computed_tokens)
+        else:
+            batch.remove(cached.req_id)
+            batch.add(state)
+    batch.condense()
+
+
+def advance_computed(batch: InputBatch, sched: SchedulerOutput) -> None:
+    """After the step's forward: every row computed the tokens it was scheduled."""
+    n = batch.num_reqs
+    done = [sched.num_scheduled_tokens[s.req_id] for s in batch.states[:n]]
+    for state, k in zip(batch.states[:n], done):
+        state.num_computed_tokens += k
+    batch.num_computed_tokens[:n] += done

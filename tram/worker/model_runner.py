@@ -16,8 +16,7 @@ from tram.model.loader import load_model
 from tram.model.registry import kv_cache_shape_info
 from tram.worker.cpu_memory import keep_freed_memory
 from tram.worker.cuda_graph import DecodeGraphRunner
-from tram.worker.input_batch import CachedRequestState, InputBatch
-from tram.worker.logits_processors import SamplingRow
+from tram.worker.input_batch import CachedRequestState, InputBatch, advance_computed, apply_scheduler_output
 from tram.worker.memory_profiler import MemoryProfile, profile_cuda_memory, run_dummy_step
 from tram.worker.sampler import Sampler, compute_token_logprobs
 from tram.worker.step_inputs import PromptLogprobsJob, StepBuffers, StepInputs, prepare_inputs
@@ -101,42 +100,9 @@ class ModelRunner:
         return profile_cuda_memory(self, self.max_num_batched_tokens, self.max_num_seqs)
 
     # ---- one step ------------------------------------------------------------------------
-    def _update_states(self, sched: SchedulerOutput) -> None:
-        """Apply the scheduler's diff: after it, the batch holds exactly this step's requests."""
-        batch = self.input_batch
-        for rid in sched.finished_req_ids:
-            self.requests.pop(rid, None)
-            batch.remove(rid)
-        scheduled = sched.num_scheduled_tokens
-        for rid in [r for r in batch.row_of if r not in scheduled]:
-            batch.remove(rid)  # preempted, or left out of this step's budget: its state stays
-        for new in sched.scheduled_new_reqs:
-            generator = None
-            if new.sampling_params.seed is not None:
-                generator = torch.Generator(device=self.device)
-                generator.manual_seed(new.sampling_params.seed)
-            sampling = SamplingRow(new.sampling_params, new.prompt_token_ids, [], generator, new.min_tokens_masked_ids)
-            state = CachedRequestState(new.req_id, sampling, list(new.block_ids), new.num_computed_tokens)
-            self.requests[new.req_id] = state
-            batch.add(state)
-        for cached in sched.scheduled_cached_reqs:
-            state = self.requests[cached.req_id]
-            state.num_computed_tokens = cached.num_computed_tokens
-            if cached.resumed_from_preemption:
-                state.block_ids = list(cached.new_block_ids)
-            else:
-                state.block_ids.extend(cached.new_block_ids)
-            if cached.req_id in batch and not cached.resumed_from_preemption:
-                batch.append_blocks(cached.req_id, cached.new_block_ids)
-                batch.set_num_computed(cached.req_id, cached.num_computed_tokens)
-            else:
-                batch.remove(cached.req_id)
-                batch.add(state)
-        batch.condense()
-
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        self._update_states(sched)
+        apply_scheduler_output(self.input_batch, self.requests, sched)
         if sched.is_empty:
             return ModelRunnerOutput()
         inputs = prepare_inputs(self.input_batch, sched, self.buffers, self.block_size)
@@ -149,16 +115,8 @@ class ModelRunner:
             self._sample(hidden, inputs, out)
         for job in inputs.prompt_logprobs_jobs:
             out.prompt_logprobs[job.req_id] = self._prompt_logprobs(hidden, job)
-        self._advance(sched)
+        advance_computed(self.input_batch, sched)
         return out
-
-    def _advance(self, sched: SchedulerOutput) -> None:
-        batch = self.input_batch
-        n = batch.num_reqs
-        scheduled = sched.num_scheduled_tokens
-        for rid, state in zip(batch.req_ids, batch.states[:n]):
-            state.num_computed_tokens += scheduled[rid]
-        batch.num_computed_tokens[:n] += [scheduled[rid] for rid in batch.req_ids]
 
     def _sample(self, hidden: torch.Tensor, inputs: StepInputs, out: ModelRunnerOutput) -> None:
         """Every row gets logits and a draw (keeping the batch's sampling tensors aligned with its
