@@ -5,7 +5,9 @@ from typing import Any
 
 from torch import nn
 
-from tram.model.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, attention_dims
+from tram.model.models.llama import LlamaForCausalLM, MistralForCausalLM
+from tram.model.models.qwen2 import Qwen2ForCausalLM
+from tram.model.spec import attention_dims
 
 _MODELS: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
