@@ -38,6 +38,8 @@ KINDS: dict[str, tuple[str, dict[str, Any]]] = {
         rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
         original_max_position_embeddings=64))),
     "mistral": ("MistralConfig", dict(sliding_window=8, tie_word_embeddings=False)),
+    # q/k norms per head; head_dim deliberately differs from hidden_size / num_heads.
+    "qwen3": ("Qwen3Config", dict(num_hidden_layers=3, head_dim=32, tie_word_embeddings=False)),
 }
 
 

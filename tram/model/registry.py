@@ -7,12 +7,14 @@ from torch import nn
 
 from tram.model.models.llama import LlamaForCausalLM, MistralForCausalLM
 from tram.model.models.qwen2 import Qwen2ForCausalLM
+from tram.model.models.qwen3 import Qwen3ForCausalLM
 from tram.model.spec import attention_dims
 
 _MODELS: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
 }
 
 
