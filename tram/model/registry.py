@@ -5,6 +5,7 @@ from typing import Any
 
 from torch import nn
 
+from tram.model.models.gemma3 import Gemma3ForCausalLM
 from tram.model.models.llama import LlamaForCausalLM, MistralForCausalLM
 from tram.model.models.qwen2 import Qwen2ForCausalLM
 from tram.model.models.qwen3 import Qwen3ForCausalLM
@@ -15,6 +16,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
 }
 
 
