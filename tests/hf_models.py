@@ -26,6 +26,15 @@ _BASE: dict[str, Any] = dict(
     vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
 )
+# Gemma 3: sliding layers (window 5, shorter than the test prompts) between global ones, each kind of
+# layer with its own RoPE (small bases so that rotations differ within a few positions; linear scaling
+# on the global ones, as Gemma 3 4B+ has), and an attention scale that is not head_dim ** -0.5.
+_GEMMA3: dict[str, Any] = dict(
+    head_dim=32, query_pre_attn_scalar=24, sliding_window=5,
+    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0},
+                     "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}},
+)
 # kind -> (transformers config class name, overrides of _BASE)
 KINDS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama_gqa": ("LlamaConfig", dict(tie_word_embeddings=True)),
@@ -38,6 +47,10 @@ KINDS: dict[str, tuple[str, dict[str, Any]]] = {
         rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
         original_max_position_embeddings=64))),
     "mistral": ("MistralConfig", dict(sliding_window=8, tie_word_embeddings=False)),
+    # q/k norms per head; head_dim deliberately differs from hidden_size / num_heads.
+    "qwen3": ("Qwen3Config", dict(num_hidden_layers=3, head_dim=32, tie_word_embeddings=False)),
+    "gemma3": ("Gemma3TextConfig", dict(num_hidden_layers=3, **_GEMMA3)),
+    "gemma3_softcap": ("Gemma3TextConfig", dict(num_hidden_layers=3, final_logit_softcapping=10.0, **_GEMMA3)),
 }
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tram.model.cpu_kernels import kernels_for, load_cpu_kernels
-from tram.model.llama import RMSNorm
+from tram.model.layers.norm import RMSNorm
 from tram.model.rope import apply_rotary, apply_rotary_qk
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

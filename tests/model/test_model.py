@@ -82,7 +82,7 @@ def test_chunked_prefill_then_decode_matches_full_forward(kind: str, block_size:
 
 
 @pytest.mark.parametrize("block_size", [16, 4])
-@pytest.mark.parametrize("kind", ["llama_gqa", "mistral", "qwen2_window", "stories260K"])
+@pytest.mark.parametrize("kind", ["llama_gqa", "mistral", "qwen2_window", "stories260K", "qwen3", "gemma3"])
 def test_mixed_batches_of_prefills_and_decodes(kind: str, block_size: int, model_dirs: dict[str, str]) -> None:
     """Three requests with different prompts share steps in every combination the scheduler makes."""
     path = model_dirs[kind]

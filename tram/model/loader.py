@@ -1,7 +1,8 @@
 """From a model name to a ready nn.Module: config, files (local or hub), class, weights.
 
 The model is built on the meta device (no memory, no init cost), materialised empty on the target
-device, then filled: from safetensors by name, or with seeded random values ("dummy").
+device, then filled: from safetensors by name, each tensor through its parameter's `weight_loader`
+(weight_utils.py), or with seeded random values ("dummy").
 """
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from tram.config import LOAD_FORMATS, ModelConfig, load_hf_config as get_hf_config  # noqa: F401 - re-exported
+from tram.config import LOAD_FORMATS, ModelConfig
+from tram.config import load_hf_config as get_hf_config  # noqa: F401 - the tests' entry point
 from tram.model.attention import get_attention_backend
 from tram.model.hub import INDEX_FILE, read_index, resolve_model_path
 from tram.model.registry import get_model_class
+from tram.model.weight_utils import WeightShapeError, get_weight_loader, materialize
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +56,7 @@ def load_model(model_config: ModelConfig) -> nn.Module:
     backend = get_attention_backend(model_config.attention_backend)
     with torch.device("meta"):
         model = cls(model_config.hf_config, model_config.torch_dtype, backend)
-    model.to_empty(device=model_config.torch_device)
+    materialize(model, model_config.torch_device)
     if model_config.load_format == "dummy":
         init_dummy_weights(model, model_config.seed)
     else:
@@ -73,10 +76,11 @@ def _is_tied(hf_config: Any) -> bool:
 
 @torch.no_grad()
 def load_safetensors_weights(model: nn.Module, files: list[str], tied: bool) -> None:
-    """Copy each checkpoint tensor into the parameter of the same name, cast to its dtype.
+    """Hand each checkpoint tensor to the weight loader of the parameter of the same name.
 
     Streams tensor by tensor so peak host memory is one tensor, not the checkpoint.
-    ValueError names every missing or unexpected weight (a wrong architecture or a broken file).
+    ValueError names every missing or unexpected weight (a wrong architecture or a broken file),
+    or the weight a loader could not take.
     """
     from safetensors import safe_open
 
@@ -92,16 +96,22 @@ def load_safetensors_weights(model: nn.Module, files: list[str], tied: bool) -> 
                 if param is None:
                     unexpected.append(name)
                     continue
-                tensor = f.get_tensor(name)
-                if tensor.shape != param.shape:
-                    raise ValueError(f"Weight {name} has shape {tuple(tensor.shape)} in {file}, "
-                                     f"the model expects {tuple(param.shape)}")
-                param.copy_(tensor)
+                _load_one(name, param, f.get_tensor(name), file)
                 loaded.add(name)
     missing = sorted(set(params) - loaded)
     if missing or unexpected:
         raise ValueError(f"Checkpoint does not match the model: missing weights {_names(missing)}; "
                          f"unexpected weights {_names(sorted(unexpected))}")
+
+
+def _load_one(name: str, param: nn.Parameter, tensor: torch.Tensor, file: str) -> None:
+    try:
+        get_weight_loader(param)(param, tensor)
+    except WeightShapeError as err:
+        raise ValueError(f"Weight {name} has shape {err.loaded_shape} in {file}, "
+                         f"the model expects {err.expected_shape}") from None
+    except ValueError as err:
+        raise ValueError(f"Weight {name} in {file}: {err}") from err
 
 
 def _names(names: list[str], limit: int = 10) -> str:

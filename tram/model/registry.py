@@ -5,12 +5,18 @@ from typing import Any
 
 from torch import nn
 
-from tram.model.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, attention_dims
+from tram.model.models.gemma3 import Gemma3ForCausalLM
+from tram.model.models.llama import LlamaForCausalLM, MistralForCausalLM
+from tram.model.models.qwen2 import Qwen2ForCausalLM
+from tram.model.models.qwen3 import Qwen3ForCausalLM
+from tram.model.spec import attention_dims
 
 _MODELS: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
 }
 
 

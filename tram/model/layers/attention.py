@@ -1,0 +1,57 @@
+"""Self-attention over a flattened, paged batch: q/k/v projections, optional per-head q/k norms,
+RoPE, the attention backend (which writes the paged KV cache), o_proj."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from tram.model.attention import AttentionBackend, AttentionMetadata
+from tram.model.linear import Linear, linear_n
+from tram.model.rope import apply_rotary_qk
+
+# Builds the norm applied to each head of q and of k over head_dim (Qwen3, Gemma 3), given head_dim.
+HeadNormFactory = Callable[[int], nn.Module]
+
+
+class Attention(nn.Module):
+    """Multi-head attention with grouped K/V heads; names equal Hugging Face's (q_proj ... o_proj,
+    q_norm, k_norm), so checkpoints load by name.
+
+    scale defaults to head_dim ** -0.5; sliding_window None means full attention, else the query
+    sees itself and the sliding_window - 1 keys before it (transformers' convention).
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 backend: AttentionBackend, dtype: torch.dtype, *, qkv_bias: bool, o_bias: bool,
+                 scale: float | None = None, sliding_window: int | None = None,
+                 head_norm: HeadNormFactory | None = None) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = head_dim ** -0.5 if scale is None else scale
+        self.sliding_window = sliding_window
+        self.backend = backend
+        q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        self.q_proj = Linear(hidden_size, q_size, bias=qkv_bias, dtype=dtype)
+        self.k_proj = Linear(hidden_size, kv_size, bias=qkv_bias, dtype=dtype)
+        self.v_proj = Linear(hidden_size, kv_size, bias=qkv_bias, dtype=dtype)
+        self.o_proj = Linear(q_size, hidden_size, bias=o_bias, dtype=dtype)
+        if head_norm is not None:
+            self.q_norm = head_norm(head_dim)
+            self.k_norm = head_norm(head_dim)
+        self.has_head_norm = head_norm is not None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:  # x [T, hidden] -> [T, hidden]
+        num_tokens = x.shape[0]
+        q, k, v = linear_n(x, (self.q_proj, self.k_proj, self.v_proj))
+        if self.has_head_norm:  # per head, before RoPE; on rows of head_dim (one kernel call on CPU)
+            q = self.q_norm(q.view(-1, self.head_dim))  # [T * H, D]
+            k = self.k_norm(k.view(-1, self.head_dim))  # [T * Hkv, D]
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, H, D]
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        q, k = apply_rotary_qk(q, k, cos, sin)  # in place on CPU: q and k are fresh tensors
+        out = self.backend.forward(q, k, v, kv_cache, meta, self.scale, self.sliding_window)  # [T, H, D]
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))  # [T, hidden]

@@ -1,0 +1,65 @@
+"""The per-parameter weight loader: the one seam between checkpoint tensors and model parameters.
+
+Contract of a weight loader, `weight_loader(param, loaded) -> None`:
+  * The loading loop (loader.load_safetensors_weights) calls it once for every checkpoint tensor whose
+    name is the parameter's name, with gradients off. `loaded` is a CPU tensor in the checkpoint's
+    dtype, possibly backed by the memory-mapped file: read it, never keep it.
+  * It fills `param` in place (`param.copy_`, `param[...].copy_`, or `param.narrow(...)`), casting
+    dtype and moving device as needed. It never rebinds `param.data`: the model may hold views of it.
+  * It raises WeightShapeError (or another ValueError) when it cannot use the tensor; the loop adds
+    the weight's name and file to the message.
+  * The parameter counts as loaded once its loader has returned; a parameter no checkpoint tensor
+    reached is reported as missing.
+
+A parameter with no `weight_loader` attribute gets `default_weight_loader`: an exact-shape copy.
+Layers attach their own with `set_weight_loader` where a parameter is not the checkpoint tensor as
+is: a tensor-parallel shard (a slice of `loaded`), a quantized packing, or a fused parameter filled
+from several checkpoint tensors (fused q/k/v, gate/up: such a loader takes the shard as a third
+argument, bound by the model's mapping of checkpoint names to parameter names).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+WeightLoader = Callable[[nn.Parameter, torch.Tensor], None]
+
+
+class WeightShapeError(ValueError):
+    """A checkpoint tensor whose shape the parameter cannot take."""
+
+    def __init__(self, loaded_shape: tuple[int, ...], expected_shape: tuple[int, ...]) -> None:
+        super().__init__(f"has shape {loaded_shape}, the model expects {expected_shape}")
+        self.loaded_shape = loaded_shape
+        self.expected_shape = expected_shape
+
+
+def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
+    """Copy the whole tensor into the parameter (cast to its dtype and device); shapes must match."""
+    if loaded.shape != param.shape:
+        raise WeightShapeError(tuple(loaded.shape), tuple(param.shape))
+    param.copy_(loaded)
+
+
+def set_weight_loader(param: nn.Parameter, loader: WeightLoader) -> nn.Parameter:
+    """Attach `loader` to `param` (returned, for use in assignments)."""
+    param.weight_loader = loader  # type: ignore[attr-defined]
+    return param
+
+
+def get_weight_loader(param: nn.Parameter) -> WeightLoader:
+    return getattr(param, "weight_loader", default_weight_loader)
+
+
+def materialize(model: nn.Module, device: torch.device | str) -> None:
+    """Allocate (uninitialised) storage on `device` for a model built on the meta device.
+
+    `Module.to_empty` replaces each meta parameter by a new Parameter object, which drops attributes
+    such as `weight_loader`; they are carried over by name.
+    """
+    attrs = {name: dict(vars(p)) for name, p in model.named_parameters() if vars(p)}
+    model.to_empty(device=device)
+    for name, param in model.named_parameters():
+        vars(param).update(attrs.get(name, {}))
