@@ -1,5 +1,7 @@
 #include "kernels.h"
 
+#include <torch/extension.h>
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Tram CPU kernels";
   m.def("paged_decode_attention", &tram::paged_decode_attention,

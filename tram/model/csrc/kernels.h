@@ -1,7 +1,13 @@
 // The C++ CPU kernels one extension module exposes (bindings.cpp); each is documented in its file.
+//
+// Only ATen's core headers here: <torch/extension.h> (the whole C++ API plus pybind11) costs ~23 s of
+// compile time per file, so only bindings.cpp includes it. That keeps the first start's build short.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 
 #include <tuple>
 #include <vector>

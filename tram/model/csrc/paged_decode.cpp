@@ -24,8 +24,6 @@
 #include "kernels.h"
 #include "simd.h"
 
-#include <torch/extension.h>
-
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
