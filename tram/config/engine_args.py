@@ -67,8 +67,6 @@ class EngineArgs:
                 raise ValueError(f"{name} must be positive, got {value}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.load_format not in LOAD_FORMATS:
-            raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"Unknown attention backend {self.attention_backend!r}. "
                              f"Supported backends: {', '.join(ATTENTION_BACKENDS)}")

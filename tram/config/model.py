@@ -45,8 +45,6 @@ def resolve_dtype(dtype: Any, hf_config: Any, device: Any) -> Any:
 
     name = _canonical(dtype)
     if name != "auto":
-        if name not in DTYPES:
-            raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}")
         return getattr(torch, DTYPES[name])
     cfg_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
     name = DTYPES.get(_canonical(cfg_dtype), "float32") if cfg_dtype is not None else "float32"
@@ -83,6 +81,10 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         self.dtype, self.device = _canonical(self.dtype), _canonical(self.device)
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {self.dtype!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         if self.hf_config is None:
             self.hf_config = load_hf_config(self.model, self.revision, self.trust_remote_code)
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tram.config import LOAD_FORMATS, ModelConfig
+from tram.config import ModelConfig
 from tram.config import load_hf_config as get_hf_config  # noqa: F401 - the tests' entry point
 from tram.model.attention import get_attention_backend
 from tram.model.hub import INDEX_FILE, read_index, resolve_model_path
@@ -50,8 +50,6 @@ def load_model(model_config: ModelConfig) -> nn.Module:
     """Build the architecture's model on model_config.device in model_config.dtype and fill its weights."""
     start = time.perf_counter()
     model_config.resolve()
-    if model_config.load_format not in LOAD_FORMATS:
-        raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}; got {model_config.load_format!r}")
     cls = get_model_class(model_config.architecture)
     backend = get_attention_backend(model_config.attention_backend)
     with torch.device("meta"):
