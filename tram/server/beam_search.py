@@ -24,7 +24,7 @@ from typing import Any
 
 from tram.engine.detokenizer import IncrementalDetokenizer
 from tram.outputs import Logprob
-from tram.sampling_params import SamplingParams
+from tram.sampling_params import RequestOutputKind, SamplingParams
 
 
 @dataclass
@@ -109,7 +109,8 @@ async def beam_search(
     eos_id = engine.eos_token_ids[0] if engine.eos_token_ids else None
     # 2 * beam_width candidates per beam (vLLM's choice): with at most one of them EOS, a beam's own
     # candidates can always refill all beam_width live beams. The text of a step is never used.
-    params = SamplingParams(max_tokens=1, logprobs=2 * beam_width, temperature=0.0, detokenize=False)
+    params = SamplingParams(max_tokens=1, logprobs=2 * beam_width, temperature=0.0, detokenize=False,
+                            output_kind=RequestOutputKind.FINAL_ONLY)
 
     def score(seq: BeamSearchSequence) -> float:
         return beam_score(seq, length_penalty)

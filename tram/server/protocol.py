@@ -9,7 +9,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tram.sampling_params import SamplingParams
+from tram.sampling_params import RequestOutputKind, SamplingParams
 
 PromptInput = Union[str, list[str], list[int], list[list[int]]]
 
@@ -59,7 +59,8 @@ class SamplingFields(BaseModel):
         self, max_tokens: int | None, defaults: dict[str, Any], logprobs: int | None,
         prompt_logprobs: int | None = None,
     ) -> SamplingParams:
-        """ValueError (-> 400) for values SamplingParams rejects."""
+        """Streams get DELTA outputs (each chunk is what is new), the rest one final output.
+        ValueError (-> 400) for values SamplingParams rejects."""
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of is not supported (only best_of == n); use n for several samples")
 
@@ -80,6 +81,7 @@ class SamplingFields(BaseModel):
             spaces_between_special_tokens=self.spaces_between_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             logit_bias={int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
+            output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
         )
 
     @property

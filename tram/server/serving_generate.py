@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from tram.engine.async_llm import RequestStream
 from tram.outputs import RequestOutput
-from tram.sampling_params import SamplingParams
+from tram.sampling_params import RequestOutputKind, SamplingParams
 from tram.server.beam_search import beam_search
 from tram.server.errors import APIError, exception_to_error, error_body
 from tram.server.serving_base import OpenAIServing, random_id
@@ -57,6 +57,8 @@ class LegacyGenerate(OpenAIServing):
             if stream:
                 return StreamingResponse(self._beam_stream(work), media_type="application/x-ndjson")
         else:
+            # The protocol streams cumulative texts, one JSON line per step.
+            params.output_kind = RequestOutputKind.CUMULATIVE if stream else RequestOutputKind.FINAL_ONLY
             handle = self.engine.add_request({"prompt_token_ids": ids, "prompt": prompt}, params, request_id)
             if stream:
                 return StreamingResponse(self._stream(prompt, handle), media_type="application/x-ndjson")
