@@ -15,7 +15,7 @@ from tram.core.outputs import EngineCoreOutputs, SchedulerStats
 from tram.engine.arg_utils import EngineConfig
 from tram.engine.core_client import EngineCoreClient, EngineDeadError
 from tram.engine.frontend import EngineFrontend
-from tram.engine.input_processor import PromptType
+from tram.engine.input_processor import OFFLINE_LENGTH_RULE, LengthRule, PromptType
 from tram.engine.metrics import LoggingStatLogger, PrometheusStatLogger
 from tram.outputs import RequestOutput, merge_deltas
 from tram.sampling_params import RequestOutputKind, SamplingParams
@@ -135,12 +135,15 @@ class AsyncLLM(EngineFrontend):
         after = max(waiting + (n if waiting else 0), in_flight + n - self.config.scheduler_config.max_num_seqs)
         return after > self.max_queued_requests
 
-    def add_request(self, prompt: PromptType, params: SamplingParams, request_id: str) -> RequestStream:
+    def add_request(
+        self, prompt: PromptType, params: SamplingParams, request_id: str,
+        length_rule: LengthRule = OFFLINE_LENGTH_RULE,
+    ) -> RequestStream:
         """Validate and submit a request now (ValueError, QueueFullError or EngineDeadError at once);
         iterate the returned stream for its outputs, of the kind `params.output_kind` asks for."""
         if not self.core.is_alive:
             raise EngineDeadError(self.core.dead_reason or "the engine is not running")
-        text, prompt_ids = self.process_input(prompt, params)
+        text, prompt_ids = self.process_input(prompt, params, length_rule)
         if self._queue_over_limit(params.n):
             raise QueueFullError(
                 f"The server is busy: the waiting queue would exceed {self.max_queued_requests} requests "

@@ -12,7 +12,7 @@ from typing import Any
 
 from tram.engine.arg_utils import EngineConfig
 from tram.engine.core import EngineCoreRequest
-from tram.engine.input_processor import InputProcessor, PromptType
+from tram.engine.input_processor import OFFLINE_LENGTH_RULE, InputProcessor, LengthRule, PromptType
 from tram.engine.output_processor import OutputProcessor
 from tram.engine.tokenizer import get_stop_token_ids, load_tokenizer
 from tram.sampling_params import SamplingParams
@@ -46,8 +46,10 @@ class EngineFrontend:
     def get_tokenizer(self) -> Any | None:
         return self.tokenizer
 
-    def process_input(self, prompt: PromptType, params: SamplingParams) -> tuple[str | None, list[int]]:
-        return self.input_processor.process(prompt, params)
+    def process_input(
+        self, prompt: PromptType, params: SamplingParams, length_rule: LengthRule = OFFLINE_LENGTH_RULE,
+    ) -> tuple[str | None, list[int]]:
+        return self.input_processor.process(prompt, params, length_rule)
 
     def register_request(
         self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,

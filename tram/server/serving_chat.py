@@ -13,7 +13,7 @@ from tram.outputs import CompletionOutput, RequestOutput
 from tram.server.choice_ledger import ChoiceLedger
 from tram.server.errors import APIError, stream_error_event
 from tram.server.protocol import ChatCompletionRequest, ChatMessage
-from tram.server.serving_base import OpenAIServing, random_id
+from tram.server.serving_base import MESSAGES_LENGTH_RULE, OpenAIServing, random_id
 from tram.server.utils import DONE_EVENT, run_until_disconnected, sse
 
 
@@ -50,13 +50,12 @@ class OpenAIServingChat(OpenAIServing):
         self.check_model(req.model)
         ids = self.render(req)
         max_tokens = req.max_completion_tokens or req.max_tokens
-        self.check_length(len(ids), max_tokens, "messages")
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = req.to_sampling_params(max_tokens, self.defaults, logprobs)
         request_id = random_id("chatcmpl")
-        stream = self.engine.add_request({"prompt_token_ids": ids}, params, request_id)
+        stream = self.engine.add_request({"prompt_token_ids": ids}, params, request_id, MESSAGES_LENGTH_RULE)
         if req.stream:
             return StreamingResponse(self._stream(req, request_id, stream), media_type="text/event-stream")
         body = await run_until_disconnected(raw, self._collect(req, request_id, stream))

@@ -12,7 +12,7 @@ from tram.outputs import CompletionOutput, PromptLogprobs, RequestOutput
 from tram.server.choice_ledger import ChoiceLedger
 from tram.server.errors import APIError, stream_error_event
 from tram.server.protocol import CompletionRequest
-from tram.server.serving_base import OpenAIServing, random_id
+from tram.server.serving_base import PROMPT_LENGTH_RULE, OpenAIServing, random_id
 from tram.server.utils import DONE_EVENT, merge_async_iterators, run_until_disconnected, sse
 
 
@@ -45,10 +45,9 @@ class OpenAIServingCompletion(OpenAIServing):
             for i, prompt in enumerate(_normalize_prompts(req.prompt)):
                 text = prompt if isinstance(prompt, str) else None
                 ids = self.tokenize(prompt) if isinstance(prompt, str) else prompt
-                self.check_length(len(ids), req.max_tokens)
                 params = req.to_sampling_params(req.max_tokens, self.defaults, req.logprobs, prompt_lp)
                 streams.append(self.engine.add_request(
-                    {"prompt_token_ids": ids, "prompt": text}, params, f"{request_id}-{i}"
+                    {"prompt_token_ids": ids, "prompt": text}, params, f"{request_id}-{i}", PROMPT_LENGTH_RULE
                 ))
         except BaseException:
             for s in streams:

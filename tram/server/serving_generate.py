@@ -17,7 +17,7 @@ from tram.outputs import RequestOutput
 from tram.sampling_params import RequestOutputKind, SamplingParams
 from tram.server.beam_search import beam_search
 from tram.server.errors import APIError, exception_to_error, error_body
-from tram.server.serving_base import OpenAIServing, random_id
+from tram.server.serving_base import PROMPT_LENGTH_RULE, OpenAIServing, random_id
 from tram.server.utils import run_until_disconnected
 
 
@@ -50,16 +50,18 @@ class LegacyGenerate(OpenAIServing):
         except TypeError as e:
             raise APIError(400, f"invalid sampling parameters: {e}") from None
         ids = self.tokenize(prompt)
-        self.check_length(len(ids), params.max_tokens)
         request_id = random_id("generate")
         if use_beam_search:
+            self.engine.input_processor.check_prompt_length(len(ids), params.max_tokens, PROMPT_LENGTH_RULE)
             work = self._beam(prompt, ids, params, length_penalty, request_id)
             if stream:
                 return StreamingResponse(self._beam_stream(work), media_type="application/x-ndjson")
         else:
             # The protocol streams cumulative texts, one JSON line per step.
             params.output_kind = RequestOutputKind.CUMULATIVE if stream else RequestOutputKind.FINAL_ONLY
-            handle = self.engine.add_request({"prompt_token_ids": ids, "prompt": prompt}, params, request_id)
+            handle = self.engine.add_request(
+                {"prompt_token_ids": ids, "prompt": prompt}, params, request_id, PROMPT_LENGTH_RULE
+            )
             if stream:
                 return StreamingResponse(self._stream(prompt, handle), media_type="application/x-ndjson")
             work = self._collect(prompt, handle)
