@@ -36,7 +36,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     Normalisations: `stop` and `stop_token_ids` become lists, `top_k=-1` becomes 0 (both mean
     "disabled"), `logit_bias` keys become ints, and greedy requests (temperature < 1e-5) get
-    top_p=1, top_k=0, min_p=0 since those filters cannot change an argmax.
+    top_p=1, top_k=0, min_p=0 since those filters cannot change an argmax. This is the only place
+    that normalises and validates stop strings and logit_bias keys: the server's request models
+    pass them through as the client sent them, and the detokenizer takes them as given.
 
     `output_kind` says what each output of the request holds (see `RequestOutputKind`); the offline
     `LLM` asks for FINAL_ONLY, the server streams DELTA.

@@ -16,7 +16,7 @@ from tram.engine.arg_utils import EngineConfig
 from tram.engine.core_client import EngineCoreClient, EngineDeadError
 from tram.engine.frontend import EngineFrontend
 from tram.engine.input_processor import OFFLINE_LENGTH_RULE, LengthRule, PromptType
-from tram.engine.metrics import LoggingStatLogger, PrometheusStatLogger
+from tram.engine.metrics import DEFAULT_LOG_INTERVAL, LoggingStatLogger, PrometheusStatLogger
 from tram.outputs import RequestOutput, merge_deltas
 from tram.sampling_params import RequestOutputKind, SamplingParams
 
@@ -97,7 +97,7 @@ class RequestStream:
 class AsyncLLM(EngineFrontend):
     def __init__(
         self, config: EngineConfig, served_model_name: str | None = None,
-        max_queued_requests: int | None = None, log_stats_interval: float = 5.0,
+        max_queued_requests: int | None = None, log_stats_interval: float = DEFAULT_LOG_INTERVAL,
     ) -> None:
         super().__init__(config)
         self.max_queued_requests = max_queued_requests

@@ -108,5 +108,6 @@ class InputProcessor:
                     f"{name}={k} asks for {num} logprobs, more than the maximum allowed "
                     f"({self.max_logprobs}; raise max_logprobs)"
                 )
-        if params.stop and (self.tokenizer is None or not params.detokenize):
-            raise ValueError("stop strings need detokenization (a tokenizer and detokenize=True)")
+        # SamplingParams itself rejects stop strings with detokenize=False.
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this engine was started with skip_tokenizer_init")

@@ -16,6 +16,7 @@ _LATENCY_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 
 _ITL_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
                 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
 FINISH_REASONS = ("stop", "length", "abort")
+DEFAULT_LOG_INTERVAL = 5.0  # seconds between two throughput log lines
 
 
 class PrometheusStatLogger:
@@ -79,7 +80,7 @@ class PrometheusStatLogger:
 class LoggingStatLogger:
     """A log line every `interval` seconds while there is work: throughput, queue, KV and cache use."""
 
-    def __init__(self, interval: float = 5.0) -> None:
+    def __init__(self, interval: float = DEFAULT_LOG_INTERVAL) -> None:
         self.interval = interval
         self.last_log = time.monotonic()
         self.prompt_tokens = 0

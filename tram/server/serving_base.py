@@ -17,6 +17,12 @@ _GENERATION_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetit
 # processor checks it; these name the request field an error blames).
 PROMPT_LENGTH_RULE = LengthRule(completion_must_fit=True, prompt_field="prompt")
 MESSAGES_LENGTH_RULE = LengthRule(completion_must_fit=True, prompt_field="messages")
+# JSON has no -inf; OpenAI and vLLM report impossible tokens at this floor.
+_LOGPROB_FLOOR = -9999.0
+
+
+def json_logprob(logprob: float) -> float:
+    return max(logprob, _LOGPROB_FLOOR)
 
 
 def generation_config_defaults(model_path: str) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from tram.engine.async_llm import RequestStream
 from tram.engine.tokenizer import apply_chat_template
@@ -13,8 +13,8 @@ from tram.outputs import CompletionOutput, RequestOutput
 from tram.server.choice_ledger import ChoiceLedger
 from tram.server.errors import APIError, stream_error_event
 from tram.server.protocol import ChatCompletionRequest, ChatMessage
-from tram.server.serving_base import MESSAGES_LENGTH_RULE, OpenAIServing, random_id
-from tram.server.utils import DONE_EVENT, run_until_disconnected, sse
+from tram.server.serving_base import MESSAGES_LENGTH_RULE, OpenAIServing, json_logprob, random_id
+from tram.server.utils import DONE_EVENT, respond_unless_disconnected, sse
 
 
 def _message_dict(m: ChatMessage) -> dict[str, Any]:
@@ -58,8 +58,7 @@ class OpenAIServingChat(OpenAIServing):
         stream = self.engine.add_request({"prompt_token_ids": ids}, params, request_id, MESSAGES_LENGTH_RULE)
         if req.stream:
             return StreamingResponse(self._stream(req, request_id, stream), media_type="text/event-stream")
-        body = await run_until_disconnected(raw, self._collect(req, request_id, stream))
-        return JSONResponse(body) if body is not None else Response(status_code=499)
+        return await respond_unless_disconnected(raw, self._collect(req, request_id, stream))
 
     async def _collect(self, req: ChatCompletionRequest, request_id: str, stream: RequestStream) -> dict:
         final: RequestOutput | None = None
@@ -87,7 +86,7 @@ class OpenAIServingChat(OpenAIServing):
     def _entry(self, token_id: int, row: dict) -> dict:
         lp = row[token_id]
         token = lp.decoded_token if lp.decoded_token is not None else self.tokenizer.decode([token_id])
-        return {"token": token, "logprob": max(lp.logprob, -9999.0), "bytes": list(token.encode("utf-8"))}
+        return {"token": token, "logprob": json_logprob(lp.logprob), "bytes": list(token.encode("utf-8"))}
 
     async def _stream(self, req: ChatCompletionRequest, request_id: str, stream: RequestStream) -> AsyncIterator[str]:
         """One chunk per choice per DELTA output that has something new for it."""

@@ -5,15 +5,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from tram.engine.async_llm import RequestStream
 from tram.outputs import CompletionOutput, PromptLogprobs, RequestOutput
 from tram.server.choice_ledger import ChoiceLedger
 from tram.server.errors import APIError, stream_error_event
 from tram.server.protocol import CompletionRequest
-from tram.server.serving_base import PROMPT_LENGTH_RULE, OpenAIServing, random_id
-from tram.server.utils import DONE_EVENT, merge_async_iterators, run_until_disconnected, sse
+from tram.server.serving_base import PROMPT_LENGTH_RULE, OpenAIServing, json_logprob, random_id
+from tram.server.utils import DONE_EVENT, merge_async_iterators, respond_unless_disconnected, sse
 
 
 def _normalize_prompts(prompt: Any) -> list[str | list[int]]:
@@ -34,8 +34,7 @@ class OpenAIServingCompletion(OpenAIServing):
         streams = self._submit(req, request_id)
         if req.stream:
             return StreamingResponse(self._stream(req, request_id, streams), media_type="text/event-stream")
-        body = await run_until_disconnected(raw, self._collect(req, request_id, streams))
-        return JSONResponse(body) if body is not None else Response(status_code=499)
+        return await respond_unless_disconnected(raw, self._collect(req, request_id, streams))
 
     def _submit(self, req: CompletionRequest, request_id: str) -> list[RequestStream]:
         """Validate every prompt and submit them all, or none (earlier ones are aborted)."""
@@ -105,10 +104,10 @@ class OpenAIServingCompletion(OpenAIServing):
                 result["token_logprobs"].append(None)
                 result["top_logprobs"].append(None)
                 continue
-            result["token_logprobs"].append(max(row[token_id].logprob, -9999.0))
+            result["token_logprobs"].append(json_logprob(row[token_id].logprob))
             # The top-k by rank, plus the chosen token when it ranks below them (as vLLM).
             top = sorted(row.items(), key=lambda kv: kv[1].rank or 0)
-            result["top_logprobs"].append({self._token_text(t, row): max(lp.logprob, -9999.0) for t, lp in top})
+            result["top_logprobs"].append({self._token_text(t, row): json_logprob(lp.logprob) for t, lp in top})
         return result
 
     def _token_text(self, token_id: int, row: dict | None) -> str:

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from tram.engine.async_llm import RequestStream
 from tram.outputs import RequestOutput
@@ -18,7 +18,7 @@ from tram.sampling_params import RequestOutputKind, SamplingParams
 from tram.server.beam_search import beam_search
 from tram.server.errors import APIError, exception_to_error, error_body
 from tram.server.serving_base import PROMPT_LENGTH_RULE, OpenAIServing, random_id
-from tram.server.utils import run_until_disconnected
+from tram.server.utils import respond_unless_disconnected
 
 
 async def _read_body(raw: Request) -> dict[str, Any]:
@@ -65,8 +65,7 @@ class LegacyGenerate(OpenAIServing):
             if stream:
                 return StreamingResponse(self._stream(prompt, handle), media_type="application/x-ndjson")
             work = self._collect(prompt, handle)
-        body_out = await run_until_disconnected(raw, work)
-        return JSONResponse(body_out) if body_out is not None else Response(status_code=499)
+        return await respond_unless_disconnected(raw, work)
 
     async def _beam(self, prompt: str, ids: list[int], params: SamplingParams, length_penalty: float,
                     request_id: str) -> dict:
