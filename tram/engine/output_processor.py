@@ -94,11 +94,12 @@ class OutputProcessor:
             touched[rid] = state
         emitted = []
         for rid, state in touched.items():
-            if state.finished:
+            finished = state.finished
+            if finished:
                 state.metrics.finished_time = now
                 del self.requests[rid]
                 self._record_finished(state)
-            request_output = state.make_output()
+            request_output = state.make_output(finished)
             if request_output is not None:
                 emitted.append(request_output)
         return emitted, stopped_by_string
@@ -122,6 +123,8 @@ class OutputProcessor:
             sample.finish_reason, sample.stop_reason = "stop", matched
         else:
             sample.finish_reason, sample.stop_reason = out.finish_reason, out.stop_reason
+        if sample.finish_reason is not None:
+            state.num_finished += 1  # a finished sample gets no more outputs (sample_owner forgets it)
         sample.has_news = True
 
     def _record_token_times(self, state: RequestState, out: EngineCoreOutput, now: float) -> None:

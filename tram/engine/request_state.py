@@ -74,10 +74,11 @@ class RequestState:
     prompt_logprobs: PromptLogprobs | None = None  # None unless the request asked for them
     num_cached_tokens: int = 0
     prompt_logprobs_sent: bool = False  # DELTA sends them once, complete
+    num_finished: int = 0  # samples with a finish reason (counted, not searched, every step)
 
     @property
     def finished(self) -> bool:
-        return all(s.finished for s in self.samples.values())
+        return self.num_finished == len(self.samples)
 
     def prompt_logprobs_pending(self) -> bool:
         """Prompt logprobs were asked for and some positions have not arrived yet."""
@@ -90,9 +91,8 @@ class RequestState:
         if sample.index == 0 and self.prompt_logprobs_pending():
             self.prompt_logprobs.extend(rows[: len(self.prompt_token_ids) - len(self.prompt_logprobs)])
 
-    def make_output(self) -> RequestOutput | None:
-        """The output this step owes the caller, or None when it owes none."""
-        finished = self.finished
+    def make_output(self, finished: bool) -> RequestOutput | None:
+        """The output this step owes the caller (`finished`: the request is), or None when it owes none."""
         kind = self.params.output_kind
         if kind == RequestOutputKind.DELTA:
             return self._delta_output(finished)

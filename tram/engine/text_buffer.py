@@ -44,6 +44,11 @@ class TextBuffer:
     def suffix(self, start: int) -> str:
         """`text()[start:]` in time proportional to the characters returned."""
         remaining = self._length - max(start, 0)
+        if remaining <= 0:
+            return ""
+        last = self._pieces[-1]
+        if len(last) >= remaining:  # the common case: the range lies in the newest piece
+            return last[len(last) - remaining:]
         parts: list[str] = []
         for piece in reversed(self._pieces):
             if remaining <= 0:
