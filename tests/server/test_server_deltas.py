@@ -59,7 +59,8 @@ def test_echo_with_logprobs_streams_every_prompt_position(server):
     for choice in full["choices"]:
         i = choice["index"]
         assert text[i] == choice["text"] and text[i].startswith(LONG_PROMPT if i < 2 else "Tom and his dog")
-        assert lps[i] == pytest.approx(choice["logprobs"]["token_logprobs"], abs=1e-6)
+        # Batches (and so float rounding) differ between the two runs.
+        assert lps[i] == pytest.approx(choice["logprobs"]["token_logprobs"], abs=1e-4)
         assert tokens[i] == choice["logprobs"]["tokens"]
         # Offsets within one chunk add up token texts, as vLLM's (and so differ from the
         # non-streamed ones once a chunk boundary resets them to the assembled text's length).
