@@ -89,18 +89,20 @@ def steady_requests(args: argparse.Namespace, vocab: int) -> list:
 def offline(args: argparse.Namespace) -> None:
     import torch
 
-    from tram import LLM, SamplingParams
+    from tram import LLM
     from tram.bench.latency import prompts_done
     from tram.bench.presets import resolve_model
+    from tram.sampling_params import RequestOutputKind, SamplingParams
 
     torch.set_num_threads(args.threads)
     llm = LLM(resolve_model(args.model), load_format="dummy", dtype=args.dtype, max_num_seqs=args.num_running)
     engine = llm.llm_engine
     vocab = engine.engine_core.config.model_config.vocab_size
     penalties = dict(repetition_penalty=1.1, frequency_penalty=0.5, presence_penalty=0.5) if args.penalties else {}
-    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True, **penalties)
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True,
+                            output_kind=RequestOutputKind.FINAL_ONLY, **penalties)
     for i, r in enumerate(steady_requests(args, vocab)):
-        engine.add_processed_request(str(i), None, r.prompt_token_ids, params, final_only=True)
+        engine.add_processed_request(str(i), None, r.prompt_token_ids, params)
     while not prompts_done(engine):
         engine.step()  # prefill everything first: the profile sees decode steps only
     raw = tempfile.mktemp(suffix=".txt")

@@ -20,6 +20,14 @@ class SamplingType(IntEnum):
     RANDOM_SEED = 2
 
 
+class RequestOutputKind(IntEnum):
+    """What each `RequestOutput` of a request holds (vLLM's names and values)."""
+
+    CUMULATIVE = 0  # everything so far, every step: each output costs O(length generated)
+    DELTA = 1  # only what is new since the request's previous output: O(new) per step
+    FINAL_ONLY = 2  # one output, when the request finishes
+
+
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     """How to pick the output tokens of one request (names and defaults follow vLLM).
 
@@ -28,7 +36,12 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     Normalisations: `stop` and `stop_token_ids` become lists, `top_k=-1` becomes 0 (both mean
     "disabled"), `logit_bias` keys become ints, and greedy requests (temperature < 1e-5) get
-    top_p=1, top_k=0, min_p=0 since those filters cannot change an argmax.
+    top_p=1, top_k=0, min_p=0 since those filters cannot change an argmax. This is the only place
+    that normalises and validates stop strings and logit_bias keys: the server's request models
+    pass them through as the client sent them, and the detokenizer takes them as given.
+
+    `output_kind` says what each output of the request holds (see `RequestOutputKind`); the offline
+    `LLM` asks for FINAL_ONLY, the server streams DELTA.
     """
 
     n: int = 1
@@ -53,11 +66,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None
-    # Filled by the engine from the model's generation config, not by users; travels with the
-    # params so the engine core sees the same stop set as the front end that set it.
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         self._normalise_numbers()
+        self._normalise_output_kind()
         self._normalise_stops()
         self._normalise_logit_bias()
         self._verify_ranges()
@@ -77,6 +90,13 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
                 _require_int(name, getattr(self, name))
         if self.top_k == -1:
             self.top_k = 0
+
+    def _normalise_output_kind(self) -> None:
+        kind = self.output_kind
+        if not isinstance(kind, RequestOutputKind):
+            if not _is_int(kind) or kind not in set(RequestOutputKind):
+                raise ValueError(f"output_kind must be a RequestOutputKind, got {kind!r}")
+            self.output_kind = RequestOutputKind(kind)
 
     def _normalise_stops(self) -> None:
         if self.stop is None:

@@ -32,13 +32,13 @@ def add_latency_args(p: argparse.ArgumentParser) -> None:
 
 def _one_batch(engine: Any, prompts: list[list[int]], output_len: int, tag: str) -> tuple[float, list[float], list[float]]:
     """Seconds end to end, and the durations of prefill steps and of decode steps."""
-    from tram import SamplingParams
+    from tram.sampling_params import RequestOutputKind, SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
     prefill, decode = [], []
     start = time.perf_counter()
     for i, ids in enumerate(prompts):
-        engine.add_processed_request(f"{tag}-{i}", None, ids, params, final_only=True)
+        engine.add_processed_request(f"{tag}-{i}", None, ids, params)
     while engine.has_unfinished_requests():
         # A step taken while some prompt is not fully computed carries prompt tokens.
         bucket = decode if prompts_done(engine) else prefill

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from tram.config.cli_args import add_arguments, from_namespace, setting
 
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+DEFAULT_LOG_INTERVAL = 5.0  # seconds between two throughput log lines
 
 
 @dataclass
@@ -18,7 +19,7 @@ class ServerArgs:
     chat_template: str | None = setting(None, "a Jinja chat template, or a file holding one")
     max_queued_requests: int | None = setting(None, "answer 429 while this many requests are already waiting")
     uvicorn_log_level: str = setting("warning", "uvicorn's log level", choices=UVICORN_LOG_LEVELS)
-    log_stats_interval: float = setting(5.0, "seconds between throughput log lines")
+    log_stats_interval: float = setting(DEFAULT_LOG_INTERVAL, "seconds between throughput log lines")
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:

@@ -1,7 +1,8 @@
 """AsyncLLM: the server's engine. Text in, streams of `RequestOutput` out; the core runs in another process.
 
-Each request gets an `OutputCollector`. Outputs are cumulative (full text and token ids so far), so a
-collector only keeps the newest one: a slow consumer skips intermediate states instead of queueing them.
+Each request gets an `OutputCollector` holding what its consumer has not taken yet. A cumulative
+output replaces the one before it (a slow consumer skips intermediate states); DELTA outputs are
+merged, so a slow consumer gets everything it missed in one output and nothing is lost.
 """
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from tram.engine.messages import EngineCoreOutputs, SchedulerStats
 from tram.config import EngineConfig
 from tram.engine.core_client import EngineCoreClient, EngineDeadError
 from tram.engine.frontend import EngineFrontend
-from tram.engine.input_processor import PromptType
-from tram.engine.metrics import LoggingStatLogger, PrometheusStatLogger
-from tram.outputs import RequestOutput
-from tram.sampling_params import SamplingParams
+from tram.engine.input_processor import OFFLINE_LENGTH_RULE, LengthRule, PromptType
+from tram.engine.metrics import DEFAULT_LOG_INTERVAL, LoggingStatLogger, PrometheusStatLogger
+from tram.outputs import RequestOutput, merge_deltas
+from tram.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -31,13 +32,19 @@ class RequestFailedError(RuntimeError):
 
 
 class OutputCollector:
-    def __init__(self) -> None:
-        self.output: RequestOutput | None = None
+    """The outputs of one request between the engine (`put`, every step) and its consumer (`get`)."""
+
+    def __init__(self, aggregate: bool = False) -> None:
+        self.aggregate = aggregate  # DELTA outputs: merge them, never drop one
+        self.pending: list[RequestOutput] = []
         self.error: BaseException | None = None
         self.ready = asyncio.Event()
 
     def put(self, output: RequestOutput) -> None:
-        self.output = output
+        if self.aggregate:
+            self.pending.append(output)
+        else:
+            self.pending = [output]
         self.ready.set()
 
     def fail(self, error: BaseException) -> None:
@@ -49,9 +56,9 @@ class OutputCollector:
         self.ready.clear()
         if self.error is not None:
             raise self.error
-        out, self.output = self.output, None
-        assert out is not None
-        return out
+        outputs, self.pending = self.pending, []
+        assert outputs
+        return merge_deltas(outputs) if self.aggregate else outputs[0]
 
 
 class RequestStream:
@@ -90,7 +97,7 @@ class RequestStream:
 class AsyncLLM(EngineFrontend):
     def __init__(
         self, config: EngineConfig, served_model_name: str | None = None,
-        max_queued_requests: int | None = None, log_stats_interval: float = 5.0,
+        max_queued_requests: int | None = None, log_stats_interval: float = DEFAULT_LOG_INTERVAL,
     ) -> None:
         super().__init__(config)
         self.max_queued_requests = max_queued_requests
@@ -128,19 +135,23 @@ class AsyncLLM(EngineFrontend):
         after = max(waiting + (n if waiting else 0), in_flight + n - self.config.scheduler_config.max_num_seqs)
         return after > self.max_queued_requests
 
-    def add_request(self, prompt: PromptType, params: SamplingParams, request_id: str) -> RequestStream:
+    def add_request(
+        self, prompt: PromptType, params: SamplingParams, request_id: str,
+        length_rule: LengthRule = OFFLINE_LENGTH_RULE,
+    ) -> RequestStream:
         """Validate and submit a request now (ValueError, QueueFullError or EngineDeadError at once);
-        iterate the returned stream for its cumulative outputs."""
+        iterate the returned stream for its outputs, of the kind `params.output_kind` asks for."""
         if not self.core.is_alive:
             raise EngineDeadError(self.core.dead_reason or "the engine is not running")
-        text, prompt_ids = self.process_input(prompt, params)
+        text, prompt_ids = self.process_input(prompt, params, length_rule)
         if self._queue_over_limit(params.n):
             raise QueueFullError(
                 f"The server is busy: the waiting queue would exceed {self.max_queued_requests} requests "
                 "(--max-queued-requests). Retry later."
             )
         core_requests = self.register_request(request_id, text, prompt_ids, params)
-        collector = self.collectors[request_id] = OutputCollector()
+        collector = OutputCollector(aggregate=params.output_kind == RequestOutputKind.DELTA)
+        self.collectors[request_id] = collector
         for core_request in core_requests:
             self.core.add_request(core_request)
         return RequestStream(self, request_id, collector)
@@ -148,8 +159,8 @@ class AsyncLLM(EngineFrontend):
     async def generate(
         self, prompt: PromptType, params: SamplingParams, request_id: str,
     ) -> AsyncIterator[RequestOutput]:
-        """Yield cumulative outputs until the request finishes. Closing the iterator early (a client
-        that went away, a cancelled task) aborts the request in the engine."""
+        """Yield outputs (of the params' kind) until the request finishes. Closing the iterator early
+        (a client that went away, a cancelled task) aborts the request in the engine."""
         stream = self.add_request(prompt, params, request_id)
         try:
             async for out in stream:

@@ -14,6 +14,9 @@ gaps are covered here:
   `_step` restarts the stream on the held tokens; text already streamed is never taken back.
 * Bytes of a character that never completes (generation cut off mid-character) are never emitted,
   as in vLLM: the user sees no trailing U+FFFD.
+* It has no `spaces_between_special_tokens`. As in vLLM's fast detokenizer, with False (and special
+  tokens rendered) an added token right after another added token is emitted as its bare content,
+  without the space the decoder may put before it. The prompt's last token counts as "before".
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ import weakref
 from typing import Any
 
 from tokenizers.decoders import DecodeStream
+
+from tram.engine.text_buffer import TextBuffer
 
 _REPLACEMENT = "\ufffd"
 # Enough prompt context for the decoder's left-sensitive rules (leading-space strip, metaspace).
@@ -33,9 +38,11 @@ _INVALID_PREFIX = "Invalid prefix"
 class IncrementalDetokenizer:
     """Turns one request's output token ids into text as they arrive, and watches for stop strings.
 
-    `output_text` is the text so far (truncated at a matched stop string). `update` feeds new token
-    ids; `get_next_output_text` hands out the text for streaming without exposing a partial stop
-    string.
+    `update` feeds new token ids; `get_next_output_text` hands out the text for streaming without
+    exposing a partial stop string; `output_text` is the whole text so far (truncated at a matched
+    stop string). Each update costs O(new tokens + longest stop string), whatever was generated
+    before: the text lives in a `TextBuffer` and stop strings are searched in a bounded window.
+    `stop` is taken as given (`SamplingParams` has normalised it).
     """
 
     def __init__(
@@ -45,13 +52,14 @@ class IncrementalDetokenizer:
         skip_special_tokens: bool = True,
         stop: list[str] | None = None,
         include_stop_str_in_output: bool = False,
+        spaces_between_special_tokens: bool = True,
     ) -> None:
         self._backend = tokenizer.backend_tokenizer
         self._skip_special_tokens = skip_special_tokens
         self._held_ids: list[int] = []  # fed to the stream but not yet rendered (incomplete bytes)
         self._stream = self._prime_stream(prompt_token_ids)
-        self.output_text = ""
-        self.stop = list(dict.fromkeys(s for s in (stop or []) if s))
+        self._text = TextBuffer()
+        self.stop = stop or []
         self.include_stop_str_in_output = include_stop_str_in_output
         self.stop_string: str | None = None  # set once a stop string ended the request
         max_stop_len = max((len(s) for s in self.stop), default=0)
@@ -59,6 +67,16 @@ class IncrementalDetokenizer:
         # An included stop string is output anyway, so its prefix may stream early.
         self._stream_holdback = 0 if include_stop_str_in_output else self._stop_window
         self._streamed_len = 0
+        # Skipped specials are never rendered, so there is nothing to put spaces between (as vLLM).
+        self._added_tokens: dict[int, str] | None = None
+        self._last_added = False
+        if not spaces_between_special_tokens and not skip_special_tokens:
+            self._added_tokens = _added_tokens(tokenizer)
+            self._last_added = bool(prompt_token_ids) and prompt_token_ids[-1] in self._added_tokens
+
+    @property
+    def output_text(self) -> str:
+        return self._text.text()
 
     def _prime_stream(self, prompt_token_ids: list[int]) -> DecodeStream:
         primer, tail = _split_prompt_tail(self._backend, prompt_token_ids, self._skip_special_tokens)
@@ -82,12 +100,11 @@ class IncrementalDetokenizer:
             return None  # nothing after a matched stop string may reach the text
         if stop_terminated and not self.include_stop_str_in_output:
             new_token_ids = new_token_ids[:-1]
-        pieces = [self._step(token_id) for token_id in new_token_ids]
-        new_text = "".join(pieces)
+        new_text = "".join([self._step(token_id) for token_id in new_token_ids])
         if not new_text:
             return None
-        old_len = len(self.output_text)
-        self.output_text += new_text
+        old_len = len(self._text)
+        self._text.append(new_text)
         if not self.stop:
             return None
         return self._check_stop(old_len)
@@ -101,10 +118,21 @@ class IncrementalDetokenizer:
             if _INVALID_PREFIX not in str(e):
                 raise
             piece = self._restart_stream(token_id)
+        if self._added_tokens is not None:
+            piece = self._without_space_between_added(token_id, piece)
         if piece is None:
             self._held_ids.append(token_id)
             return ""
         self._held_ids.clear()
+        return piece
+
+    def _without_space_between_added(self, token_id: int, piece: str | None) -> str | None:
+        # The decoder may put a space before an added token (WordPiece joins every token with one);
+        # spaces_between_special_tokens=False asks for its bare content after another added token.
+        content = self._added_tokens.get(token_id)  # type: ignore[union-attr]
+        if content is not None and self._last_added and piece is not None:
+            piece = content
+        self._last_added = content is not None
         return piece
 
     def _restart_stream(self, token_id: int) -> str | None:
@@ -121,11 +149,11 @@ class IncrementalDetokenizer:
     def _check_stop(self, old_len: int) -> str | None:
         # A match must end in the new text (the old text had none), so scanning from
         # (max stop length - 1) characters before it catches stop strings straddling tokens.
-        text = self.output_text
         search_from = max(old_len - self._stop_window, 0)
-        best: tuple[int, int, str] | None = None  # (end, start, stop string)
+        window = self._text.suffix(search_from)
+        best: tuple[int, int, str] | None = None  # (end, start, stop string) within the window
         for stop_str in self.stop:
-            start = text.find(stop_str, search_from)
+            start = window.find(stop_str)
             if start == -1:
                 continue
             candidate = (start + len(stop_str), start, stop_str)
@@ -134,9 +162,10 @@ class IncrementalDetokenizer:
         if best is None:
             return None
         # The stop string that completes first wins: that is what token-by-token decoding would
-        # see, so the result does not depend on how the tokens were chunked.
+        # see, so the result does not depend on how the tokens were chunked. What is cut was held
+        # back from streaming (it lies within the last max-stop-length - 1 characters).
         end, start, stop_str = best
-        self.output_text = text[:end] if self.include_stop_str_in_output else text[:start]
+        self._text.truncate(search_from + (end if self.include_stop_str_in_output else start))
         self.stop_string = stop_str
         return stop_str
 
@@ -144,16 +173,18 @@ class IncrementalDetokenizer:
         """Text to stream now: the whole text, or with `delta` only what was not handed out before.
 
         Until the request finishes, the last (max stop length - 1) characters are held back so a
-        stop string that is still being completed never reaches the client.
+        stop string that is still being completed never reaches the client. A delta costs
+        O(new text + hold-back); the whole text costs O(length).
         """
         holdback = 0 if finished else self._stream_holdback
-        ready_len = max(0, len(self.output_text) - holdback)
+        ready_len = max(0, len(self._text) - holdback)
         if not delta:
-            return self.output_text[:ready_len] if holdback else self.output_text
+            text = self._text.text()
+            return text[:ready_len] if holdback else text
         if ready_len <= self._streamed_len:
             return ""
         start, self._streamed_len = self._streamed_len, ready_len
-        return self.output_text[start:ready_len]
+        return self._text.slice(start, ready_len)
 
 
 def _split_prompt_tail(
@@ -185,6 +216,16 @@ def _primer_sizes(available: int) -> list[int]:
 
 
 _token_text_cache: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
+_added_tokens_cache: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
+
+
+def _added_tokens(tokenizer: Any) -> dict[int, str]:
+    """Token id -> content of every added token (special or not), built once per tokenizer."""
+    added = _added_tokens_cache.get(tokenizer)
+    if added is None:
+        decoder = tokenizer.backend_tokenizer.get_added_tokens_decoder()
+        added = _added_tokens_cache.setdefault(tokenizer, {i: t.content for i, t in decoder.items()})
+    return added
 
 
 def decode_token(tokenizer: Any, token_id: int) -> str:

@@ -11,8 +11,8 @@ import time
 from typing import Any
 
 from tram.config import EngineConfig
+from tram.engine.input_processor import OFFLINE_LENGTH_RULE, InputProcessor, LengthRule, PromptType
 from tram.engine.messages import EngineCoreRequest
-from tram.engine.input_processor import InputProcessor, PromptType
 from tram.engine.output_processor import OutputProcessor
 from tram.engine.tokenizer import get_stop_token_ids, load_tokenizer
 from tram.sampling_params import SamplingParams
@@ -24,7 +24,7 @@ def sample_request_ids(request_id: str, n: int) -> list[str]:
 
 
 class EngineFrontend:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, log_stats: bool = True) -> None:
         self.config = config
         mc = config.model_config
         self.tokenizer: Any | None = None
@@ -32,7 +32,7 @@ class EngineFrontend:
             self.tokenizer = load_tokenizer(config.tokenizer, config.revision, config.trust_remote_code)
         self.eos_token_ids = self._eos_token_ids()
         self.input_processor = InputProcessor(self.tokenizer, mc.vocab_size, mc.max_model_len, config.max_logprobs)
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer, log_stats)
 
     def _eos_token_ids(self) -> list[int]:
         """The tokenizer's eos first (it stops with stop_reason None), then the others."""
@@ -46,23 +46,24 @@ class EngineFrontend:
     def get_tokenizer(self) -> Any | None:
         return self.tokenizer
 
-    def process_input(self, prompt: PromptType, params: SamplingParams) -> tuple[str | None, list[int]]:
-        return self.input_processor.process(prompt, params)
+    def process_input(
+        self, prompt: PromptType, params: SamplingParams, length_rule: LengthRule = OFFLINE_LENGTH_RULE,
+    ) -> tuple[str | None, list[int]]:
+        return self.input_processor.process(prompt, params, length_rule)
 
     def register_request(
         self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
-        arrival_time: float | None = None, final_only: bool = False,
+        arrival_time: float | None = None,
     ) -> list[EngineCoreRequest]:
-        """Track a validated request; return the core requests (one per sample) to submit."""
+        """Track a validated request; return the core requests (one per sample) to submit. Its
+        outputs are of the kind `params.output_kind` asks for."""
         arrival = time.time() if arrival_time is None else arrival_time
         sample_ids = sample_request_ids(request_id, params.n)
         # User ids and the core ids of n > 1 samples share one namespace: refuse any overlap.
         taken = self.output_processor.sample_owner
         if request_id in self.output_processor.requests or request_id in taken or any(s in taken for s in sample_ids):
             raise ValueError(f"request id {request_id!r} is already in use")
-        self.output_processor.add_request(
-            request_id, prompt, prompt_token_ids, params, sample_ids, arrival, final_only
-        )
+        self.output_processor.add_request(request_id, prompt, prompt_token_ids, params, sample_ids, arrival)
         core_requests = []
         for i, sid in enumerate(sample_ids):
             child = params

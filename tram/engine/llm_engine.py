@@ -9,7 +9,6 @@ from tram.config import EngineArgs, EngineConfig
 from tram.engine.core import EngineCore
 from tram.engine.frontend import EngineFrontend
 from tram.engine.input_processor import PromptType
-from tram.engine.stats import IterationStats
 from tram.outputs import RequestOutput
 from tram.sampling_params import SamplingParams
 
@@ -20,30 +19,27 @@ class LLMEngine(EngineFrontend):
     """Drive it with `add_request` and `step`; requests join and leave between any two steps."""
 
     def __init__(self, config: EngineConfig) -> None:
-        super().__init__(config)
+        super().__init__(config, log_stats=False)  # no metrics offline: nothing would read them
         self.engine_core = EngineCore(config)
         self.last_stats: SchedulerStats = self.engine_core.get_stats()
-        self.last_iteration_stats = IterationStats()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
         return cls(engine_args.create_engine_config())
 
     def add_request(
-        self, request_id: str, prompt: PromptType, params: SamplingParams,
-        arrival_time: float | None = None, final_only: bool = False,
+        self, request_id: str, prompt: PromptType, params: SamplingParams, arrival_time: float | None = None,
     ) -> None:
-        """Validate, tokenize and queue a request; `n > 1` becomes n core requests sharing the prompt."""
+        """Validate, tokenize and queue a request; `n > 1` becomes n core requests sharing the prompt.
+        `step` returns its outputs as `params.output_kind` asks (cumulative by default)."""
         text, prompt_ids = self.process_input(prompt, params)
-        self.add_processed_request(request_id, text, prompt_ids, params, arrival_time, final_only)
+        self.add_processed_request(request_id, text, prompt_ids, params, arrival_time)
 
     def add_processed_request(
         self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
-        arrival_time: float | None = None, final_only: bool = False,
+        arrival_time: float | None = None,
     ) -> None:
-        for core_request in self.register_request(
-            request_id, prompt, prompt_token_ids, params, arrival_time, final_only
-        ):
+        for core_request in self.register_request(request_id, prompt, prompt_token_ids, params, arrival_time):
             self.engine_core.add_request(core_request)
 
     def abort_request(self, request_id: str | list[str]) -> None:
@@ -55,7 +51,6 @@ class LLMEngine(EngineFrontend):
         if core_outputs.scheduler_stats is not None:
             self.last_stats = core_outputs.scheduler_stats
         outputs, stopped = self.output_processor.process_outputs(core_outputs.outputs)
-        self.last_iteration_stats = self.output_processor.take_iteration_stats()
         if stopped:
             self.engine_core.abort_requests(stopped, RequestStatus.FINISHED_STOPPED)
         return outputs

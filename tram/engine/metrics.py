@@ -6,6 +6,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from tram.config.server_args import DEFAULT_LOG_INTERVAL
 from tram.engine.messages import SchedulerStats
 from tram.engine.stats import IterationStats
 
@@ -79,7 +80,7 @@ class PrometheusStatLogger:
 class LoggingStatLogger:
     """A log line every `interval` seconds while there is work: throughput, queue, KV and cache use."""
 
-    def __init__(self, interval: float = 5.0) -> None:
+    def __init__(self, interval: float = DEFAULT_LOG_INTERVAL) -> None:
         self.interval = interval
         self.last_log = time.monotonic()
         self.prompt_tokens = 0

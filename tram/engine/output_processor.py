@@ -1,66 +1,33 @@
 """Turns the core's token-id outputs into `RequestOutput`s: detokenizes incrementally, matches stop
-strings, formats logprobs and gathers the n samples of a request."""
+strings, formats logprobs and gathers the n samples of a request.
+
+The core sends only what is new each step, and a step here costs O(new) for every request that
+asked for DELTA or FINAL_ONLY outputs (see `request_state`), whatever it generated before.
+"""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from tram.engine.messages import EngineCoreOutput, LogprobsLists
 from tram.engine.detokenizer import IncrementalDetokenizer, decode_token
+from tram.engine.request_state import RequestState, SampleState
 from tram.engine.stats import FinishedRequestStats, IterationStats
-from tram.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestMetrics, RequestOutput
+from tram.outputs import Logprob, RequestMetrics, RequestOutput
 from tram.sampling_params import SamplingParams
 
 
-@dataclass
-class SampleState:
-    """One of the n samples of a request (a child request in the core)."""
-
-    index: int
-    detokenizer: IncrementalDetokenizer | None
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[dict[int, Logprob]] | None = None
-    cumulative_logprob: float | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-    @property
-    def text(self) -> str:
-        # Unfinished text withholds a possible stop-string prefix, so streamed text never shrinks.
-        if self.detokenizer is None:
-            return ""
-        return self.detokenizer.get_next_output_text(self.finish_reason is not None, delta=False)
-
-
-@dataclass
-class RequestState:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    samples: dict[str, SampleState]
-    final_only: bool
-    metrics: RequestMetrics
-    prompt_logprobs: PromptLogprobs | None = None
-    num_cached_tokens: int = 0
-    queue_time: float | None = None
-
-    @property
-    def finished(self) -> bool:
-        return all(s.finish_reason is not None for s in self.samples.values())
-
-
 class OutputProcessor:
-    def __init__(self, tokenizer: Any | None) -> None:
+    def __init__(self, tokenizer: Any | None, log_stats: bool = True) -> None:
         self.tokenizer = tokenizer
         self.requests: dict[str, RequestState] = {}
         self.sample_owner: dict[str, str] = {}  # core (child) request id -> request id
-        self.iteration_stats = IterationStats()  # since the last take_iteration_stats()
+        # What happened since the last take_iteration_stats(); None when nobody reads it.
+        self.iteration_stats: IterationStats | None = IterationStats() if log_stats else None
 
     def add_request(
         self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
-        sample_ids: list[str], arrival_time: float, final_only: bool = False,
+        sample_ids: list[str], arrival_time: float,
     ) -> None:
         samples = {}
         for i, sid in enumerate(sample_ids):
@@ -68,10 +35,10 @@ class OutputProcessor:
             if params.logprobs is not None:
                 samples[sid].logprobs, samples[sid].cumulative_logprob = [], 0.0
             self.sample_owner[sid] = request_id
-        state = RequestState(request_id, prompt, prompt_token_ids, params, samples, final_only,
+        state = RequestState(request_id, prompt, prompt_token_ids, params, samples,
                              RequestMetrics(arrival_time=arrival_time))
         if params.prompt_logprobs is not None:
-            state.prompt_logprobs = [None]
+            state.prompt_logprobs = [None]  # the first prompt token has no logprob
         self.requests[request_id] = state
 
     def _make_detokenizer(self, prompt_token_ids: list[int], params: SamplingParams) -> IncrementalDetokenizer | None:
@@ -80,6 +47,7 @@ class OutputProcessor:
         return IncrementalDetokenizer(
             self.tokenizer, prompt_token_ids, skip_special_tokens=params.skip_special_tokens,
             stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output,
+            spaces_between_special_tokens=params.spaces_between_special_tokens,
         )
 
     def abort_requests(self, request_ids: list[str]) -> list[str]:
@@ -96,9 +64,11 @@ class OutputProcessor:
                 sample_ids.append(sid)
         return sample_ids
 
-    def take_iteration_stats(self) -> IterationStats:
+    def take_iteration_stats(self) -> IterationStats | None:
         """What happened since the last call (steps and aborts); the caller owns the result."""
-        stats, self.iteration_stats = self.iteration_stats, IterationStats()
+        stats = self.iteration_stats
+        if stats is not None:
+            self.iteration_stats = IterationStats()
         return stats
 
     def has_unfinished_requests(self) -> bool:
@@ -117,7 +87,7 @@ class OutputProcessor:
             state = self.requests[rid]
             sample = state.samples[out.request_id]
             self._apply(state, sample, out, now)
-            if sample.finish_reason is not None:
+            if sample.finished:
                 self.sample_owner.pop(out.request_id, None)
                 if out.finish_reason is None:
                     stopped_by_string.append(out.request_id)
@@ -129,28 +99,17 @@ class OutputProcessor:
                 state.metrics.finished_time = now
                 del self.requests[rid]
                 self._record_finished(state)
-            if finished or not state.final_only:
-                emitted.append(self._make_output(state, finished))
+            request_output = state.make_output(finished)
+            if request_output is not None:
+                emitted.append(request_output)
         return emitted, stopped_by_string
 
     def _apply(self, state: RequestState, sample: SampleState, out: EngineCoreOutput, now: float) -> None:
         if out.new_prompt_logprobs is not None and state.prompt_logprobs is not None:
-            state.prompt_logprobs.extend(self._logprob_dicts(out.new_prompt_logprobs))
+            state.add_prompt_logprobs(sample, self._logprob_dicts(out.new_prompt_logprobs))
         if not out.new_token_ids:
             return
-        m, it = state.metrics, self.iteration_stats
-        if m.first_token_time is None:
-            m.first_token_time = now
-            it.num_prompt_tokens += len(state.prompt_token_ids)
-            it.time_to_first_tokens.append(now - m.arrival_time)
-        else:
-            it.inter_token_latencies.append(now - m.last_token_time)
-        if out.queue_time is not None and state.queue_time is None:
-            state.queue_time = out.queue_time
-            it.queue_times.append(out.queue_time)
-        m.last_token_time = now
-        m.num_generation_tokens += len(out.new_token_ids)
-        it.num_generation_tokens += len(out.new_token_ids)
+        self._record_token_times(state, out, now)
         state.num_cached_tokens = out.num_cached_tokens
         sample.token_ids.extend(out.new_token_ids)
         if out.new_logprobs is not None and sample.logprobs is not None:
@@ -164,16 +123,37 @@ class OutputProcessor:
             sample.finish_reason, sample.stop_reason = "stop", matched
         else:
             sample.finish_reason, sample.stop_reason = out.finish_reason, out.stop_reason
+        if sample.finish_reason is not None:
+            state.num_finished += 1  # a finished sample gets no more outputs (sample_owner forgets it)
+        sample.has_news = True
+
+    def _record_token_times(self, state: RequestState, out: EngineCoreOutput, now: float) -> None:
+        m, it = state.metrics, self.iteration_stats
+        first = m.first_token_time is None
+        if it is not None:
+            if first:
+                it.num_prompt_tokens += len(state.prompt_token_ids)
+                it.time_to_first_tokens.append(now - m.arrival_time)
+                # Each sample's first token carries its queue time; the request's first is its own.
+                if out.queue_time is not None:
+                    it.queue_times.append(out.queue_time)
+            else:
+                it.inter_token_latencies.append(now - m.last_token_time)
+            it.num_generation_tokens += len(out.new_token_ids)
+        if first:
+            m.first_token_time = now
+        m.last_token_time = now
+        m.num_generation_tokens += len(out.new_token_ids)
 
     def _record_finished(self, state: RequestState, reason: str | None = None) -> None:
+        if self.iteration_stats is None:
+            return
         m = state.metrics
         reasons = [s.finish_reason for s in state.samples.values()]
         # A request that ran out of room in any sample reports "length", like its worst sample.
         reason = reason or ("length" if "length" in reasons else reasons[0] or "abort")
-        self.iteration_stats.finished_requests.append(FinishedRequestStats(
-            reason, (m.finished_time or m.arrival_time) - m.arrival_time, state.queue_time,
-            len(state.prompt_token_ids), m.num_generation_tokens,
-        ))
+        e2e = (m.finished_time or m.arrival_time) - m.arrival_time
+        self.iteration_stats.finished_requests.append(FinishedRequestStats(reason, e2e))
 
     def _logprob_dicts(self, lp: LogprobsLists) -> list[dict[int, Logprob]]:
         rows = []
@@ -186,17 +166,3 @@ class OutputProcessor:
 
     def _decode(self, token_id: int) -> str | None:
         return None if self.tokenizer is None else decode_token(self.tokenizer, token_id)
-
-    @staticmethod
-    def _make_output(state: RequestState, finished: bool) -> RequestOutput:
-        completions = [
-            CompletionOutput(
-                s.index, s.text, list(s.token_ids), s.cumulative_logprob,
-                list(s.logprobs) if s.logprobs is not None else None, s.finish_reason, s.stop_reason,
-            )
-            for s in sorted(state.samples.values(), key=lambda s: s.index)
-        ]
-        return RequestOutput(
-            state.request_id, state.prompt, state.prompt_token_ids, completions, finished,
-            state.prompt_logprobs, state.num_cached_tokens, state.metrics,
-        )

@@ -8,9 +8,6 @@ from dataclasses import dataclass, field
 class FinishedRequestStats:
     finish_reason: str
     e2e_latency: float
-    queue_time: float | None
-    num_prompt_tokens: int
-    num_generation_tokens: int
 
 
 @dataclass

@@ -5,6 +5,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 from tqdm.auto import tqdm
 
 from tram.config import EngineArgs
@@ -12,7 +13,7 @@ from tram.engine.input_processor import PromptType
 from tram.engine.llm_engine import LLMEngine
 from tram.engine.tokenizer import apply_chat_template
 from tram.outputs import RequestOutput
-from tram.sampling_params import SamplingParams
+from tram.sampling_params import RequestOutputKind, SamplingParams
 
 Messages = list[dict[str, Any]]
 
@@ -86,7 +87,7 @@ class LLM:
         results: dict[str, RequestOutput] = {}
         try:
             for rid, (text, token_ids), sp in zip(ids, processed, params):
-                engine.add_processed_request(rid, text, token_ids, sp, final_only=True)
+                engine.add_processed_request(rid, text, token_ids, _final_only(sp))
             with tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm, dynamic_ncols=True) as bar:
                 num_out_tokens = 0
                 while engine.has_unfinished_requests():
@@ -100,3 +101,10 @@ class LLM:
             engine.abort_request([rid for rid in ids if rid not in results])
             raise
         return [results[rid] for rid in ids]
+
+
+def _final_only(params: SamplingParams) -> SamplingParams:
+    """The caller's params asking for one output per request; theirs stay untouched."""
+    if params.output_kind == RequestOutputKind.FINAL_ONLY:
+        return params
+    return msgspec.structs.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)

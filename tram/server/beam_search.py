@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tram.engine.detokenizer import IncrementalDetokenizer
+from tram.engine.input_processor import LengthRule
 from tram.outputs import Logprob
-from tram.sampling_params import SamplingParams
+from tram.sampling_params import RequestOutputKind, SamplingParams
 
 
 @dataclass
@@ -93,11 +94,8 @@ def _validate(engine: Any, prompt_token_ids: list[int], beam_width: int, max_tok
         raise ValueError(
             f"beam_width={beam_width} needs {2 * beam_width} logprobs per step, more than the "
             f"engine's max_logprobs ({max_logprobs})")
-    max_model_len = engine.config.model_config.max_model_len
-    if len(prompt_token_ids) + max_tokens > max_model_len:
-        raise ValueError(
-            f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({max_tokens}) exceeds the "
-            f"maximum model length ({max_model_len})")
+    engine.input_processor.check_prompt_length(
+        len(prompt_token_ids), max_tokens, LengthRule(completion_must_fit=True))
 
 
 async def beam_search(
@@ -109,7 +107,8 @@ async def beam_search(
     eos_id = engine.eos_token_ids[0] if engine.eos_token_ids else None
     # 2 * beam_width candidates per beam (vLLM's choice): with at most one of them EOS, a beam's own
     # candidates can always refill all beam_width live beams. The text of a step is never used.
-    params = SamplingParams(max_tokens=1, logprobs=2 * beam_width, temperature=0.0, detokenize=False)
+    params = SamplingParams(max_tokens=1, logprobs=2 * beam_width, temperature=0.0, detokenize=False,
+                            output_kind=RequestOutputKind.FINAL_ONLY)
 
     def score(seq: BeamSearchSequence) -> float:
         return beam_score(seq, length_penalty)

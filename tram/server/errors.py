@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tram.engine.async_llm import QueueFullError, RequestFailedError
 from tram.engine.core_client import EngineDeadError
+from tram.engine.input_processor import PromptTooLongError
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ def exception_to_error(e: BaseException) -> APIError:
     """Map an exception from validation or the engine to the status a client should see."""
     if isinstance(e, APIError):
         return e
+    if isinstance(e, PromptTooLongError):
+        return APIError(400, str(e), e.param, e.code)
     if isinstance(e, (ValueError, TypeError)):
         return APIError(400, str(e))
     if isinstance(e, QueueFullError):

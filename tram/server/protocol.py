@@ -5,11 +5,11 @@ are built as plain dicts in the serving modules: cheaper than models for every s
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tram.sampling_params import SamplingParams
+from tram.sampling_params import RequestOutputKind, SamplingParams
 
 PromptInput = Union[str, list[str], list[int], list[list[int]]]
 
@@ -17,7 +17,11 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 class SamplingFields(BaseModel):
-    """Sampling fields common to completions and chat. None means "the model's default"."""
+    """Sampling fields common to completions and chat. None means "the model's default".
+
+    `stop`, `stop_token_ids` and `logit_bias` go to `SamplingParams` as the client sent them: it is
+    the one place that normalises and validates them (a bad one is a ValueError there, a 400 here).
+    """
 
     model_config = ConfigDict(extra="ignore")
 
@@ -46,20 +50,12 @@ class SamplingFields(BaseModel):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
 
-    @field_validator("logit_bias")
-    @classmethod
-    def _token_id_keys(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        if v is not None:
-            for key in v:
-                if not key.lstrip("-").isdigit():
-                    raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
-        return v
-
     def to_sampling_params(
         self, max_tokens: int | None, defaults: dict[str, Any], logprobs: int | None,
         prompt_logprobs: int | None = None,
     ) -> SamplingParams:
-        """ValueError (-> 400) for values SamplingParams rejects."""
+        """Streams get DELTA outputs (each chunk is what is new), the rest one final output.
+        ValueError (-> 400) for values SamplingParams rejects."""
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of is not supported (only best_of == n); use n for several samples")
 
@@ -67,19 +63,19 @@ class SamplingFields(BaseModel):
             value = getattr(self, name)
             return value if value is not None else defaults.get(name, fallback)
 
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
             n=self.n, temperature=pick("temperature", 1.0), top_p=pick("top_p", 1.0),
             top_k=pick("top_k", 0), min_p=pick("min_p", 0.0),
             repetition_penalty=pick("repetition_penalty", 1.0),
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-            seed=self.seed, stop=stop, stop_token_ids=list(self.stop_token_ids or []),
+            seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, max_tokens=max_tokens, min_tokens=self.min_tokens,
             logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
-            logit_bias={int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
+            logit_bias=self.logit_bias,
+            output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
         )
 
     @property
@@ -128,14 +124,3 @@ class TokenizeRequest(BaseModel):
 class DetokenizeRequest(BaseModel):
     model: str | None = None
     tokens: list[int]
-
-class ErrorInfo(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: int | str | None = None
-
-class ErrorResponse(BaseModel):
-    error: ErrorInfo
-
-ResponseFormat = Literal["text"]

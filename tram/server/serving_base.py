@@ -1,4 +1,4 @@
-"""What every OpenAI endpoint shares: the engine, the served model names, defaults and prompt checks."""
+"""What every OpenAI endpoint shares: the engine, the served model names, defaults and prompt rules."""
 from __future__ import annotations
 
 import time
@@ -8,10 +8,21 @@ from typing import Any
 from transformers import GenerationConfig
 
 from tram.engine.async_llm import AsyncLLM
+from tram.engine.input_processor import LengthRule
 from tram.server.errors import APIError
 
 # Sampling fields a model's generation_config.json may set as defaults (vLLM's `--generation-config auto`).
 _GENERATION_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# As vLLM's server: the prompt and the whole completion must fit in the context (the input
+# processor checks it; these name the request field an error blames).
+PROMPT_LENGTH_RULE = LengthRule(completion_must_fit=True, prompt_field="prompt")
+MESSAGES_LENGTH_RULE = LengthRule(completion_must_fit=True, prompt_field="messages")
+# JSON has no -inf; OpenAI and vLLM report impossible tokens at this floor.
+_LOGPROB_FLOOR = -9999.0
+
+
+def json_logprob(logprob: float) -> float:
+    return max(logprob, _LOGPROB_FLOOR)
 
 
 def generation_config_defaults(model_path: str) -> dict[str, Any]:
@@ -45,24 +56,6 @@ class OpenAIServing:
         if self.tokenizer is None:
             raise APIError(400, "This server has no tokenizer; send token ids")
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
-
-    def check_length(self, num_prompt_tokens: int, max_tokens: int | None, what: str = "prompt") -> None:
-        """400 when the prompt, or the prompt plus the requested completion, does not fit (as vLLM)."""
-        if num_prompt_tokens > self.max_model_len:
-            raise APIError(
-                400, f"This model's maximum context length is {self.max_model_len} tokens. However, your "
-                f"{what} has {num_prompt_tokens} tokens. Please reduce the length of the {what}.",
-                "messages" if what == "messages" else "prompt", "context_length_exceeded",
-            )
-        # No max_tokens means "to the end of the context", which needs room for at least one token.
-        max_tokens = 1 if max_tokens is None else max_tokens
-        if num_prompt_tokens + max_tokens > self.max_model_len:
-            raise APIError(
-                400, f"This model's maximum context length is {self.max_model_len} tokens. However, you "
-                f"requested {num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the {what}, "
-                f"{max_tokens} for the completion). Please reduce the length of the {what} or completion.",
-                "max_tokens", "context_length_exceeded",
-            )
 
     @staticmethod
     def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

@@ -5,15 +5,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from tram.engine.async_llm import RequestStream
 from tram.engine.tokenizer import apply_chat_template
 from tram.outputs import CompletionOutput, RequestOutput
+from tram.server.choice_ledger import ChoiceLedger
 from tram.server.errors import APIError, stream_error_event
 from tram.server.protocol import ChatCompletionRequest, ChatMessage
-from tram.server.serving_base import OpenAIServing, random_id
-from tram.server.utils import DONE_EVENT, run_until_disconnected, sse
+from tram.server.serving_base import MESSAGES_LENGTH_RULE, OpenAIServing, json_logprob, random_id
+from tram.server.utils import DONE_EVENT, respond_unless_disconnected, sse
 
 
 def _message_dict(m: ChatMessage) -> dict[str, Any]:
@@ -49,17 +50,15 @@ class OpenAIServingChat(OpenAIServing):
         self.check_model(req.model)
         ids = self.render(req)
         max_tokens = req.max_completion_tokens or req.max_tokens
-        self.check_length(len(ids), max_tokens, "messages")
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = req.to_sampling_params(max_tokens, self.defaults, logprobs)
         request_id = random_id("chatcmpl")
-        stream = self.engine.add_request({"prompt_token_ids": ids}, params, request_id)
+        stream = self.engine.add_request({"prompt_token_ids": ids}, params, request_id, MESSAGES_LENGTH_RULE)
         if req.stream:
             return StreamingResponse(self._stream(req, request_id, stream), media_type="text/event-stream")
-        body = await run_until_disconnected(raw, self._collect(req, request_id, stream))
-        return JSONResponse(body) if body is not None else Response(status_code=499)
+        return await respond_unless_disconnected(raw, self._collect(req, request_id, stream))
 
     async def _collect(self, req: ChatCompletionRequest, request_id: str, stream: RequestStream) -> dict:
         final: RequestOutput | None = None
@@ -68,17 +67,17 @@ class OpenAIServingChat(OpenAIServing):
         assert final is not None
         choices = [{
             "index": c.index, "message": {"role": "assistant", "content": c.text},
-            "logprobs": self._logprobs(req, c, 0), "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+            "logprobs": self._logprobs(req, c), "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
         } for c in final.outputs]
         num_gen = sum(len(c.token_ids) for c in final.outputs)
         return {"id": request_id, "object": "chat.completion", "created": self.created(), "model": self.model_name,
                 "choices": choices, "usage": self.usage(len(final.prompt_token_ids), num_gen)}
 
-    def _logprobs(self, req: ChatCompletionRequest, c: CompletionOutput, start: int) -> dict | None:
+    def _logprobs(self, req: ChatCompletionRequest, c: CompletionOutput) -> dict | None:
         if not req.logprobs or c.logprobs is None:
             return None
         content = []
-        for token_id, row in zip(c.token_ids[start:], c.logprobs[start:]):
+        for token_id, row in zip(c.token_ids, c.logprobs):
             top = sorted((kv for kv in row.items() if kv[1].rank is not None and kv[1].rank <= (req.top_logprobs or 0)),
                          key=lambda kv: kv[1].rank)
             content.append({**self._entry(token_id, row), "top_logprobs": [self._entry(t, row) for t, _ in top]})
@@ -87,39 +86,30 @@ class OpenAIServingChat(OpenAIServing):
     def _entry(self, token_id: int, row: dict) -> dict:
         lp = row[token_id]
         token = lp.decoded_token if lp.decoded_token is not None else self.tokenizer.decode([token_id])
-        return {"token": token, "logprob": max(lp.logprob, -9999.0), "bytes": list(token.encode("utf-8"))}
+        return {"token": token, "logprob": json_logprob(lp.logprob), "bytes": list(token.encode("utf-8"))}
 
     async def _stream(self, req: ChatCompletionRequest, request_id: str, stream: RequestStream) -> AsyncIterator[str]:
+        """One chunk per choice per DELTA output that has something new for it."""
         head = {"id": request_id, "object": "chat.completion.chunk", "created": self.created(), "model": self.model_name}
-        sent: dict[int, tuple[int, int]] = {}
-        final: RequestOutput | None = None
+        ledger = ChoiceLedger()
         try:
             async for out in stream:
-                final = out
+                ledger.count(out)
                 for c in out.outputs:
-                    chunk = self._delta(req, c, sent)
-                    if chunk is not None:
-                        yield sse({**head, "choices": [chunk]})
-            if req.include_usage and final is not None:
-                num_gen = sum(len(c.token_ids) for c in final.outputs)
-                yield sse({**head, "choices": [], "usage": self.usage(len(final.prompt_token_ids), num_gen)})
+                    if ledger.chunk_due(c.index, c):
+                        yield sse({**head, "choices": [self._chunk(req, c, ledger)]})
+            if req.include_usage:
+                yield sse({**head, "choices": [], "usage": self.usage(ledger.prompt_tokens, ledger.completion_tokens)})
         except Exception as e:  # noqa: BLE001 - the status line is gone; report in the stream
             yield stream_error_event(e)
         finally:
             await stream.aclose()
         yield DONE_EVENT
 
-    def _delta(self, req: ChatCompletionRequest, c: CompletionOutput, sent: dict[int, tuple[int, int]]) -> dict | None:
-        """The next chunk of one choice, or None when it has nothing new."""
-        first = c.index not in sent
-        text_at, token_at = sent.get(c.index, (0, 0))
-        if text_at == -1:
-            return None  # already finished
-        finished = c.finish_reason is not None
-        if not first and not finished and (text_at, token_at) == (len(c.text), len(c.token_ids)):
-            return None
-        sent[c.index] = (-1, -1) if finished else (len(c.text), len(c.token_ids))
-        delta: dict[str, Any] = {"role": "assistant", "content": c.text[text_at:]} if first else {"content": c.text[text_at:]}
-        return {"index": c.index, "delta": delta, "logprobs": self._logprobs(req, c, token_at),
-                "finish_reason": c.finish_reason if finished else None,
-                "stop_reason": c.stop_reason if finished else None}
+    def _chunk(self, req: ChatCompletionRequest, c: CompletionOutput, ledger: ChoiceLedger) -> dict:
+        delta: dict[str, Any] = {"content": c.text}
+        if ledger.is_first(c.index):
+            delta = {"role": "assistant", **delta}
+        ledger.sent(c.index, c.text)
+        return {"index": c.index, "delta": delta, "logprobs": self._logprobs(req, c),
+                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}

@@ -10,15 +10,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from tram.engine.async_llm import RequestStream
 from tram.outputs import RequestOutput
-from tram.sampling_params import SamplingParams
+from tram.sampling_params import RequestOutputKind, SamplingParams
 from tram.server.beam_search import beam_search
 from tram.server.errors import APIError, exception_to_error, error_body
-from tram.server.serving_base import OpenAIServing, random_id
-from tram.server.utils import run_until_disconnected
+from tram.server.serving_base import PROMPT_LENGTH_RULE, OpenAIServing, random_id
+from tram.server.utils import respond_unless_disconnected
 
 
 async def _read_body(raw: Request) -> dict[str, Any]:
@@ -50,19 +50,22 @@ class LegacyGenerate(OpenAIServing):
         except TypeError as e:
             raise APIError(400, f"invalid sampling parameters: {e}") from None
         ids = self.tokenize(prompt)
-        self.check_length(len(ids), params.max_tokens)
         request_id = random_id("generate")
         if use_beam_search:
+            self.engine.input_processor.check_prompt_length(len(ids), params.max_tokens, PROMPT_LENGTH_RULE)
             work = self._beam(prompt, ids, params, length_penalty, request_id)
             if stream:
                 return StreamingResponse(self._beam_stream(work), media_type="application/x-ndjson")
         else:
-            handle = self.engine.add_request({"prompt_token_ids": ids, "prompt": prompt}, params, request_id)
+            # The protocol streams cumulative texts, one JSON line per step.
+            params.output_kind = RequestOutputKind.CUMULATIVE if stream else RequestOutputKind.FINAL_ONLY
+            handle = self.engine.add_request(
+                {"prompt_token_ids": ids, "prompt": prompt}, params, request_id, PROMPT_LENGTH_RULE
+            )
             if stream:
                 return StreamingResponse(self._stream(prompt, handle), media_type="application/x-ndjson")
             work = self._collect(prompt, handle)
-        body_out = await run_until_disconnected(raw, work)
-        return JSONResponse(body_out) if body_out is not None else Response(status_code=499)
+        return await respond_unless_disconnected(raw, work)
 
     async def _beam(self, prompt: str, ids: list[int], params: SamplingParams, length_penalty: float,
                     request_id: str) -> dict:

@@ -7,10 +7,13 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 from fastapi import Request
+from fastapi.responses import JSONResponse, Response
 
 T = TypeVar("T")
 
 DONE_EVENT = "data: [DONE]\n\n"
+# nginx's "client closed request": nobody reads it, but the access log shows what happened.
+_CLIENT_CLOSED = 499
 
 
 def sse(payload: dict[str, Any]) -> str:
@@ -76,3 +79,9 @@ async def run_until_disconnected(request: Request, work: Awaitable[T]) -> T | No
     handler.cancel()
     await asyncio.gather(handler, return_exceptions=True)
     return None
+
+
+async def respond_unless_disconnected(request: Request, work: Awaitable[dict[str, Any]]) -> Response:
+    """The JSON body `work` builds, or 499 when the client went away first (the work is cancelled)."""
+    body = await run_until_disconnected(request, work)
+    return JSONResponse(body) if body is not None else Response(status_code=_CLIENT_CLOSED)
