@@ -69,9 +69,14 @@ def _check_sampling(batch: InputBatch, step_seed: int) -> None:
         assert torch.equal(got, want), stage
 
 
-def _check_inputs(batch: InputBatch, sched: SchedulerOutput, scheduler: Scheduler, buffers: StepBuffers) -> np.ndarray:
+def _check_inputs(batch: InputBatch, sched: SchedulerOutput, scheduler: Scheduler, buffers: StepBuffers,
+                  prompt_logprobs: dict[str, list[int]]) -> np.ndarray:
     """The step's inputs, per request, against the requests' own token lists and block ids."""
     inputs = prepare_inputs(batch, sched, buffers, BLOCK)
+    for job in inputs.prompt_logprobs_jobs:  # each prompt position's logprob is sent once, in order
+        sent = prompt_logprobs.setdefault(job.req_id, [])
+        sent.extend(job.target_token_ids)
+        assert sent == scheduler.requests[job.req_id].prompt_token_ids[1:len(sent) + 1]
     assert sorted(batch.req_ids) == sorted(sched.num_scheduled_tokens)
     meta, offset = inputs.meta, 0
     for row, rid in enumerate(batch.req_ids):
@@ -100,6 +105,7 @@ def test_persistent_batch_equals_a_batch_rebuilt_from_scratch(ops: list[tuple]) 
     batch = InputBatch(MAX_SEQS, MAX_LEN, BLOCK, VOCAB, torch.device("cpu"))
     buffers = StepBuffers(12, MAX_SEQS, torch.device("cpu"))
     states: dict[str, CachedRequestState] = {}
+    prompt_logprobs: dict[str, list[int]] = {}  # the prompt logprob targets sent so far, per request
     added: list[str] = []
     for op in ops:
         if op[0] == "add":
@@ -112,11 +118,11 @@ def test_persistent_batch_equals_a_batch_rebuilt_from_scratch(ops: list[tuple]) 
             scheduler.finish_requests([added[op[1] % len(added)]], RequestStatus.FINISHED_ABORTED)
         elif op[0] == "steps":
             for k in range(op[2]):
-                _step(scheduler, batch, buffers, states, op[1] + k)
+                _step(scheduler, batch, buffers, states, op[1] + k, prompt_logprobs)
     for k in range(200):  # drain: every request finishes, and nothing leaks
         if not scheduler.has_unfinished_requests():
             break
-        _step(scheduler, batch, buffers, states, k)
+        _step(scheduler, batch, buffers, states, k, prompt_logprobs)
     assert not scheduler.has_unfinished_requests()
     counts = scheduler.kv_cache_manager.check_integrity()
     assert counts["in_use"] == 0
@@ -125,13 +131,13 @@ def test_persistent_batch_equals_a_batch_rebuilt_from_scratch(ops: list[tuple]) 
 
 
 def _step(scheduler: Scheduler, batch: InputBatch, buffers: StepBuffers, states: dict[str, CachedRequestState],
-          seed: int) -> None:
+          seed: int, prompt_logprobs: dict[str, list[int]]) -> None:
     """One engine step with random tokens for the model's."""
     sched = scheduler.schedule()
     apply_scheduler_output(batch, states, sched)
     if sched.is_empty:
         return
-    sample_rows = _check_inputs(batch, sched, scheduler, buffers)
+    sample_rows = _check_inputs(batch, sched, scheduler, buffers, prompt_logprobs)
     _check_sampling(batch, seed)
     rng = random.Random(seed)
     rows = np.nonzero(sample_rows)[0]
@@ -142,5 +148,8 @@ def _step(scheduler: Scheduler, batch: InputBatch, buffers: StepBuffers, states:
     scheduler.update_from_output(sched, ModelRunnerOutput(sampled_token_ids=sampled))
     for rid, state in states.items():  # the worker's view of every live request agrees with the core's
         if rid in scheduler.requests:
-            assert state.sampling.output_token_ids == scheduler.requests[rid].output_token_ids
+            req = scheduler.requests[rid]
+            assert state.sampling.output_token_ids == req.output_token_ids
+            if req.sampling_params.prompt_logprobs is not None and req.output_token_ids:
+                assert prompt_logprobs.get(rid, []) == req.prompt_token_ids[1:]  # all of them, once
 

@@ -27,6 +27,7 @@ class CachedRequestState:
     sampling: SamplingRow  # params, prompt ids, output ids (grown in place), generator
     block_ids: list[int]
     num_computed_tokens: int
+    num_prompt_logprobs_sent: int = 0  # prompt positions whose logprobs went out (never resent)
 
     @property
     def num_tokens(self) -> int:

@@ -107,15 +107,17 @@ def prepare_inputs(batch: InputBatch, sched: SchedulerOutput, buffers: StepBuffe
 
 
 def _prompt_logprobs_jobs(batch: InputBatch, offsets: np.ndarray, q: np.ndarray) -> list[PromptLogprobsJob]:
-    """Position p predicts prompt token p+1, so the last prompt position has no prompt logprob."""
+    """Position p predicts prompt token p+1, so the last prompt position has no prompt logprob.
+    Each position is sent once: a prompt computed again (after a preemption) sends nothing twice."""
     jobs = []
     for row in batch.prompt_logprobs_rows():
         state = batch.states[row]
         assert state is not None
         start, n, offset = int(batch.num_computed_tokens[row]), int(q[row]), int(offsets[row])
         prompt = state.sampling.prompt_token_ids
-        end = min(start + n, len(prompt) - 1)
-        if end > start:
-            jobs.append(PromptLogprobsJob(state.req_id, np.arange(offset, offset + end - start),
-                                          prompt[start + 1:end + 1]))
+        first, end = max(start, state.num_prompt_logprobs_sent), min(start + n, len(prompt) - 1)
+        if end > first:
+            jobs.append(PromptLogprobsJob(state.req_id, np.arange(offset + first - start, offset + end - start),
+                                          prompt[first + 1:end + 1]))
+            state.num_prompt_logprobs_sent = end
     return jobs
