@@ -180,7 +180,9 @@ def test_penalties_match_reference() -> None:
 
 def test_only_repetition_needs_prompt_tokens() -> None:
     meta = build_sampling_metadata([row(SamplingParams(presence_penalty=0.5), output=[1])], V, "cpu")
-    assert meta.penalties.prompt_seen is None and meta.penalties.output_counts is not None
+    assert meta.penalties.touched[0].nonzero().flatten().tolist() == [1]  # its output, not its prompt
+    meta = build_sampling_metadata([row(SamplingParams(repetition_penalty=1.2), output=[9])], V, "cpu")
+    assert meta.penalties.touched[0].nonzero().flatten().tolist() == [1, 2, 3, 9]
 
 
 def test_min_tokens_masks_stop_ids_including_eos() -> None:
