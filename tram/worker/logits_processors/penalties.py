@@ -5,10 +5,11 @@ Repetition scales the logits of tokens seen in the prompt or the output; frequen
 never seen keeps its logit, so only the seen ones are touched: per penalised row the processor
 keeps a [V] count of its output tokens and a [V] mask of the tokens a penalty applies to (its
 outputs, plus its prompt when it uses repetition), caught up each step with one scatter of the
-tokens sampled since. A step then gathers just those K positions, applies the penalties there with
-the same float32 operations a dense pass would, and scatters them back: O(K) arithmetic instead of
-a dozen passes over [P, V]. Rebuilding the [P, V] tensors on a membership change reuses every
-surviving row's state; rows without penalties are never touched.
+tokens sampled since. The K touched positions are kept as flat indices (with each one's penalty
+values) and only grow, by the positions a step's new tokens touch for the first time; a step
+gathers those K logits, applies the penalties there with the same float32 operations a dense pass
+would, and scatters them back: O(K) work instead of a dozen passes over [P, V]. Rebuilding on a
+membership change reuses every surviving row's state; rows without penalties are never touched.
 """
 from __future__ import annotations
 
@@ -45,6 +46,9 @@ class PenaltiesProcessor(LogitsProcessor):
         self.repetition: torch.Tensor | None = None  # [P] float32 (1.0 = neutral)
         self.frequency: torch.Tensor | None = None  # [P] float32
         self.presence: torch.Tensor | None = None  # [P] float32
+        # The touched positions: flat indices into [P, V] and into the batch's [B, V] logits, and
+        # each one's repetition, frequency and presence penalty; None until built.
+        self._positions: dict[str, torch.Tensor] | None = None
 
     def update_rows(self, rows: Sequence[SamplingRow]) -> None:
         penalised = [(i, r) for i, r in enumerate(rows) if uses_penalties(r)]
@@ -68,7 +72,9 @@ class PenaltiesProcessor(LogitsProcessor):
         self.repetition = host_to_device([p.repetition_penalty for p in params], torch.float32, self.device)
         self.frequency = host_to_device([p.frequency_penalty for p in params], torch.float32, self.device)
         self.presence = host_to_device([p.presence_penalty for p in params], torch.float32, self.device)
+        self._positions = None
         self._catch_up()  # a new (or resumed) row brings the outputs it already has
+        self._positions = self._index(self.touched.view(-1).nonzero().squeeze(-1))
 
     def _zeros(self, dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros(self.vocab_size, dtype=dtype, device=self.device)
@@ -96,25 +102,40 @@ class PenaltiesProcessor(LogitsProcessor):
                 rows.extend([j] * len(new))
                 tokens.extend(new)
                 s.num_counted = len(out)
-        if rows:
-            assert self.output_counts is not None and self.touched is not None
-            index = (host_to_device(rows, torch.int64, self.device), host_to_device(tokens, torch.int64, self.device))
-            self.output_counts.index_put_(index, torch.ones(len(rows), dtype=torch.int32, device=self.device),
-                                          accumulate=True)
-            self.touched[index] = True
+        if not rows:
+            return
+        assert self.output_counts is not None and self.touched is not None
+        row_t, token_t = host_to_device(rows, torch.int64, self.device), host_to_device(tokens, torch.int64, self.device)
+        self.output_counts.index_put_((row_t, token_t), torch.ones(len(rows), dtype=torch.int32, device=self.device),
+                                      accumulate=True)
+        if self._positions is not None:  # record the positions these tokens touch for the first time
+            fresh = ~self.touched[row_t, token_t]
+            new = torch.unique(row_t[fresh] * self.vocab_size + token_t[fresh])
+            self._positions = {k: torch.cat((v, self._index(new)[k])) for k, v in self._positions.items()}
+        self.touched[row_t, token_t] = True
+
+    def _index(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """For flat positions into [P, V]: the same positions in the batch's logits and their penalties."""
+        assert self.repetition is not None and self.frequency is not None and self.presence is not None
+        penalised_row = flat // self.vocab_size
+        batch_row = penalised_row + self._first_row if self._row_index is None else self._row_index[penalised_row]
+        return {"flat": flat, "logits": batch_row * self.vocab_size + flat % self.vocab_size,
+                "repetition": self.repetition[penalised_row], "frequency": self.frequency[penalised_row],
+                "presence": self.presence[penalised_row]}
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        assert self.output_counts is not None and self.touched is not None
+        assert self.output_counts is not None
         self._catch_up()
-        penalised_row, token = self.touched.nonzero(as_tuple=True)  # [K] each
-        row = penalised_row + self._first_row if self._row_index is None else self._row_index[penalised_row]
-        x = logits[row, token]  # [K]
-        counts = self.output_counts[penalised_row, token]  # [K] int32
+        pos = self._positions
+        assert pos is not None
+        logits = logits.contiguous()  # flat indexing below; a no-op for the model's logits
+        x = logits.view(-1).index_select(0, pos["logits"])  # [K]
+        counts = self.output_counts.view(-1).index_select(0, pos["flat"])  # [K] int32
         if self.any_repetition:
-            rep = self.repetition[penalised_row]  # [K]
+            rep = pos["repetition"]
             # Dividing a positive logit and multiplying a negative one both make the token less likely.
             x = torch.where(x > 0, x / rep, x * rep)
-        x = x - self.frequency[penalised_row] * counts
-        x = x - self.presence[penalised_row] * (counts > 0)
-        logits[row, token] = x
+        x = x - pos["frequency"] * counts
+        x = x - pos["presence"] * (counts > 0)
+        logits.view(-1).index_copy_(0, pos["logits"], x)
         return logits
