@@ -1,9 +1,11 @@
-"""Helpers of the engine-level API tests on stories260K (their fixtures live in conftest.py)."""
+"""Helpers of the engine-level tests: stories260K references and request helpers (their fixtures
+live in conftest.py), the leak check every workload ends with, and staggered arrivals."""
 from __future__ import annotations
 
 import random
 
 from tram import LLM, SamplingParams
+from tram.engine.llm_engine import LLMEngine
 
 PROMPT = "Once upon a time"
 GREEDY = SamplingParams(temperature=0, max_tokens=40)
@@ -31,3 +33,30 @@ def drain(engine, max_steps: int = 2000) -> dict[str, list]:
             seen.setdefault(out.request_id, []).append(out)
     raise AssertionError(f"engine still has unfinished requests after {max_steps} steps: "
                          f"{list(engine.output_processor.requests)}")
+
+
+def assert_no_leak(engine: LLMEngine) -> None:
+    """After a workload every block is free or cached, and nothing is left in the scheduler."""
+    counts = engine.check_kv_integrity()
+    assert counts["in_use"] == 0, counts
+    assert not engine.engine_core.scheduler.requests
+    assert not engine.engine_core.scheduler.running and not engine.engine_core.scheduler.waiting
+    assert not engine.has_unfinished_requests()
+
+
+def run_staggered(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams], every: int) -> list[list[int]]:
+    """Add request i at step i * every, then drain; return each request's final tokens."""
+    results: dict[str, list[int]] = {}
+    pending = list(enumerate(zip(prompts, params)))
+    step = 0
+    while pending or engine.has_unfinished_requests():
+        while pending and step >= pending[0][0] * every:
+            i, (p, sp) = pending.pop(0)
+            engine.add_request(f"req{i}", {"prompt_token_ids": p}, sp)
+        for out in engine.step():
+            if out.finished:
+                results[out.request_id] = out.outputs[0].token_ids
+        step += 1
+        assert step < 2000, "the engine does not drain"
+    assert_no_leak(engine)
+    return [results[f"req{i}"] for i in range(len(prompts))]

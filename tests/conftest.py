@@ -14,23 +14,13 @@ from functools import lru_cache  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from api_helpers import PROMPT, greedy_ids  # noqa: E402
+from api_helpers import PROMPT, assert_no_leak, greedy_ids  # noqa: E402,F401 (assert_no_leak: re-exported)
 from tram import LLM, SamplingParams  # noqa: E402
-from tram.engine.llm_engine import LLMEngine  # noqa: E402
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 STORIES = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models", "stories260K"))
 STORIES_EOS = [2, 1]
-
-
-def assert_no_leak(engine: LLMEngine) -> None:
-    """After a workload every block is free or cached, and nothing is left in the scheduler."""
-    counts = engine.check_kv_integrity()
-    assert counts["in_use"] == 0, counts
-    assert not engine.engine_core.scheduler.requests
-    assert not engine.engine_core.scheduler.running and not engine.engine_core.scheduler.waiting
-    assert not engine.has_unfinished_requests()
 
 
 @pytest.fixture(params=[1, 2], ids=lambda n: f"threads{n}")

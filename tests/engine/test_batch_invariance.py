@@ -5,9 +5,8 @@ import random
 
 import pytest
 
-from conftest import assert_no_leak
+from api_helpers import assert_no_leak, run_staggered
 from tram import LLM, SamplingParams
-from tram.engine.llm_engine import LLMEngine
 
 NUM_REQS = 8
 MAX_LEN = 128  # the same context limit everywhere, so length stops agree
@@ -31,23 +30,6 @@ def run_alone(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) 
         out = llm.generate({"prompt_token_ids": p}, sp, use_tqdm=False)[0]
         outs.append(out.outputs[0].token_ids)
     return outs
-
-
-def run_staggered(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams], every: int) -> list[list[int]]:
-    """Add request i at step i * every, then drain; return each request's final tokens."""
-    results: dict[str, list[int]] = {}
-    pending = list(enumerate(zip(prompts, params)))
-    step = 0
-    while pending or engine.has_unfinished_requests():
-        while pending and step >= pending[0][0] * every:
-            i, (p, sp) = pending.pop(0)
-            engine.add_request(f"req{i}", {"prompt_token_ids": p}, sp)
-        for out in engine.step():
-            if out.finished:
-                results[out.request_id] = out.outputs[0].token_ids
-        step += 1
-    assert_no_leak(engine)
-    return [results[f"req{i}"] for i in range(len(prompts))]
 
 
 def greedy_params(n: int) -> list[SamplingParams]:

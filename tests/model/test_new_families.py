@@ -8,10 +8,10 @@ import random
 
 import pytest
 
-from conftest import assert_no_leak, hf_greedy, hf_logprobs
+from api_helpers import assert_no_leak, run_staggered
+from conftest import hf_greedy, hf_logprobs
 from hf_models import make_hf_model_dir
 from tram import LLM, SamplingParams
-from tram.engine.llm_engine import LLMEngine
 
 KINDS = ["qwen3", "gemma3"]
 MAX_TOKENS = 20
@@ -84,25 +84,6 @@ def test_prefix_cache_hits_keep_greedy_output(kind: str, model_dirs: dict[str, s
     assert_no_leak(llm.llm_engine)
 
 
-def _run_staggered(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams],
-                   every: int) -> list[list[int]]:
-    """Add request i at step i * every, then drain; each request's final tokens."""
-    results: dict[str, list[int]] = {}
-    pending = list(enumerate(zip(prompts, params)))
-    step = 0
-    while pending or engine.has_unfinished_requests():
-        while pending and step >= pending[0][0] * every:
-            i, (prompt, sp) = pending.pop(0)
-            engine.add_request(f"req{i}", {"prompt_token_ids": prompt}, sp)
-        for out in engine.step():
-            if out.finished:
-                results[out.request_id] = out.outputs[0].token_ids
-        step += 1
-        assert step < 2000, "the engine does not drain"
-    assert_no_leak(engine)
-    return [results[f"req{i}"] for i in range(len(prompts))]
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_staggered_arrivals_match_each_request_alone(kind: str, model_dirs: dict[str, str]) -> None:
     """Requests joining a running batch every 3 steps, under a small budget, get the tokens they get alone."""
@@ -114,5 +95,5 @@ def test_staggered_arrivals_match_each_request_alone(kind: str, model_dirs: dict
     assert alone[0] == hf_greedy(path, prompts[0], params[0].max_tokens, NO_EOS)
     # A fresh engine, so that no prompt is served from the prefix cache the solo runs filled.
     batched = LLM(path, max_num_seqs=8, max_model_len=MAX_LEN, max_num_batched_tokens=16, block_size=4)
-    assert _run_staggered(batched.llm_engine, prompts, params, every=3) == alone
+    assert run_staggered(batched.llm_engine, prompts, params, every=3) == alone
     assert_no_leak(llm.llm_engine)

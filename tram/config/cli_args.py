@@ -63,3 +63,15 @@ def from_namespace(cls: type[T], namespace: argparse.Namespace) -> T:
     """The settings dataclass from parsed flags (fields the parser did not define keep their defaults)."""
     values = {f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls) if hasattr(namespace, f.name)}
     return cls(**values)
+
+
+class CliSettings:
+    """A settings dataclass whose fields are also command-line flags."""
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        add_arguments(parser, cls)
+
+    @classmethod
+    def from_cli_args(cls: type[T], namespace: argparse.Namespace) -> T:
+        return from_namespace(cls, namespace)

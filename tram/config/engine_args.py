@@ -2,11 +2,10 @@
 each layer reads. `tram serve/generate` flags and `LLM(...)` keywords are these fields."""
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, fields
 from typing import Any
 
-from tram.config.cli_args import add_arguments, from_namespace, setting
+from tram.config.cli_args import CliSettings, setting
 from tram.config.engine import CacheConfig, EngineConfig, SchedulerConfig
 from tram.config.model import DTYPES, LOAD_FORMATS, ModelConfig
 
@@ -16,7 +15,7 @@ _POSITIVE = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_s
 
 
 @dataclass
-class EngineArgs:
+class EngineArgs(CliSettings):
     """Every engine setting: name, type, default and help, in one place."""
 
     model: str = setting(None, "local Hugging Face model folder or hub id", positional=True)
@@ -51,14 +50,6 @@ class EngineArgs:
         if unknown:
             raise TypeError(f"unknown engine argument(s): {', '.join(unknown)}")
         return cls(model=model, **kwargs)
-
-    @staticmethod
-    def add_cli_args(parser: argparse.ArgumentParser) -> None:
-        add_arguments(parser, EngineArgs)
-
-    @classmethod
-    def from_cli_args(cls, namespace: argparse.Namespace) -> EngineArgs:
-        return from_namespace(cls, namespace)
 
     def _validate(self) -> None:
         for name in _POSITIVE:

@@ -1,17 +1,16 @@
 """Settings of the OpenAI-compatible server itself (the engine's are `EngineArgs`), declared once."""
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
-from tram.config.cli_args import add_arguments, from_namespace, setting
+from tram.config.cli_args import CliSettings, setting
 
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 DEFAULT_LOG_INTERVAL = 5.0  # seconds between two throughput log lines
 
 
 @dataclass
-class ServerArgs:
+class ServerArgs(CliSettings):
     host: str = setting("127.0.0.1", "address to listen on")
     port: int = setting(8000, "port to listen on")
     served_model_name: list[str] | None = setting(None, "name(s) clients use in 'model' (default: the model path)")
@@ -20,11 +19,3 @@ class ServerArgs:
     max_queued_requests: int | None = setting(None, "answer 429 while this many requests are already waiting")
     uvicorn_log_level: str = setting("warning", "uvicorn's log level", choices=UVICORN_LOG_LEVELS)
     log_stats_interval: float = setting(DEFAULT_LOG_INTERVAL, "seconds between throughput log lines")
-
-    @staticmethod
-    def add_cli_args(parser: argparse.ArgumentParser) -> None:
-        add_arguments(parser, ServerArgs)
-
-    @classmethod
-    def from_cli_args(cls, namespace: argparse.Namespace) -> ServerArgs:
-        return from_namespace(cls, namespace)
