@@ -34,6 +34,17 @@ class StepBuffers:
         self.np = {k: t.numpy() for k, t in self.host.items()}
         self.dev = self.host if device.type == "cpu" else {k: torch.zeros_like(t, device=device)
                                                           for k, t in self.host.items()}
+        # Set once a step's host-to-device copies are queued: the next step must not rewrite the pinned
+        # host buffers before the copies have read them (a step that samples nothing never syncs).
+        self._copied = torch.cuda.Event() if device.type == "cuda" else None
+
+    def wait_for_copies(self) -> None:
+        if self._copied is not None:
+            self._copied.synchronize()
+
+    def copies_queued(self) -> None:
+        if self._copied is not None:
+            self._copied.record()
 
     def to_device(self, name: str, n: int) -> torch.Tensor:
         """The first n entries on the device (a view; one non-blocking copy on CUDA)."""
@@ -64,6 +75,7 @@ class StepInputs:
 
 def prepare_inputs(batch: InputBatch, sched: SchedulerOutput, buffers: StepBuffers, block_size: int) -> StepInputs:
     """Flatten the batch's rows (every row is scheduled this step) into one variable-length batch."""
+    buffers.wait_for_copies()
     num_reqs = batch.num_reqs
     req_ids = batch.req_ids
     q = np.fromiter((sched.num_scheduled_tokens[r] for r in req_ids), dtype=np.int64, count=num_reqs)
@@ -96,7 +108,7 @@ def prepare_inputs(batch: InputBatch, sched: SchedulerOutput, buffers: StepBuffe
         max_query_len=int(q.max()),
         max_seq_len=max_seq,
     )
-    return StepInputs(
+    inputs = StepInputs(
         input_ids=buffers.to_device("input_ids", total),
         positions=buffers.to_device("positions", total),
         meta=meta,
@@ -104,6 +116,8 @@ def prepare_inputs(batch: InputBatch, sched: SchedulerOutput, buffers: StepBuffe
         sample_rows=seq == batch.num_tokens[:num_reqs],
         prompt_logprobs_jobs=_prompt_logprobs_jobs(batch, cu - q, q),
     )
+    buffers.copies_queued()
+    return inputs
 
 
 def _prompt_logprobs_jobs(batch: InputBatch, offsets: np.ndarray, q: np.ndarray) -> list[PromptLogprobsJob]:
