@@ -86,10 +86,10 @@ class RequestState:
         return lps is not None and len(lps) < len(self.prompt_token_ids)
 
     def add_prompt_logprobs(self, sample: SampleState, rows: PromptLogprobs) -> None:
-        # Sample 0 computes the whole prompt; siblings share its KV blocks and compute only part of
-        # it, and a preempted request recomputes (and resends) its prompt. One copy is kept.
-        if sample.index == 0 and self.prompt_logprobs_pending():
-            self.prompt_logprobs.extend(rows[: len(self.prompt_token_ids) - len(self.prompt_logprobs)])
+        # Sample 0 computes the whole prompt (the worker sends each position once); its siblings
+        # share its KV blocks and send only the part they compute, which adds nothing.
+        if sample.index == 0:
+            self.prompt_logprobs.extend(rows)
 
     def make_output(self, finished: bool) -> RequestOutput | None:
         """The output this step owes the caller (`finished`: the request is), or None when it owes none."""

@@ -26,7 +26,6 @@ class CachedRequestState:
     req_id: str
     sampling: SamplingRow  # params, prompt ids, output ids (grown in place), generator
     block_ids: list[int]
-    num_computed_tokens: int
     num_prompt_logprobs_sent: int = 0  # prompt positions whose logprobs went out (never resent)
 
     @property
@@ -67,7 +66,7 @@ class InputBatch:
     def __contains__(self, req_id: str) -> bool:
         return req_id in self.row_of
 
-    def add(self, state: CachedRequestState) -> None:
+    def add(self, state: CachedRequestState, num_computed_tokens: int) -> None:
         row = next((i for i, s in enumerate(self.states) if s is None), len(self.states))
         if row == len(self.states):
             assert row < self.max_num_reqs, "more requests in a step than max_num_seqs"
@@ -79,7 +78,7 @@ class InputBatch:
         self.token_ids[row, :n_prompt] = prompt
         self.token_ids[row, n_prompt:n] = output
         self.num_prompt_tokens[row], self.num_tokens[row] = n_prompt, n
-        self.num_computed_tokens[row] = state.num_computed_tokens
+        self.num_computed_tokens[row] = num_computed_tokens
         self.block_table.set_row(row, state.block_ids)
         self._sampling = None
 
@@ -115,9 +114,6 @@ class InputBatch:
     # ---- per-step updates --------------------------------------------------------------------
     def append_blocks(self, req_id: str, block_ids: list[int]) -> None:
         self.block_table.append(self.row_of[req_id], block_ids)
-
-    def set_num_computed(self, req_id: str, num_computed: int) -> None:
-        self.num_computed_tokens[self.row_of[req_id]] = num_computed
 
     def append_sampled(self, rows: np.ndarray, tokens: list[int]) -> None:
         """Record tokens sampled for `rows` (in the token table and each request's output list)."""
@@ -158,29 +154,24 @@ def apply_scheduler_output(batch: InputBatch, requests: dict[str, CachedRequestS
             generator = torch.Generator(device=batch.device)
             generator.manual_seed(new.sampling_params.seed)
         sampling = SamplingRow(new.sampling_params, new.prompt_token_ids, [], generator, new.min_tokens_masked_ids)
-        state = CachedRequestState(new.req_id, sampling, list(new.block_ids), new.num_computed_tokens)
+        state = CachedRequestState(new.req_id, sampling, list(new.block_ids))
         requests[new.req_id] = state
-        batch.add(state)
+        batch.add(state, new.num_computed_tokens)
     for cached in sched.scheduled_cached_reqs:
         state = requests[cached.req_id]
-        state.num_computed_tokens = cached.num_computed_tokens
         if cached.resumed_from_preemption:
             state.block_ids = list(cached.new_block_ids)
         else:
             state.block_ids.extend(cached.new_block_ids)
         if cached.req_id in batch and not cached.resumed_from_preemption:
-            batch.append_blocks(cached.req_id, cached.new_block_ids)
-            batch.set_num_computed(cached.req_id, cached.num_computed_tokens)
+            batch.append_blocks(cached.req_id, cached.new_block_ids)  # its computed count is already current
         else:
             batch.remove(cached.req_id)
-            batch.add(state)
+            batch.add(state, cached.num_computed_tokens)
     batch.condense()
 
 
 def advance_computed(batch: InputBatch, sched: SchedulerOutput) -> None:
     """After the step's forward: every row computed the tokens it was scheduled."""
     n = batch.num_reqs
-    done = [sched.num_scheduled_tokens[s.req_id] for s in batch.states[:n]]
-    for state, k in zip(batch.states[:n], done):
-        state.num_computed_tokens += k
-    batch.num_computed_tokens[:n] += done
+    batch.num_computed_tokens[:n] += [sched.num_scheduled_tokens[s.req_id] for s in batch.states[:n]]

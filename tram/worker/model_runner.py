@@ -130,15 +130,16 @@ class ModelRunner:
             meta = dataclasses.replace(meta, generators={i: g for i, g in meta.generators.items() if sample_rows[i]})
         result = self.sampler(logits, meta)
         rows = sample_rows.nonzero()[0]
+        row_list = rows.tolist()
         tokens = result.sampled_token_ids.tolist()
-        chosen = [tokens[i] for i in rows.tolist()]
+        chosen = [tokens[i] for i in row_list]
         batch.append_sampled(rows, chosen)
-        states = [batch.states[i] for i in rows.tolist()]
+        states = [batch.states[i] for i in row_list]
         for state, token in zip(states, chosen):
             out.sampled_token_ids[state.req_id] = token
         if result.logprobs is not None:
             ids, lps, ranks = result.logprobs.tolists()
-            for i, state in zip(rows.tolist(), states):
+            for i, state in zip(row_list, states):
                 k = state.sampling.params.logprobs
                 if k is None:
                     continue

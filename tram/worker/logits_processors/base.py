@@ -61,9 +61,3 @@ class LogitsProcessor:
     def apply(self, logits: torch.Tensor) -> torch.Tensor:  # [B, V] float32 -> [B, V]
         raise NotImplementedError
 
-
-def host_to_device(values: list | torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A small per-batch tensor on the device (pinned and non-blocking on CUDA)."""
-    from tram.worker.device_copy import to_device
-
-    return to_device(values, dtype, device)

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tram.worker.logits_processors.base import LogitsProcessor, SamplingRow, host_to_device
+from tram.worker.device_copy import to_device
+from tram.worker.logits_processors.base import LogitsProcessor, SamplingRow
 
 
 @dataclass
@@ -34,8 +35,8 @@ class LogitBiasProcessor(LogitsProcessor):
                 token_ids.extend(bias.keys())
                 values.extend(bias.values())
         self.bias = None if not row_idx else TokenBias(
-            host_to_device(row_idx, torch.int64, self.device), host_to_device(token_ids, torch.int64, self.device),
-            host_to_device(values, torch.float32, self.device),
+            to_device(row_idx, torch.int64, self.device), to_device(token_ids, torch.int64, self.device),
+            to_device(values, torch.float32, self.device),
         )
 
     @property

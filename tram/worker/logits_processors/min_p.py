@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import torch
 
-from tram.worker.logits_processors.base import LogitsProcessor, SamplingRow, Stage, host_to_device
+from tram.worker.device_copy import to_device
+from tram.worker.logits_processors.base import LogitsProcessor, SamplingRow, Stage
 
 
 class MinPProcessor(LogitsProcessor):
@@ -20,7 +21,7 @@ class MinPProcessor(LogitsProcessor):
     def update_rows(self, rows: Sequence[SamplingRow]) -> None:
         # Greedy rows have min_p normalised to 0 by SamplingParams.
         values = [r.params.min_p for r in rows]
-        self.min_p = host_to_device(values, torch.float32, self.device) if any(v > 0.0 for v in values) else None
+        self.min_p = to_device(values, torch.float32, self.device) if any(v > 0.0 for v in values) else None
 
     @property
     def active(self) -> bool:

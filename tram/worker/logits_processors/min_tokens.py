@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tram.worker.logits_processors.base import LogitsProcessor, SamplingRow, host_to_device
+from tram.worker.device_copy import to_device
+from tram.worker.logits_processors.base import LogitsProcessor, SamplingRow
 
 
 @dataclass
@@ -46,8 +47,8 @@ class MinTokensProcessor(LogitsProcessor):
             ids = sorted(r.min_tokens_masked_ids)
             row_idx.extend([i] * len(ids))
             token_ids.extend(ids)
-        self.mask = TokenMask(host_to_device(row_idx, torch.int64, self.device),
-                              host_to_device(token_ids, torch.int64, self.device))
+        self.mask = TokenMask(to_device(row_idx, torch.int64, self.device),
+                              to_device(token_ids, torch.int64, self.device))
 
     @property
     def active(self) -> bool:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tram.worker.logits_processors.base import LogitsProcessor, SamplingRow, host_to_device
+from tram.worker.device_copy import to_device
+from tram.worker.logits_processors.base import LogitsProcessor, SamplingRow
 
 
 def uses_penalties(r: SamplingRow) -> bool:
@@ -66,12 +67,12 @@ class PenaltiesProcessor(LogitsProcessor):
         index = [i for i, _ in penalised]
         contiguous = index == list(range(index[0], index[0] + len(index)))
         self._first_row = index[0]
-        self._row_index = None if contiguous else host_to_device(index, torch.int64, self.device)
+        self._row_index = None if contiguous else to_device(index, torch.int64, self.device)
         params = [r.params for _, r in penalised]
         self.any_repetition = any(p.repetition_penalty != 1.0 for p in params)
-        self.repetition = host_to_device([p.repetition_penalty for p in params], torch.float32, self.device)
-        self.frequency = host_to_device([p.frequency_penalty for p in params], torch.float32, self.device)
-        self.presence = host_to_device([p.presence_penalty for p in params], torch.float32, self.device)
+        self.repetition = to_device([p.repetition_penalty for p in params], torch.float32, self.device)
+        self.frequency = to_device([p.frequency_penalty for p in params], torch.float32, self.device)
+        self.presence = to_device([p.presence_penalty for p in params], torch.float32, self.device)
         self._positions = None
         self._catch_up()  # a new (or resumed) row brings the outputs it already has
         self._positions = self._index(self.touched.view(-1).nonzero().squeeze(-1))
@@ -84,7 +85,7 @@ class PenaltiesProcessor(LogitsProcessor):
         look at outputs only)."""
         mask = self._zeros(torch.bool)
         if r.params.repetition_penalty != 1.0:
-            mask[host_to_device(r.prompt_token_ids, torch.int64, self.device)] = True
+            mask[to_device(r.prompt_token_ids, torch.int64, self.device)] = True
         return mask
 
     @property
@@ -105,7 +106,7 @@ class PenaltiesProcessor(LogitsProcessor):
         if not rows:
             return
         assert self.output_counts is not None and self.touched is not None
-        row_t, token_t = host_to_device(rows, torch.int64, self.device), host_to_device(tokens, torch.int64, self.device)
+        row_t, token_t = to_device(rows, torch.int64, self.device), to_device(tokens, torch.int64, self.device)
         self.output_counts.index_put_((row_t, token_t), torch.ones(len(rows), dtype=torch.int32, device=self.device),
                                       accumulate=True)
         if self._positions is not None:  # record the positions these tokens touch for the first time
