@@ -25,7 +25,7 @@ import aiohttp
 import numpy as np
 
 from tram.bench.datasets import BenchRequest, make_requests
-from tram.bench.report import json_safe, machine_info, machine_summary, write_json  # noqa: F401 (json_safe: re-exported)
+from tram.bench.report import machine_info, machine_summary, write_json
 from tram.bench.serve_metrics import (
     RequestResult, StreamParser, format_report, format_sweep_table, parse_goodput, parse_percentiles, summarize,
 )

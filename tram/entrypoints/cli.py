@@ -15,7 +15,7 @@ from types import ModuleType
 from tram.config import EngineArgs, ServerArgs
 
 # Packages that only some commands need -> the extra that installs them.
-OPTIONAL_PACKAGES = {"aiohttp": "bench", "matplotlib": "bench", "psutil": "bench", "triton": "gpu", "ray": "ray"}
+OPTIONAL_PACKAGES = {"aiohttp": "bench", "matplotlib": "bench", "triton": "gpu"}
 BENCH_COMMANDS = {
     "throughput": ("throughput", "add_throughput_args", "run_throughput", "offline throughput of Tram and transformers"),
     "latency": ("latency", "add_latency_args", "run_latency", "one fixed batch: end-to-end and per-step latency"),
