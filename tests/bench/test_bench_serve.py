@@ -16,8 +16,9 @@ import pytest
 from aiohttp import web
 
 from tram.bench.datasets import BenchRequest
+from tram.bench.report import json_safe
 from tram.bench.serve import (
-    add_serve_args, arrival_offsets, benchmark, build_payload, json_safe, parse_sweep, run_serve_async,
+    add_serve_args, arrival_offsets, benchmark, build_payload, parse_sweep, run_serve_async,
 )
 from tram.bench.serve_metrics import (
     RequestResult, StreamParser, format_report, is_good, parse_goodput, parse_percentiles, peak_concurrency,
