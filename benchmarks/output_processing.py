@@ -101,6 +101,17 @@ def run(tokenizer: Any, kind: str, history: int, top: int, args: argparse.Namesp
     return 1e3 * statistics.median(wall), 1e3 * statistics.median(cpu)
 
 
+def _machine() -> str:
+    """The machine line every benchmark prints (CPU model, ISA flags, threads)."""
+    try:
+        from tram.bench.report import machine_summary
+    except ImportError:  # a checkout from before machine_summary (991234f): the CPU's own words
+        import platform
+
+        return f"machine: {platform.processor() or platform.machine()} (see lscpu)"
+    return machine_summary()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=MODEL, help="tokenizer folder (default: stories260K)")
@@ -113,6 +124,7 @@ def main() -> None:
     p.add_argument("--stop", nargs="*", default=[], help="stop strings (never matched by the story)")
     args = p.parse_args()
     tokenizer = load_tokenizer(args.model)
+    print(_machine())
     print(f"{args.streams} streams; ms per process_outputs step, median of {args.steps}: wall / CPU")
     print("| output kind | logprobs | " + " | ".join(f"{h:,} tokens" for h in args.histories) + " |")
     print("|---|---|" + "---|" * len(args.histories))
