@@ -12,6 +12,19 @@ import msgspec
 SAMPLING_EPS = 1e-5
 # torch.Generator.manual_seed accepts exactly this range; reject the rest here, not in the worker.
 _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
+# Every other integer crosses to the engine core as a signed 64-bit msgpack int (and lands in int64
+# tensors): a larger one must be a client error here, not a serialisation failure after the request
+# was registered.
+_INT_MAX = 2**63 - 1
+
+
+class SamplingParamError(ValueError):
+    """A sampling parameter is out of range or of the wrong type; `param` names it (the server's
+    error body reports it as OpenAI's `param`)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class SamplingType(IntEnum):
@@ -66,6 +79,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None
+    # Only these token ids may be sampled (vLLM's field); None allows the whole vocabulary.
+    allowed_token_ids: list[int] | None = None
+    # Keep only the last k prompt tokens (vLLM's left truncation); None keeps them all.
+    truncate_prompt_tokens: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
@@ -73,6 +90,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         self._normalise_output_kind()
         self._normalise_stops()
         self._normalise_logit_bias()
+        self._normalise_allowed_token_ids()
         self._verify_ranges()
         if self.temperature < SAMPLING_EPS:
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
@@ -85,9 +103,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             setattr(self, name, _as_float(name, getattr(self, name)))
         for name in ("n", "top_k", "min_tokens"):
             _require_int(name, getattr(self, name))
-        for name in ("seed", "max_tokens", "logprobs", "prompt_logprobs"):
+        for name in ("max_tokens", "logprobs", "prompt_logprobs", "truncate_prompt_tokens"):
             if getattr(self, name) is not None:
                 _require_int(name, getattr(self, name))
+        if self.seed is not None:
+            _require_int("seed", self.seed, _SEED_MIN, _SEED_MAX)
         if self.top_k == -1:
             self.top_k = 0
 
@@ -95,7 +115,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         kind = self.output_kind
         if not isinstance(kind, RequestOutputKind):
             if not _is_int(kind) or kind not in set(RequestOutputKind):
-                raise ValueError(f"output_kind must be a RequestOutputKind, got {kind!r}")
+                raise SamplingParamError("output_kind", f"output_kind must be a RequestOutputKind, got {kind!r}")
             self.output_kind = RequestOutputKind(kind)
 
     def _normalise_stops(self) -> None:
@@ -106,74 +126,80 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         elif isinstance(self.stop, (list, tuple)):
             self.stop = list(self.stop)
         else:
-            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
+            raise SamplingParamError("stop", f"stop must be a string or a list of strings, got {self.stop!r}")
         for s in self.stop:
             if not isinstance(s, str):
-                raise ValueError(f"stop must contain only strings, got {s!r}")
+                raise SamplingParamError("stop", f"stop must contain only strings, got {s!r}")
             if not s:
-                raise ValueError("stop cannot contain an empty string")
+                raise SamplingParamError("stop", "stop cannot contain an empty string")
         if self.stop and not self.detokenize:
-            raise ValueError("stop strings need detokenize=True")
-
-        ids = [] if self.stop_token_ids is None else self.stop_token_ids
-        if not isinstance(ids, (list, tuple, set, frozenset)):
-            raise ValueError(f"stop_token_ids must be a list of token ids, got {ids!r}")
-        for t in ids:
-            if not _is_int(t) or t < 0:
-                raise ValueError(f"stop_token_ids must contain non-negative ints, got {t!r}")
-        self.stop_token_ids = list(ids)
+            raise SamplingParamError("stop", "stop strings need detokenize=True")
+        self.stop_token_ids = _token_id_list("stop_token_ids", self.stop_token_ids)
 
     def _normalise_logit_bias(self) -> None:
         if self.logit_bias is None:
             return
         if not isinstance(self.logit_bias, dict):
-            raise ValueError(f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}")
+            raise SamplingParamError(
+                "logit_bias", f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}")
         bias: dict[int, float] = {}
         for key, value in self.logit_bias.items():
             # JSON objects only have string keys, so OpenAI clients send {"50256": -100}.
             token_id = _parse_token_id(key)
             if token_id is None:
-                raise ValueError(f"logit_bias keys must be non-negative token ids, got {key!r}")
+                raise SamplingParamError("logit_bias", f"logit_bias keys must be token ids in [0, 2**63), got {key!r}")
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"logit_bias values must be numbers, got {value!r} for token {key!r}")
+                raise SamplingParamError("logit_bias", f"logit_bias values must be numbers, got {value!r} for token {key!r}")
             value = float(value)
             # +inf or NaN would turn the whole row of probabilities into NaN.
             if math.isnan(value) or value == math.inf:
-                raise ValueError(f"logit_bias values must be finite or -inf, got {value} for token {key!r}")
+                raise SamplingParamError("logit_bias", f"logit_bias values must be finite or -inf, got {value} for token {key!r}")
             bias[token_id] = value
         self.logit_bias = bias
+
+    def _normalise_allowed_token_ids(self) -> None:
+        if self.allowed_token_ids is None:
+            return
+        self.allowed_token_ids = _token_id_list("allowed_token_ids", self.allowed_token_ids)
+        if not self.allowed_token_ids:
+            raise SamplingParamError("allowed_token_ids", "allowed_token_ids must not be empty")
 
     def _verify_ranges(self) -> None:
         # Written as `not (in range)` so that NaN fails every check.
         if self.n < 1:
-            raise ValueError(f"n must be at least 1, got {self.n}")
+            raise SamplingParamError("n", f"n must be at least 1, got {self.n}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not -2.0 <= value <= 2.0:
-                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+                raise SamplingParamError(name, f"{name} must be in [-2, 2], got {value}")
         if not self.repetition_penalty > 0.0:
-            raise ValueError(f"repetition_penalty must be greater than zero, got {self.repetition_penalty}")
+            raise SamplingParamError(
+                "repetition_penalty", f"repetition_penalty must be greater than zero, got {self.repetition_penalty}")
         if not self.temperature >= 0.0 or math.isinf(self.temperature):
-            raise ValueError(f"temperature must be non-negative and finite, got {self.temperature}")
+            raise SamplingParamError("temperature", f"temperature must be non-negative and finite, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise SamplingParamError("top_p", f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1:
-            raise ValueError(f"top_k must be 0 or -1 (disabled) or at least 1, got {self.top_k}")
+            raise SamplingParamError("top_k", f"top_k must be 0 or -1 (disabled) or at least 1, got {self.top_k}")
         if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.seed is not None and not _SEED_MIN <= self.seed <= _SEED_MAX:
-            raise ValueError(f"seed must be in [-2**63, 2**64 - 1], got {self.seed}")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be greater than or equal to 0, got {self.min_tokens}")
-        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens must be less than or equal to "
-                             f"max_tokens={self.max_tokens}, got {self.min_tokens}")
+            raise SamplingParamError("min_p", f"min_p must be in [0, 1], got {self.min_p}")
+        self._verify_lengths()
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and value < -1:
-                raise ValueError(f"{name} must be non-negative or -1 (whole vocabulary), got {value}")
+                raise SamplingParamError(name, f"{name} must be non-negative or -1 (whole vocabulary), got {value}")
+
+    def _verify_lengths(self) -> None:
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise SamplingParamError("max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.min_tokens < 0:
+            raise SamplingParamError("min_tokens", f"min_tokens must be greater than or equal to 0, got {self.min_tokens}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise SamplingParamError("min_tokens", f"min_tokens must be less than or equal to "
+                                     f"max_tokens={self.max_tokens}, got {self.min_tokens}")
+        if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
+            raise SamplingParamError("truncate_prompt_tokens",
+                                     f"truncate_prompt_tokens must be at least 1, got {self.truncate_prompt_tokens}")
 
     # ----------------------------------------------------------------------- public helpers
 
@@ -191,12 +217,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     def verify_token_ids(self, vocab_size: int) -> None:
         """Reject token ids the model cannot produce; the engine calls this on add_request."""
-        for t in self.logit_bias or ():
-            if t >= vocab_size:
-                raise ValueError(f"logit_bias token id {t} is out of vocabulary (size {vocab_size})")
-        for t in self.stop_token_ids or ():
-            if t >= vocab_size:
-                raise ValueError(f"stop_token_ids token id {t} is out of vocabulary (size {vocab_size})")
+        for name in ("logit_bias", "stop_token_ids", "allowed_token_ids"):
+            for t in getattr(self, name) or ():
+                if t >= vocab_size:
+                    raise SamplingParamError(name, f"{name} token id {t} is out of vocabulary (size {vocab_size})")
 
 
 def _is_int(value: Any) -> bool:
@@ -204,22 +228,49 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _require_int(name: str, value: Any) -> None:
+def _require_int(name: str, value: Any, low: int = -_INT_MAX - 1, high: int = _INT_MAX) -> None:
     if not _is_int(value):
-        raise ValueError(f"{name} must be an int, got {value!r}")
+        raise SamplingParamError(name, f"{name} must be an int, got {_short(value)}")
+    if not low <= value <= high:
+        raise SamplingParamError(name, f"{name} must be in [{_bound(low)}, {_bound(high)}], got {_short(value)}")
+
+
+def _bound(value: int) -> str:
+    names = {_INT_MAX: "2**63 - 1", -_INT_MAX - 1: "-2**63", _SEED_MAX: "2**64 - 1"}
+    return names.get(value, str(value))
+
+
+def _short(value: Any) -> str:
+    """A value for an error message: a 10**30000 would otherwise make a 30 kB message."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _as_float(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number, got {value!r}")
+        raise SamplingParamError(name, f"{name} must be a number, got {_short(value)}")
+    try:
+        value = float(value)
+    except OverflowError:  # an int too large for a float
+        raise SamplingParamError(name, f"{name} is out of range, got {_short(value)}") from None
     if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return float(value)
+        raise SamplingParamError(name, f"{name} must be finite, got {value!r}")
+    return value
+
+
+def _token_id_list(name: str, ids: Any) -> list[int]:
+    ids = [] if ids is None else ids
+    if not isinstance(ids, (list, tuple, set, frozenset)):
+        raise SamplingParamError(name, f"{name} must be a list of token ids, got {_short(ids)}")
+    for t in ids:
+        if not _is_int(t) or not 0 <= t <= _INT_MAX:
+            raise SamplingParamError(name, f"{name} must contain token ids in [0, 2**63), got {_short(t)}")
+    return list(ids)
 
 
 def _parse_token_id(key: Any) -> int | None:
-    if _is_int(key):
-        return key if key >= 0 else None
     if isinstance(key, str) and key.strip().isdigit():
-        return int(key)
+        key = int(key)
+    if _is_int(key) and 0 <= key <= _INT_MAX:
+        return key
     return None

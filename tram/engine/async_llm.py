@@ -152,8 +152,11 @@ class AsyncLLM(EngineFrontend):
         core_requests = self.register_request(request_id, text, prompt_ids, params)
         collector = OutputCollector(aggregate=params.output_kind == RequestOutputKind.DELTA)
         self.collectors[request_id] = collector
-        for core_request in core_requests:
-            self.core.add_request(core_request)
+        try:
+            self.submit(request_id, core_requests, self.core.add_request, self.core.abort_requests)
+        except BaseException:
+            del self.collectors[request_id]
+            raise
         return RequestStream(self, request_id, collector)
 
     async def generate(

@@ -8,6 +8,7 @@ call, or a message over ZMQ to another process.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tram.config import EngineConfig
@@ -77,3 +78,21 @@ class EngineFrontend:
                 prefix_source_id=sample_ids[0] if i > 0 else None,
             ))
         return core_requests
+
+    def submit(
+        self, request_id: str, core_requests: list[EngineCoreRequest],
+        send: Callable[[EngineCoreRequest], None], abort_sent: Callable[[list[str]], None],
+    ) -> None:
+        """Hand a registered request's core requests to the core, transactionally: if any fails
+        (a message that cannot be encoded, a dead core), the request is unregistered and the samples
+        already sent are aborted, so nothing is left holding a queue slot or KV blocks."""
+        sent: list[str] = []
+        try:
+            for core_request in core_requests:
+                send(core_request)
+                sent.append(core_request.request_id)
+        except BaseException:
+            self.output_processor.abort_requests([request_id])
+            if sent:
+                abort_sent(sent)
+            raise

@@ -1,6 +1,7 @@
 """Validates and tokenizes what users submit, before anything reaches the core."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -47,9 +48,14 @@ class InputProcessor:
         """Return (prompt text or None, prompt token ids); raise ValueError on bad input."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
-        text, token_ids = self._tokenize(prompt)
+        text, token_ids = self._tokenize(prompt, params.truncate_prompt_tokens is None, length_rule)
         if not token_ids:
             raise ValueError("The prompt is empty: it must contain at least one token")
+        k = params.truncate_prompt_tokens
+        if k is not None and len(token_ids) > k:
+            # vLLM's left truncation keeps the end of the prompt, the part nearest the completion.
+            # The text no longer matches the tokens, so an echo decodes the tokens instead.
+            text, token_ids = None, token_ids[-k:]
         self.check_prompt_length(len(token_ids), params.max_tokens, length_rule)
         self._validate(token_ids, params)
         return text, token_ids
@@ -77,7 +83,39 @@ class InputProcessor:
                 f"the {what} or completion.", "max_tokens",
             )
 
-    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+    @functools.cached_property
+    def max_chars_per_token(self) -> int:
+        """The most characters one token can stand for: its vocabulary string is at least as long
+        (a SentencePiece piece spells its characters, a byte-level BPE token one symbol per byte),
+        times a margin for normalisers that fold several characters into one. 0 without a tokenizer."""
+        if self.tokenizer is None:
+            return 0
+        vocab = self.tokenizer.get_vocab()
+        return 4 * max((len(piece) for piece in vocab), default=1)
+
+    def check_text_length(self, num_chars: int, rule: LengthRule = OFFLINE_LENGTH_RULE) -> None:
+        """PromptTooLongError when `num_chars` characters cannot fit in the context in any
+        tokenization: a 20 MB prompt is refused at once instead of after minutes of tokenizing."""
+        per_token = self.max_chars_per_token
+        if per_token and num_chars > per_token * self.max_model_len:
+            what = rule.prompt_field
+            raise PromptTooLongError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your "
+                f"{what} has {num_chars} characters, more than {self.max_model_len} tokens can hold "
+                f"(at most {per_token} characters each). Please reduce the length of the {what}.", what,
+            )
+
+    def tokenize(self, text: str, add_special_tokens: bool = True, check_length: bool = True,
+                 rule: LengthRule = OFFLINE_LENGTH_RULE) -> list[int]:
+        """Token ids of `text`; with `check_length`, refuse first a text too long to fit by its
+        character count alone."""
+        if self.tokenizer is None:
+            raise ValueError("text prompts need a tokenizer; this engine was started with skip_tokenizer_init")
+        if check_length:
+            self.check_text_length(len(text), rule)
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def _tokenize(self, prompt: PromptType, check_length: bool, rule: LengthRule) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 ids = prompt["prompt_token_ids"]
@@ -90,9 +128,7 @@ class InputProcessor:
                 raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
         if not isinstance(prompt, str):
             raise ValueError(f"a prompt must be a string or a dict, got {type(prompt).__name__}")
-        if self.tokenizer is None:
-            raise ValueError("text prompts need a tokenizer; this engine was started with skip_tokenizer_init")
-        return prompt, list(self.tokenizer.encode(prompt))
+        return prompt, self.tokenize(prompt, check_length=check_length, rule=rule)
 
     def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]

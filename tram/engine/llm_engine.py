@@ -39,8 +39,8 @@ class LLMEngine(EngineFrontend):
         self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
         arrival_time: float | None = None,
     ) -> None:
-        for core_request in self.register_request(request_id, prompt, prompt_token_ids, params, arrival_time):
-            self.engine_core.add_request(core_request)
+        core_requests = self.register_request(request_id, prompt, prompt_token_ids, params, arrival_time)
+        self.submit(request_id, core_requests, self.engine_core.add_request, self.engine_core.abort_requests)
 
     def abort_request(self, request_id: str | list[str]) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)

@@ -5,7 +5,7 @@ because the incremental detokenizer streams through that backend.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
@@ -80,13 +80,15 @@ def apply_chat_template(
     add_generation_prompt: bool = True,
     *,
     add_special_tokens: bool = False,
+    check_text: Callable[[str], None] | None = None,
     **kwargs: Any,
 ) -> list[int]:
     """Render `messages` with the chat template and return the prompt token ids.
 
     `chat_template` overrides the tokenizer's own template; extra kwargs (tools, documents,
     enable_thinking, ...) are handed to the template. `add_special_tokens` mirrors the OpenAI-server
-    flag of the same name: off by default because templates write their own BOS.
+    flag of the same name: off by default because templates write their own BOS. `check_text`
+    sees the rendered text before it is tokenized (to refuse one too long to fit at once).
     """
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
         raise ValueError(
@@ -104,6 +106,8 @@ def apply_chat_template(
     )
     if not isinstance(text, str):
         raise ValueError(f"chat template rendered a {type(text).__name__}, expected a string")
+    if check_text is not None:
+        check_text(text)
     ids = [int(t) for t in tokenizer.encode(text, add_special_tokens=add_special_tokens)]
     return _drop_doubled_bos(ids, tokenizer.bos_token_id)
 
