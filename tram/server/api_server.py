@@ -5,17 +5,22 @@ import asyncio
 import logging
 import os
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import tram
 from tram.config import EngineArgs, EngineConfig, ServerArgs
 from tram.engine.async_llm import AsyncLLM
+from tram.server.body_limit import BodySizeLimit
 from tram.server.errors import APIError, error_response, install_exception_handlers
+from tram.server.gc_policy import FullCollections
+from tram.server.openapi import openapi_document
+from tram.server.protocol_generate import GenerateRequest
 from tram.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from tram.server.serving_chat import OpenAIServingChat
 from tram.server.serving_completion import OpenAIServingCompletion
@@ -42,9 +47,11 @@ class Handlers:
     def __init__(self, engine: AsyncLLM, names: list[str], chat_template: str | None) -> None:
         template = load_chat_template(chat_template)
         self.engine = engine
-        self.completion = OpenAIServingCompletion(engine, names, template)
-        self.chat = OpenAIServingChat(engine, names, template)
-        self.generate = LegacyGenerate(engine, names, template)
+        # One tokenizer thread for every endpoint (see OpenAIServing).
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="tram-tokenize")
+        self.completion = OpenAIServingCompletion(engine, names, template, self.pool)
+        self.chat = OpenAIServingChat(engine, names, template, self.pool)
+        self.generate = LegacyGenerate(engine, names, template, self.pool)
 
 
 def _auth_middleware(app: FastAPI, api_key: str) -> None:
@@ -66,22 +73,39 @@ def build_app(engine_args: EngineArgs, server_args: ServerArgs, engine_config: E
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = AsyncLLM(config, names[0], server_args.max_queued_requests, server_args.log_stats_interval)
+        gc_task: asyncio.Task | None = None
         try:
             await engine.start()
             app.state.handlers = Handlers(engine, names, server_args.chat_template)
+            collections = FullCollections()
+            collections.start()
+            gc_task = asyncio.create_task(_collect_when_quiet(engine, collections))
             logger.info("Ready: http://%s:%d (OpenAI API under /v1)", server_args.host, server_args.port)
             yield
         finally:
+            if gc_task is not None:
+                gc_task.cancel()
+            if hasattr(app.state, "handlers"):
+                app.state.handlers.pool.shutdown(wait=False, cancel_futures=True)
             engine.shutdown()
 
     app = FastAPI(title="Tram", version=tram.__version__, lifespan=lifespan)
+    app.openapi = lambda: openapi_document(app)  # type: ignore[method-assign]
     install_exception_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=server_args.max_request_body_bytes)
     if server_args.api_key:
         _auth_middleware(app, server_args.api_key)
     _add_routes(app)
     if os.environ.get("TRAM_SERVER_DEV_MODE") == "1":
         _add_dev_routes(app)
     return app
+
+
+async def _collect_when_quiet(engine: AsyncLLM, collections: FullCollections) -> None:
+    """Full garbage collections between requests, not in the middle of them (see gc_policy.py)."""
+    while True:
+        await asyncio.sleep(1.0)
+        collections.tick(busy=bool(engine.output_processor.requests))
 
 
 def _h(request: Request) -> Handlers:
@@ -94,7 +118,7 @@ def _add_routes(app: FastAPI) -> None:
         engine = _h(request).engine
         if not engine.is_running:
             return error_response(503, f"The engine is not running: {engine.dead_reason}")
-        return Response(status_code=200)
+        return JSONResponse({"status": "ok"})
 
     @app.get("/version")
     async def version() -> dict:
@@ -118,8 +142,8 @@ def _add_routes(app: FastAPI) -> None:
         return await _h(request).chat.create_chat_completion(body, request)
 
     @app.post("/generate")
-    async def generate(request: Request) -> Response:
-        return await _h(request).generate.generate(request)
+    async def generate(body: GenerateRequest, request: Request) -> Response:
+        return await _h(request).generate.generate(body, request)
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest, request: Request) -> dict:
@@ -128,9 +152,9 @@ def _add_routes(app: FastAPI) -> None:
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of 'prompt' and 'messages'")
         if body.messages is not None:
-            ids = h.chat.render(body)
+            ids = await h.chat.render(body)
         else:
-            ids = h.completion.tokenize(body.prompt, body.add_special_tokens)
+            ids = await h.completion.tokenize(body.prompt, body.add_special_tokens, check_length=False)
         return {"tokens": ids, "count": len(ids), "max_model_len": h.completion.max_model_len}
 
     @app.post("/detokenize")

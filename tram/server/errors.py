@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from http import HTTPStatus
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tram.engine.async_llm import QueueFullError, RequestFailedError
@@ -36,8 +37,11 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     }}
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | int | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param, code), status_code=status)
+def error_response(status: int, message: str, param: str | None = None, code: str | int | None = None,
+                   headers: Mapping[str, str] | None = None) -> Response:
+    # ASCII-escaped: a message may quote a client's lone surrogate, which has no UTF-8 encoding.
+    body = json.dumps(error_body(status, message, param, code)).encode()
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
 def exception_to_error(e: BaseException) -> APIError:
@@ -47,7 +51,7 @@ def exception_to_error(e: BaseException) -> APIError:
     if isinstance(e, PromptTooLongError):
         return APIError(400, str(e), e.param, e.code)
     if isinstance(e, (ValueError, TypeError)):
-        return APIError(400, str(e))
+        return APIError(400, str(e), getattr(e, "param", None))
     if isinstance(e, QueueFullError):
         return APIError(429, str(e))
     if isinstance(e, EngineDeadError):
@@ -63,34 +67,52 @@ def stream_error_event(e: BaseException) -> str:
     return f"data: {json.dumps(error_body(err.status, err.message, err.param, err.code))}\n\n"
 
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _field_path(loc: tuple) -> str | None:
+    """'messages.0.content' from pydantic's location, without the tags it adds for union members
+    and validators ('function-after[check_text(), str]', 'list[int]')."""
+    parts = [str(p) for p in loc
+             if p != "body" and not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))]
+    return ".".join(parts) or None
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
         return "Invalid request body", None
-    first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
-    if first.get("type") == "json_invalid":
+    # With a union (a prompt is text or token ids) pydantic reports one error per member; the one
+    # that got deepest into the value is the one that explains what is wrong.
+    first = max(errors, key=lambda e: len(_field_path(e.get("loc", ())) or ""))
+    kind, param = first.get("type"), _field_path(first.get("loc", ()))
+    if kind == "json_invalid":
         return "The request body is not valid JSON", None
+    if kind == "unsupported_field":
+        return first["msg"], first["ctx"]["field"]
+    if kind == "extra_forbidden":
+        return f"Unknown field '{param}': Tram does not support it", param
+    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     where = f" (at '{param}')" if param else ""
-    return f"Invalid request{where}: {first.get('msg', 'invalid value')}", param
+    return f"Invalid request{where}: {message}", param
 
 
 def install_exception_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(_: Request, exc: RequestValidationError) -> Response:
         message, param = _validation_message(exc)
         return error_response(400, message, param)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail))
+    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
+        # Keeps the exception's headers: a 405 must say which methods are allowed.
+        return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
 
     @app.exception_handler(APIError)
-    async def _api(_: Request, exc: APIError) -> JSONResponse:
+    async def _api(_: Request, exc: APIError) -> Response:
         return error_response(exc.status, exc.message, exc.param, exc.code)
 
-    async def _other(_: Request, exc: Exception) -> JSONResponse:
+    async def _other(_: Request, exc: Exception) -> Response:
         err = exception_to_error(exc)
         return error_response(err.status, err.message, err.param, err.code)
 

@@ -5,50 +5,69 @@ are built as plain dicts in the serving modules: cheaper than models for every s
 """
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tram.sampling_params import RequestOutputKind, SamplingParams
+from tram.server.field_rules import CHAT_RULES, COMPLETION_RULES, check_text, reject_unsupported
 
-PromptInput = Union[str, list[str], list[int], list[list[int]]]
+# Text a tokenizer can encode (no lone surrogates).
+Text = Annotated[str, AfterValidator(check_text)]
+# Token ids and counts are 64-bit in the engine; JSON integers are not.
+TokenId = Annotated[int, Field(ge=0, le=2**63 - 1)]
+# Prompt ids are checked against the vocabulary, which names the offending ids.
+PromptInput = Union[Text, list[Text], list[int], list[list[int]]]
+_INT64 = 2**63 - 1
+
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 class SamplingFields(BaseModel):
     """Sampling fields common to completions and chat. None means "the model's default".
 
     `stop`, `stop_token_ids` and `logit_bias` go to `SamplingParams` as the client sent them: it is
     the one place that normalises and validates them (a bad one is a ValueError there, a 400 here).
+    The bounds declared here are the same ones, stated for the OpenAPI document and so that a value
+    out of 64-bit range is refused while parsing.
+
+    Unknown fields are refused (`extra="forbid"`), and so are known ones Tram does not honour yet
+    (field_rules.py): a client never gets unconstrained text for a constraint it asked for.
     """
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0)
+    max_tokens: int | None = Field(default=None, ge=1, le=_INT64)
+    temperature: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     n: int = Field(default=1, ge=1, le=128)  # OpenAI's cap; each sample is a sequence in the batch
-    best_of: int | None = None
+    best_of: int | None = Field(default=None, ge=1, le=128)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    stop: Text | list[Text] | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
-    user: str | None = None
+    user: str | None = None  # OpenAI's end-user id for abuse monitoring: nothing for an engine to do
     # vLLM's extras
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
+    top_k: int | None = Field(default=None, ge=-1, le=_INT64)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
     ignore_eos: bool = False
-    min_tokens: int = Field(default=0, ge=0)
-    stop_token_ids: list[int] | None = None
+    min_tokens: int = Field(default=0, ge=0, le=_INT64)
+    stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    allowed_token_ids: list[TokenId] | None = Field(default=None, min_length=1)
+    truncate_prompt_tokens: int | None = Field(default=None, ge=1, le=_INT64)
+    prompt_logprobs: int | None = Field(default=None, ge=-1, le=_INT64)
 
     def to_sampling_params(
         self, max_tokens: int | None, defaults: dict[str, Any], logprobs: int | None,
@@ -67,14 +86,15 @@ class SamplingFields(BaseModel):
             n=self.n, temperature=pick("temperature", 1.0), top_p=pick("top_p", 1.0),
             top_k=pick("top_k", 0), min_p=pick("min_p", 0.0),
             repetition_penalty=pick("repetition_penalty", 1.0),
-            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
             seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, max_tokens=max_tokens, min_tokens=self.min_tokens,
             logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
-            logit_bias=self.logit_bias,
+            logit_bias=self.logit_bias, allowed_token_ids=self.allowed_token_ids,
+            truncate_prompt_tokens=self.truncate_prompt_tokens,
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
         )
 
@@ -84,10 +104,21 @@ class SamplingFields(BaseModel):
 
 class CompletionRequest(SamplingFields):
     prompt: PromptInput
-    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
-    logprobs: int | None = Field(default=None, ge=0)
+    # OpenAI's default for completions. 0 only with echo: score the prompt, generate nothing.
+    max_tokens: int | None = Field(default=16, ge=0, le=_INT64)
+    logprobs: int | None = Field(default=None, ge=0, le=_INT64)
     echo: bool = False
     suffix: str | None = None
+    use_beam_search: bool = False
+    length_penalty: float = Field(default=1.0, allow_inf_nan=False)
+    add_special_tokens: bool = True
+
+    _reject = model_validator(mode="before")(lambda data: reject_unsupported(data, COMPLETION_RULES))
+
+    @property
+    def echo_only(self) -> bool:
+        """echo with max_tokens 0: the prompt (and its logprobs) and no completion, as vLLM."""
+        return self.echo and self.max_tokens == 0
 
     @field_validator("prompt")
     @classmethod
@@ -100,27 +131,56 @@ class CompletionRequest(SamplingFields):
         return v
 
 
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]
+    text: Text
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_text(cls, data: Any) -> Any:
+        # Name the part type a client sent (image_url, input_audio, ...) rather than a schema mismatch.
+        if isinstance(data, dict) and data.get("type") != "text":
+            raise ValueError(f"unsupported content part type {data.get('type')!r}: only text is supported")
+        return data
+
+
 class ChatMessage(BaseModel):
+    # Templates may read other keys of a message (name, tool_call_id, ...): pass them through.
     model_config = ConfigDict(extra="allow")
 
-    role: str
-    content: str | list[dict[str, Any]] | None = None
+    role: str = Field(min_length=1)
+    content: Text | list[TextPart] | None = None
+
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=_INT64)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0)
+    top_logprobs: int | None = Field(default=None, ge=0, le=_INT64)
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False  # templates write their own BOS
+    chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
+    _reject = model_validator(mode="before")(lambda data: reject_unsupported(data, CHAT_RULES))
+
+
 class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     model: str | None = None
-    prompt: str | None = None
+    prompt: Text | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
 
 class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]

@@ -8,12 +8,15 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from tram.engine.async_llm import RequestStream
+from tram.engine.input_processor import PromptTooLongError
 from tram.engine.tokenizer import apply_chat_template
 from tram.outputs import CompletionOutput, RequestOutput
 from tram.server.choice_ledger import ChoiceLedger
 from tram.server.errors import APIError, stream_error_event
-from tram.server.protocol import ChatCompletionRequest, ChatMessage
-from tram.server.serving_base import MESSAGES_LENGTH_RULE, OpenAIServing, json_logprob, random_id
+from tram.server.protocol import ChatCompletionRequest, ChatMessage, TokenizeRequest
+from tram.server.serving_base import (
+    MESSAGES_LENGTH_RULE, OpenAIServing, json_logprob, prompt_logprobs_json, random_id,
+)
 from tram.server.utils import DONE_EVENT, respond_unless_disconnected, sse
 
 
@@ -21,39 +24,47 @@ def _message_dict(m: ChatMessage) -> dict[str, Any]:
     """Flatten OpenAI content parts to text: templates of text models expect a string."""
     d = m.model_dump(exclude_none=True)
     if isinstance(m.content, list):
-        parts = []
-        for part in m.content:
-            if part.get("type") != "text":
-                raise APIError(400, f"unsupported content part type {part.get('type')!r}: only text", "messages")
-            if not isinstance(part.get("text"), str):
-                raise APIError(400, "a text content part needs a string 'text'", "messages")
-            parts.append(part["text"])
-        d["content"] = "\n".join(parts)
+        d["content"] = "\n".join(part.text for part in m.content)
     return d
 
 
 class OpenAIServingChat(OpenAIServing):
-    def render(self, req: ChatCompletionRequest | Any) -> list[int]:
-        if self.tokenizer is None:
-            raise APIError(400, "This server has no tokenizer; chat needs one")
+    def _render_now(self, req: ChatCompletionRequest | TokenizeRequest) -> list[int]:
+        """On the tokenizer thread: render, refuse a text too long by its length alone, tokenize."""
+        processor = self.engine.input_processor
+        template = getattr(req, "chat_template", None) or self.chat_template
         try:
             return apply_chat_template(
-                self.tokenizer, [_message_dict(m) for m in req.messages], self.chat_template,
-                add_generation_prompt=req.add_generation_prompt, **(getattr(req, "chat_template_kwargs", None) or {}),
+                self.tokenizer, [_message_dict(m) for m in req.messages], template,
+                add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message,
+                add_special_tokens=getattr(req, "add_special_tokens", False),
+                check_text=lambda text: processor.check_text_length(len(text), MESSAGES_LENGTH_RULE),
+                **(getattr(req, "chat_template_kwargs", None) or {}),
             )
-        except APIError:
+        except PromptTooLongError:
             raise
         except Exception as e:  # noqa: BLE001 - a template that fails on these messages is a bad request
             raise APIError(400, f"The chat template could not render these messages: {e}", "messages") from e
 
+    async def render(self, req: ChatCompletionRequest | TokenizeRequest) -> list[int]:
+        if self.tokenizer is None:
+            raise APIError(400, "This server has no tokenizer; chat needs one")
+        if req.continue_final_message and req.add_generation_prompt:
+            raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true: "
+                           "set add_generation_prompt to false", "continue_final_message")
+        return await self.off_loop(self._render_now, req)
+
     async def create_chat_completion(self, req: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
-        ids = self.render(req)
-        max_tokens = req.max_completion_tokens or req.max_tokens
+        if req.stream and req.prompt_logprobs is not None:
+            raise APIError(400, "prompt_logprobs are not available when stream is true", "prompt_logprobs")
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
+        ids = await self.render(req)
+        max_tokens = req.max_completion_tokens or req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = req.to_sampling_params(max_tokens, self.defaults, logprobs)
+        params = req.to_sampling_params(max_tokens, self.defaults, logprobs, req.prompt_logprobs)
         request_id = random_id("chatcmpl")
         stream = self.engine.add_request({"prompt_token_ids": ids}, params, request_id, MESSAGES_LENGTH_RULE)
         if req.stream:
@@ -70,8 +81,11 @@ class OpenAIServingChat(OpenAIServing):
             "logprobs": self._logprobs(req, c), "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
         } for c in final.outputs]
         num_gen = sum(len(c.token_ids) for c in final.outputs)
-        return {"id": request_id, "object": "chat.completion", "created": self.created(), "model": self.model_name,
+        body = {"id": request_id, "object": "chat.completion", "created": self.created(), "model": self.model_name,
                 "choices": choices, "usage": self.usage(len(final.prompt_token_ids), num_gen)}
+        if req.prompt_logprobs is not None:
+            body["prompt_logprobs"] = prompt_logprobs_json(final.prompt_logprobs)
+        return body
 
     def _logprobs(self, req: ChatCompletionRequest, c: CompletionOutput) -> dict | None:
         if not req.logprobs or c.logprobs is None:

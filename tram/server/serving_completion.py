@@ -1,7 +1,10 @@
 """POST /v1/completions: one or several prompts (text or token ids), n choices each, streamed or not."""
 from __future__ import annotations
 
+import asyncio
+import functools
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from fastapi import Request
@@ -9,10 +12,14 @@ from fastapi.responses import Response, StreamingResponse
 
 from tram.engine.async_llm import RequestStream
 from tram.outputs import CompletionOutput, PromptLogprobs, RequestOutput
+from tram.sampling_params import SamplingParams
+from tram.server.beam_completion import BeamSearchCompletion
 from tram.server.choice_ledger import ChoiceLedger
 from tram.server.errors import APIError, stream_error_event
 from tram.server.protocol import CompletionRequest
-from tram.server.serving_base import PROMPT_LENGTH_RULE, OpenAIServing, json_logprob, random_id
+from tram.server.serving_base import (
+    PROMPT_LENGTH_RULE, OpenAIServing, json_logprob, prompt_logprobs_json, random_id,
+)
 from tram.server.utils import DONE_EVENT, merge_async_iterators, respond_unless_disconnected, sse
 
 
@@ -25,29 +32,77 @@ def _normalize_prompts(prompt: Any) -> list[str | list[int]]:
     return list(prompt)
 
 
+def _visible(req: CompletionRequest, out: RequestOutput) -> RequestOutput:
+    """What the client sees of an output: an echo-only request (max_tokens 0) ran one token that
+    nobody asked for; it is dropped, and the choice ends with "length" (its zero tokens)."""
+    if not req.echo_only:
+        return out
+    return replace(out, outputs=[replace(c, text="", token_ids=[], logprobs=[] if c.logprobs is not None else None,
+                                         cumulative_logprob=0.0, stop_reason=None,
+                                         finish_reason="length" if c.finish_reason else None)
+                                 for c in out.outputs])
+
+
 class OpenAIServingCompletion(OpenAIServing):
     async def create_completion(self, req: CompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
-        if req.suffix:
-            raise APIError(400, "suffix is not supported", "suffix")
+        self._check(req)
         request_id = random_id("cmpl")
-        streams = self._submit(req, request_id)
+        if req.use_beam_search:
+            work = self.beams.run(req, request_id, await self._prompts(req))
+            if req.stream:
+                return StreamingResponse(self.beams.stream(req, request_id, work), media_type="text/event-stream")
+            return await respond_unless_disconnected(raw, work)
+        streams = await self._submit(req, request_id)
         if req.stream:
             return StreamingResponse(self._stream(req, request_id, streams), media_type="text/event-stream")
         return await respond_unless_disconnected(raw, self._collect(req, request_id, streams))
 
-    def _submit(self, req: CompletionRequest, request_id: str) -> list[RequestStream]:
+    @functools.cached_property
+    def beams(self) -> BeamSearchCompletion:
+        return BeamSearchCompletion(self)
+
+    @staticmethod
+    def _check(req: CompletionRequest) -> None:
+        if req.suffix:
+            raise APIError(400, "suffix is not supported", "suffix")
+        if req.max_tokens == 0 and not req.echo:
+            raise APIError(400, "max_tokens 0 is only allowed with echo (to score the prompt)", "max_tokens")
+        if req.stream and req.prompt_logprobs is not None:
+            raise APIError(400, "prompt_logprobs are not available when stream is true", "prompt_logprobs")
+        if req.use_beam_search and (req.logprobs is not None or req.prompt_logprobs is not None or req.echo_only):
+            raise APIError(400, "use_beam_search returns no logprobs: drop logprobs, prompt_logprobs or max_tokens 0", "use_beam_search")
+
+    async def _prompts(self, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+        """(text, token ids) of every prompt, tokenized off the event loop."""
+        check_length = req.truncate_prompt_tokens is None  # truncation may make a long text fit
+        prompts = []
+        for prompt in _normalize_prompts(req.prompt):
+            if isinstance(prompt, str):
+                prompts.append((prompt, await self.tokenize(prompt, req.add_special_tokens, check_length)))
+            else:
+                prompts.append((None, prompt))
+        return prompts
+
+    def sampling_params(self, req: CompletionRequest) -> SamplingParams:
+        # An echo-only request generates one token (the engine samples at least one) and drops it.
+        max_tokens = 1 if req.echo_only else req.max_tokens
+        prompt_lp = req.prompt_logprobs
+        if prompt_lp is None and req.echo and req.logprobs is not None:
+            prompt_lp = req.logprobs  # the echoed prompt's own logprobs
+        return req.to_sampling_params(max_tokens, self.defaults, req.logprobs, prompt_lp)
+
+    async def _submit(self, req: CompletionRequest, request_id: str) -> list[RequestStream]:
         """Validate every prompt and submit them all, or none (earlier ones are aborted)."""
-        prompt_lp = req.logprobs if req.echo and req.logprobs is not None else None
+        params = self.sampling_params(req)
         streams: list[RequestStream] = []
         try:
-            for i, prompt in enumerate(_normalize_prompts(req.prompt)):
-                text = prompt if isinstance(prompt, str) else None
-                ids = self.tokenize(prompt) if isinstance(prompt, str) else prompt
-                params = req.to_sampling_params(req.max_tokens, self.defaults, req.logprobs, prompt_lp)
+            for i, (text, ids) in enumerate(await self._prompts(req)):
                 streams.append(self.engine.add_request(
-                    {"prompt_token_ids": ids, "prompt": text}, params, f"{request_id}-{i}", PROMPT_LENGTH_RULE
+                    {"prompt_token_ids": ids, "prompt": text}, params.clone(), f"{request_id}-{i}", PROMPT_LENGTH_RULE
                 ))
+                # Thousands of prompts in one request must not hold the loop (and /health) meanwhile.
+                await asyncio.sleep(0)
         except BaseException:
             for s in streams:
                 s.close()
@@ -55,13 +110,21 @@ class OpenAIServingCompletion(OpenAIServing):
         return streams
 
     async def _collect(self, req: CompletionRequest, request_id: str, streams: list[RequestStream]) -> dict:
+        # FINAL_ONLY streams each yield once, so waiting on them in turn takes no longer than merging
+        # them, without a task per prompt (10,000 prompts made 10,000 tasks for the collector to walk).
         finals: list[RequestOutput | None] = [None] * len(streams)
-        async for i, out in merge_async_iterators(*streams):
-            finals[i] = out
+        try:
+            for i, stream in enumerate(streams):
+                async for out in stream:
+                    finals[i] = out
+        finally:
+            for stream in streams:
+                stream.close()
         ledger = ChoiceLedger()
         choices = []
         for i, final in enumerate(finals):
             assert final is not None
+            final = _visible(req, final)
             ledger.count(final)
             for c in final.outputs:
                 choices.append(self._choice(req, i * req.n + c.index, final, c, ledger, final.prompt_logprobs))
@@ -85,8 +148,11 @@ class OpenAIServingCompletion(OpenAIServing):
                 positions += zip(out.prompt_token_ids, prompt_logprobs)
             positions += zip(c.token_ids, c.logprobs or [])
             logprobs = self._logprobs(positions, offset)
-        return {"index": index, "text": text, "logprobs": logprobs,
-                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+        choice = {"index": index, "text": text, "logprobs": logprobs,
+                  "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+        if req.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = prompt_logprobs_json(prompt_logprobs)
+        return choice
 
     def _prompt_text(self, out: RequestOutput) -> str:
         if out.prompt is not None:
@@ -124,6 +190,7 @@ class OpenAIServingCompletion(OpenAIServing):
         prompt_logprobs: dict[int, PromptLogprobs] = {}
         try:
             async for i, out in merge_async_iterators(*streams):
+                out = _visible(req, out)
                 ledger.count(out)
                 if out.prompt_logprobs is not None:
                     prompt_logprobs[i] = out.prompt_logprobs

@@ -16,19 +16,10 @@ from tram.engine.async_llm import RequestStream
 from tram.outputs import RequestOutput
 from tram.sampling_params import RequestOutputKind, SamplingParams
 from tram.server.beam_search import beam_search
-from tram.server.errors import APIError, exception_to_error, error_body
+from tram.server.errors import exception_to_error, error_body
+from tram.server.protocol_generate import GenerateRequest
 from tram.server.serving_base import PROMPT_LENGTH_RULE, OpenAIServing, random_id
 from tram.server.utils import respond_unless_disconnected
-
-
-async def _read_body(raw: Request) -> dict[str, Any]:
-    try:
-        body = await raw.json()
-    except (ValueError, UnicodeDecodeError):
-        raise APIError(400, "The request body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise APIError(400, f"The request body must be a JSON object, got {type(body).__name__}")
-    return body
 
 
 def _line(payload: dict) -> str:
@@ -36,20 +27,11 @@ def _line(payload: dict) -> str:
 
 
 class LegacyGenerate(OpenAIServing):
-    async def generate(self, raw: Request) -> Response:
-        body = await _read_body(raw)
-        prompt = body.pop("prompt", None)
-        if not isinstance(prompt, str) or not prompt:
-            raise APIError(400, "'prompt' must be a non-empty string", "prompt")
-        stream = bool(body.pop("stream", False))
-        use_beam_search = bool(body.pop("use_beam_search", False))
-        length_penalty = float(body.pop("length_penalty", 1.0))
-        body.pop("model", None)
-        try:
-            params = SamplingParams(**body)
-        except TypeError as e:
-            raise APIError(400, f"invalid sampling parameters: {e}") from None
-        ids = self.tokenize(prompt)
+    async def generate(self, body: GenerateRequest, raw: Request) -> Response:
+        self.check_model(body.model)
+        prompt, stream, use_beam_search, length_penalty = body.prompt, body.stream, body.use_beam_search, body.length_penalty
+        params = SamplingParams(**body.sampling_kwargs())
+        ids = await self.tokenize(prompt, check_length=params.truncate_prompt_tokens is None)
         request_id = random_id("generate")
         if use_beam_search:
             self.engine.input_processor.check_prompt_length(len(ids), params.max_tokens, PROMPT_LENGTH_RULE)
