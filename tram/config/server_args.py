@@ -19,3 +19,4 @@ class ServerArgs(CliSettings):
     max_queued_requests: int | None = setting(None, "answer 429 while this many requests are already waiting")
     uvicorn_log_level: str = setting("warning", "uvicorn's log level", choices=UVICORN_LOG_LEVELS)
     log_stats_interval: float = setting(DEFAULT_LOG_INTERVAL, "seconds between throughput log lines")
+    max_request_body_bytes: int = setting(16 * 1024 * 1024, "answer 413 to a request body larger than this")
