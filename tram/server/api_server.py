@@ -17,9 +17,11 @@ from tram.config import EngineArgs, EngineConfig, ServerArgs
 from tram.engine.async_llm import AsyncLLM
 from tram.server.errors import APIError, error_response, install_exception_handlers
 from tram.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from tram.server.protocol_responses import ResponsesRequest
 from tram.server.serving_chat import OpenAIServingChat
 from tram.server.serving_completion import OpenAIServingCompletion
 from tram.server.serving_generate import LegacyGenerate
+from tram.server.serving_responses import OpenAIServingResponses
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +46,7 @@ class Handlers:
         self.engine = engine
         self.completion = OpenAIServingCompletion(engine, names, template)
         self.chat = OpenAIServingChat(engine, names, template)
+        self.responses = OpenAIServingResponses(self.chat)
         self.generate = LegacyGenerate(engine, names, template)
 
 
@@ -116,6 +119,10 @@ def _add_routes(app: FastAPI) -> None:
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         return await _h(request).chat.create_chat_completion(body, request)
+
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        return await _h(request).responses.create_response(body, request)
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:
