@@ -181,8 +181,11 @@ def test_stream(server, client, max_tokens):
     n_deltas = types.count("response.output_text.delta")
     terminal = "response.completed" if max_tokens is None else "response.incomplete"
     assert types == EVENTS_BEFORE_TEXT + ["response.output_text.delta"] * n_deltas + EVENTS_AFTER_TEXT + [terminal]
-    assert n_deltas >= 2 and [e.sequence_number for e in events] == list(range(len(events)))
-    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    # DELTA outputs a slow reader missed arrive merged, so how many deltas varies; none is empty.
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert n_deltas >= 1 and all(deltas)
+    text = "".join(deltas)
     final = events[-1].response
     assert text == full.output_text == final.output_text == events[-4].text
     assert events[-3].part.text == text and events[-2].item.content[0].text == text
