@@ -22,9 +22,11 @@ from tram.server.gc_policy import FullCollections
 from tram.server.openapi import openapi_document
 from tram.server.protocol_generate import GenerateRequest
 from tram.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from tram.server.protocol_responses import ResponsesRequest
 from tram.server.serving_chat import OpenAIServingChat
 from tram.server.serving_completion import OpenAIServingCompletion
 from tram.server.serving_generate import LegacyGenerate
+from tram.server.serving_responses import OpenAIServingResponses
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ class Handlers:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="tram-tokenize")
         self.completion = OpenAIServingCompletion(engine, names, template, self.pool)
         self.chat = OpenAIServingChat(engine, names, template, self.pool)
+        self.responses = OpenAIServingResponses(self.chat)
         self.generate = LegacyGenerate(engine, names, template, self.pool)
 
 
@@ -140,6 +143,10 @@ def _add_routes(app: FastAPI) -> None:
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         return await _h(request).chat.create_chat_completion(body, request)
+
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        return await _h(request).responses.create_response(body, request)
 
     @app.post("/generate")
     async def generate(body: GenerateRequest, request: Request) -> Response:
