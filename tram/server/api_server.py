@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import tram
@@ -176,7 +176,7 @@ def _add_routes(app: FastAPI) -> None:
             raise APIError(400, "This server has no tokenizer")
         return {"prompt": h.engine.tokenizer.decode(body.tokens)}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(_h(request).engine.prometheus.registry), media_type=CONTENT_TYPE_LATEST)
 

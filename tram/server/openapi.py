@@ -32,6 +32,11 @@ _DESCRIPTIONS = {
 # Every route may meet a dead engine (503) or a missing key (401, /v1 only); a route with a body
 # may also get a 400, 413, 404 (unknown model) or 429 (queue full).
 _BODY_STATUSES = (400, 404, 413, 429, 500, 503)
+# One server-sent event (OpenAPI 3.2's reading of a text/event-stream body): `data` holds a JSON
+# chunk, or "[DONE]" at the end of a completions stream.
+_SSE_EVENT = {"type": "object", "properties": {
+    "data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"},
+}}
 _STREAM_TYPES = {"/v1/completions": "text/event-stream", "/v1/chat/completions": "text/event-stream",
                  "/v1/responses": "text/event-stream", "/generate": "application/x-ndjson"}
 
@@ -59,4 +64,5 @@ def _document(path: str, method: str, operation: dict[str, Any]) -> None:
     stream_type = _STREAM_TYPES.get(path)
     ok = responses.get("200")
     if stream_type and ok is not None:
-        ok.setdefault("content", {})[stream_type] = {"schema": {"type": "string"}}
+        schema = _SSE_EVENT if stream_type == "text/event-stream" else {"type": "string"}
+        ok.setdefault("content", {})[stream_type] = {"schema": schema}

@@ -22,7 +22,7 @@ _INT64 = 2**63 - 1
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     include_usage: bool = False
     continuous_usage_stats: bool = False
@@ -36,10 +36,11 @@ class SamplingFields(BaseModel):
     out of 64-bit range is refused while parsing.
 
     Unknown fields are refused (`extra="forbid"`), and so are known ones Tram does not honour yet
-    (field_rules.py): a client never gets unconstrained text for a constraint it asked for.
+    (field_rules.py): a client never gets unconstrained text for a constraint it asked for. Types
+    are strict, as the OpenAPI document states them: `false` is not a token id, nor "3" a count.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1, le=_INT64)
@@ -132,7 +133,7 @@ class CompletionRequest(SamplingFields):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["text"]
     text: Text
@@ -148,7 +149,7 @@ class TextPart(BaseModel):
 
 class ChatMessage(BaseModel):
     # Templates may read other keys of a message (name, tool_call_id, ...): pass them through.
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     role: str = Field(min_length=1)
     content: Text | list[TextPart] | None = None
@@ -169,7 +170,7 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = None
     prompt: Text | None = None
@@ -180,7 +181,7 @@ class TokenizeRequest(BaseModel):
 
 
 class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = None
     tokens: list[TokenId]

@@ -21,7 +21,7 @@ _SERVER_FIELDS = {"output_kind"}
 
 
 class GenerateBase(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     prompt: Text = Field(min_length=1)
     model: str | None = None

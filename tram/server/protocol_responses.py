@@ -48,7 +48,7 @@ class InputTextPart(BaseModel):
     sends an earlier response's output back as input; they describe that output and do not change
     what the model sees."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["input_text", "output_text"]
     text: str
@@ -60,7 +60,7 @@ class InputMessage(BaseModel):
     """A message item of `input`. `id` and `status` come along with an earlier response's output
     item sent back as input; they name that item and do not change what the model sees."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
@@ -103,7 +103,7 @@ class ResponsesRequest(BaseModel):
     `top_p`, `stream`, `user` and `metadata` (echoed back), `parallel_tool_calls` (echoed; with no
     tools it changes nothing), `text` as plain text only."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = None
     input: Union[str, list[Any]]
