@@ -33,6 +33,10 @@ def _message_dict(m: ChatMessage) -> dict[str, Any]:
 
 
 class OpenAIServingChat(OpenAIServing):
+    def __init__(self, *args: Any, response_role: str = "assistant", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.response_role = response_role  # --response-role
+
     def render(self, req: ChatCompletionRequest | Any) -> list[int]:
         if self.tokenizer is None:
             raise APIError(400, "This server has no tokenizer; chat needs one")
@@ -66,7 +70,7 @@ class OpenAIServingChat(OpenAIServing):
             final = out
         assert final is not None
         choices = [{
-            "index": c.index, "message": {"role": "assistant", "content": c.text},
+            "index": c.index, "message": {"role": self.response_role, "content": c.text},
             "logprobs": self._logprobs(req, c), "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
         } for c in final.outputs]
         num_gen = sum(len(c.token_ids) for c in final.outputs)
@@ -109,7 +113,7 @@ class OpenAIServingChat(OpenAIServing):
     def _chunk(self, req: ChatCompletionRequest, c: CompletionOutput, ledger: ChoiceLedger) -> dict:
         delta: dict[str, Any] = {"content": c.text}
         if ledger.is_first(c.index):
-            delta = {"role": "assistant", **delta}
+            delta = {"role": self.response_role, **delta}
         ledger.sent(c.index, c.text)
         return {"index": c.index, "delta": delta, "logprobs": self._logprobs(req, c),
                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
