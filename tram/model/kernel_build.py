@@ -66,8 +66,9 @@ def ensure_build_tools() -> None:
 
 
 @contextmanager
-def heartbeat(what: str, every: float = HEARTBEAT_SECONDS) -> Iterator[None]:
-    """Log "still <what>, N s so far" every `every` seconds until the block ends."""
+def heartbeat(what: str, every: float | None = None) -> Iterator[None]:
+    """Log "still <what>, N s so far" every `every` seconds (HEARTBEAT_SECONDS) until the block ends."""
+    every = every or HEARTBEAT_SECONDS
     stop = threading.Event()
     start = time.monotonic()
 
