@@ -47,6 +47,10 @@ def _app(server_args: ServerArgs) -> FastAPI:
     async def plain() -> dict:
         return {}
 
+    @app.get("/health")
+    async def health() -> dict:
+        return {}
+
     _install_middleware(app, server_args)
     return app
 
@@ -62,11 +66,13 @@ def test_a_stream_is_logged_when_it_ends_with_its_tokens(access_log: list[str]) 
     assert asyncio.run(_get(app, "/slow-stream")).status_code == 200
     assert asyncio.run(_get(app, "/plain")).status_code == 200
     assert asyncio.run(_get(app, "/missing")).status_code == 404
+    assert asyncio.run(_get(app, "/health")).status_code == 200  # a probe: not logged while it succeeds
     stream = re.fullmatch(r'10\.0\.0\.1:4321 "GET /slow-stream" 200 (\d+\.\d) ms prompt_tokens=4 output_tokens=6',
                           access_log[0])
     assert stream and float(stream.group(1)) >= 300, access_log
     assert re.fullmatch(r'10\.0\.0\.1:4321 "GET /plain" 200 \d+\.\d ms', access_log[1])
     assert re.fullmatch(r'10\.0\.0\.1:4321 "GET /missing" 404 \d+\.\d ms', access_log[2])
+    assert len(access_log) == 3
 
 
 def test_disable_uvicorn_access_log_turns_it_off(access_log: list[str]) -> None:

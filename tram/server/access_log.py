@@ -5,8 +5,9 @@
 Method, path, status and latency from first byte in to last byte out; for a route that ran the
 engine, the prompt and output tokens it handled (`tram.engine.usage`). A stream is logged when
 its last chunk is sent, so its latency is the whole stream's; one that ends early (the client went
-away) is marked `incomplete`. It replaces uvicorn's access log, which knows no latency or tokens;
-`--disable-uvicorn-access-log` turns it off.
+away) is marked `incomplete`. Successful probes (GET /health, /ping, /metrics: a load balancer or
+Prometheus asks every few seconds) are not logged; their failures are. It replaces uvicorn's access
+log, which knows no latency or tokens; `--disable-uvicorn-access-log` turns it off.
 
 A plain ASGI middleware rather than Starlette's `BaseHTTPMiddleware`: that one returns when the
 response starts, before a stream has sent anything.
@@ -23,6 +24,7 @@ logger = logging.getLogger("tram.server.access")
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
+QUIET_PROBES = frozenset({"/health", "/ping", "/metrics"})
 
 
 def format_access_line(scope: Scope, status: int, seconds: float, usage: UsageCounter, complete: bool) -> str:
@@ -58,4 +60,5 @@ class AccessLogMiddleware:
             try:
                 await self.app(scope, receive, send_and_watch)
             finally:
-                logger.info(format_access_line(scope, status, time.perf_counter() - start, usage, ended))
+                if not (status == 200 and scope["method"] == "GET" and scope["path"] in QUIET_PROBES):
+                    logger.info(format_access_line(scope, status, time.perf_counter() - start, usage, ended))
