@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs Tram: what serving needs (`bash scripts/setup.sh`), or that plus the test and benchmark
 # tools (`bash scripts/setup.sh --dev`). torch is pinned first: that pin resolves to a local CPU
-# wheel here, while an unpinned torch would pull several GB of CUDA packages.
+# wheel here, while an unpinned torch would pull several GB of CUDA packages. Then the C++ CPU
+# kernels are built (about 45 s on 2 cores, once), so that the first `tram serve` does not wait for
+# them; without g++ this fails with a message (TRAM_CPU_KERNELS=0 skips them: slower PyTorch paths).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q "torch==2.13.0"
@@ -10,3 +12,4 @@ if [ "${1:-}" = "--dev" ]; then
 else
   python3 -m pip install -q -e .
 fi
+python3 -m tram build-kernels

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from conftest import STORIES
-from server_utils import REPO, RemoteServer, pid_alive
+from server_utils import REPO, RemoteServer, free_port, pid_alive
 
 
 def _metric(text: str, name: str) -> float:
@@ -163,7 +163,8 @@ def _is_engine(pid: int) -> bool:
 
 def test_bad_flags_exit_with_a_message() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "tram", "serve", str(STORIES), "--max-model-len", "100000"],
+        # A free port: the port is checked first, and 8000 may be someone else's server.
+        [sys.executable, "-m", "tram", "serve", str(STORIES), "--max-model-len", "100000", "--port", str(free_port())],
         capture_output=True, text=True, timeout=120, cwd=REPO,
     )
     assert out.returncode == 2

@@ -40,3 +40,5 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None
     gpu_memory_utilization: float
     max_logprobs: int
+    # The folder whose generation_config.json gives the server's sampling defaults; None: no defaults.
+    generation_config: str | None = None

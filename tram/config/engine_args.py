@@ -2,6 +2,7 @@
 each layer reads. `tram serve/generate` flags and `LLM(...)` keywords are these fields."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -11,7 +12,10 @@ from tram.config.model import DTYPES, LOAD_FORMATS, ModelConfig
 
 ATTENTION_BACKENDS = ("torch", "triton")
 _POSITIVE = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks_override",
-             "kv_cache_memory_bytes")
+             "kv_cache_memory_bytes", "tensor_parallel_size")
+# vLLM's tokenizer modes Tram serves: both load the model's fast (Rust `tokenizers`) tokenizer.
+TOKENIZER_MODES = ("auto", "hf")
+GENERATION_CONFIG_FILE = "generation_config.json"
 
 
 @dataclass
@@ -20,8 +24,13 @@ class EngineArgs(CliSettings):
 
     model: str = setting(None, "local Hugging Face model folder or hub id", positional=True)
     tokenizer: str | None = setting(None, "tokenizer folder or hub id (default: the model's)")
+    tokenizer_mode: str = setting("auto", "auto or hf: the model's fast tokenizer (vLLM's slow, mistral and "
+                                  "custom are not supported)")
     revision: str | None = setting(None, "hub revision (branch, tag or commit) of the model")
+    download_dir: str | None = setting(None, "folder to download hub models into (default: the Hugging Face cache)")
     trust_remote_code: bool = setting(False, "allow model code from the hub (transformers' trust_remote_code)")
+    generation_config: str = setting("auto", "sampling defaults of the server: auto = the model's "
+                                     "generation_config.json, vllm = none, or a folder holding one")
     dtype: str = setting("auto", "weights and activations dtype; auto follows the checkpoint "
                          "(bfloat16 for float16 on CPU and float32 on CUDA)", choices=("auto", *DTYPES))
     seed: int = setting(0, "seed of dummy weights and of unseeded sampling")
@@ -29,6 +38,8 @@ class EngineArgs(CliSettings):
                                         "(default: the model's max_position_embeddings)")
     max_num_seqs: int = setting(256, "most requests in one step's batch")
     max_num_batched_tokens: int | None = setting(None, "token budget of one step (default: max(4096, max_num_seqs))")
+    enable_chunked_prefill: bool = setting(True, "split long prompts over steps; always on in Tram "
+                                           "(--no-enable-chunked-prefill is rejected)")
     block_size: int = setting(16, "tokens per KV cache block")
     enable_prefix_caching: bool = setting(True, "reuse the KV of prompt prefixes seen before")
     num_gpu_blocks_override: int | None = setting(None, "KV cache blocks to allocate, whatever the memory")
@@ -42,6 +53,8 @@ class EngineArgs(CliSettings):
     skip_tokenizer_init: bool = setting(False, "no tokenizer: prompts must be token ids, outputs carry no text")
     max_logprobs: int = setting(20, "most logprobs a request may ask for")
     enforce_eager: bool = setting(False, "no CUDA graphs (GPU only)")
+    tensor_parallel_size: int = setting(1, "devices to split the model over; only 1 is supported yet",
+                                        aliases=("-tp",))
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> EngineArgs:
@@ -51,7 +64,8 @@ class EngineArgs(CliSettings):
             raise TypeError(f"unknown engine argument(s): {', '.join(unknown)}")
         return cls(model=model, **kwargs)
 
-    def _validate(self) -> None:
+    def validate(self) -> None:
+        """Reject bad values and what Tram does not support, before anything is loaded (ValueError)."""
         for name in _POSITIVE:
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -61,13 +75,39 @@ class EngineArgs(CliSettings):
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"Unknown attention backend {self.attention_backend!r}. "
                              f"Supported backends: {', '.join(ATTENTION_BACKENDS)}")
+        self._validate_unsupported()
+        if self.generation_config not in ("auto", "vllm") and not os.path.isfile(
+                os.path.join(self.generation_config, GENERATION_CONFIG_FILE)):
+            raise ValueError(f"generation_config {self.generation_config!r} must be auto, vllm, or a folder "
+                             f"holding a {GENERATION_CONFIG_FILE}")
+
+    def _validate_unsupported(self) -> None:
+        """vLLM settings Tram accepts only at the values it implements."""
+        if self.tokenizer_mode == "slow":
+            raise ValueError("tokenizer_mode 'slow' is not supported: Tram's incremental detokenizer needs a fast "
+                             "tokenizer (tokenizer.json); use --tokenizer-mode auto")
+        if self.tokenizer_mode not in TOKENIZER_MODES:
+            raise ValueError(f"tokenizer_mode {self.tokenizer_mode!r} is not supported: Tram loads Hugging Face "
+                             f"fast tokenizers only ({' or '.join(TOKENIZER_MODES)})")
+        if not self.enable_chunked_prefill:
+            raise ValueError("--no-enable-chunked-prefill is not supported: Tram always splits long prompts over "
+                             "steps within --max-num-batched-tokens (raise it to prefill more per step)")
+        if self.tensor_parallel_size != 1:
+            raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size} is not supported yet: Tram runs a "
+                             "model on one device; use --tensor-parallel-size 1")
+
+    def _generation_config_folder(self, model_path: str) -> str | None:
+        """The folder whose generation_config.json gives the server's sampling defaults (None: none)."""
+        if self.generation_config == "auto":
+            return model_path
+        return None if self.generation_config == "vllm" else self.generation_config
 
     def create_engine_config(self) -> EngineConfig:
         """Resolve the settings against the model's config; ValueError on a bad combination."""
         from tram.model.hub import resolve_model_path
 
-        self._validate()
-        model_path = resolve_model_path(self.model, self.revision)
+        self.validate()
+        model_path = resolve_model_path(self.model, self.revision, self.download_dir)
         model_config = ModelConfig(
             model=model_path, dtype=self.dtype, device=self.device, load_format=self.load_format,
             revision=self.revision, trust_remote_code=self.trust_remote_code, seed=self.seed,
@@ -94,4 +134,5 @@ class EngineArgs(CliSettings):
             kv_cache_memory_bytes=self.kv_cache_memory_bytes,
             gpu_memory_utilization=self.gpu_memory_utilization,
             max_logprobs=self.max_logprobs,
+            generation_config=self._generation_config_folder(model_path),
         )

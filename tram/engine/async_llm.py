@@ -17,6 +17,7 @@ from tram.engine.core_client import EngineCoreClient, EngineDeadError
 from tram.engine.frontend import EngineFrontend
 from tram.engine.input_processor import OFFLINE_LENGTH_RULE, LengthRule, PromptType
 from tram.engine.metrics import DEFAULT_LOG_INTERVAL, LoggingStatLogger, PrometheusStatLogger
+from tram.engine.usage import OutputTokenCount, current_usage, log_request
 from tram.outputs import RequestOutput, merge_deltas
 from tram.sampling_params import RequestOutputKind, SamplingParams
 
@@ -65,10 +66,12 @@ class RequestStream:
     """The outputs of one submitted request. Stopping early (aclose, or a cancelled `__anext__`)
     aborts the request in the engine, which frees its KV blocks on the next step."""
 
-    def __init__(self, engine: AsyncLLM, request_id: str, collector: OutputCollector) -> None:
+    def __init__(self, engine: AsyncLLM, request_id: str, collector: OutputCollector,
+                 tokens: OutputTokenCount | None = None) -> None:
         self.engine = engine
         self.request_id = request_id
         self.collector = collector
+        self.tokens = tokens  # the submitting context's usage counter, if it keeps one
         self.done = False
 
     def __aiter__(self) -> RequestStream:
@@ -83,6 +86,8 @@ class RequestStream:
             self.close()
             raise
         self.done = out.finished
+        if self.tokens is not None:
+            self.tokens.add(out)
         return out
 
     def close(self) -> None:
@@ -98,9 +103,12 @@ class AsyncLLM(EngineFrontend):
     def __init__(
         self, config: EngineConfig, served_model_name: str | None = None,
         max_queued_requests: int | None = None, log_stats_interval: float = DEFAULT_LOG_INTERVAL,
+        log_requests: bool = False, max_log_len: int | None = None,
     ) -> None:
         super().__init__(config)
         self.max_queued_requests = max_queued_requests
+        self.log_requests = log_requests  # a line per request received (--enable-log-requests)
+        self.max_log_len = max_log_len
         self.collectors: dict[str, OutputCollector] = {}
         self.last_stats = SchedulerStats()
         self.prometheus = PrometheusStatLogger(served_model_name or config.model_config.model)
@@ -149,6 +157,8 @@ class AsyncLLM(EngineFrontend):
                 f"The server is busy: the waiting queue would exceed {self.max_queued_requests} requests "
                 "(--max-queued-requests). Retry later."
             )
+        if self.log_requests:
+            log_request(request_id, text, prompt_ids, params, self.max_log_len)
         core_requests = self.register_request(request_id, text, prompt_ids, params)
         collector = OutputCollector(aggregate=params.output_kind == RequestOutputKind.DELTA)
         self.collectors[request_id] = collector
@@ -157,7 +167,12 @@ class AsyncLLM(EngineFrontend):
         except BaseException:
             del self.collectors[request_id]
             raise
-        return RequestStream(self, request_id, collector)
+        usage = current_usage()
+        if usage is None:
+            return RequestStream(self, request_id, collector)
+        usage.requests += 1
+        usage.prompt_tokens += len(prompt_ids)
+        return RequestStream(self, request_id, collector, OutputTokenCount(usage, collector.aggregate))
 
     async def generate(
         self, prompt: PromptType, params: SamplingParams, request_id: str,

@@ -1,5 +1,5 @@
 """`tram` command line: `tram serve MODEL` (the OpenAI-compatible server), `tram generate MODEL`
-(a demo) and `tram bench ...` (benchmarks).
+(a demo), `tram bench ...` (benchmarks) and `tram build-kernels` (the C++ CPU kernels, at set-up).
 
 Engine and server flags are derived from their one declaration (`tram.config.EngineArgs`,
 `tram.config.ServerArgs`). Each command imports only what it needs: serving must start from a plain
@@ -12,6 +12,7 @@ import importlib
 import sys
 from types import ModuleType
 
+import tram
 from tram.config import EngineArgs, ServerArgs
 
 # Packages that only some commands need -> the extra that installs them.
@@ -57,14 +58,27 @@ def _generate(a: argparse.Namespace) -> int:
 
 
 def _serve(a: argparse.Namespace) -> int:
+    from tram.server.listen import bind_socket
+
+    engine_args, server_args = EngineArgs.from_cli_args(a), ServerArgs.from_cli_args(a)
+    # Unsupported settings and a taken port fail now, in a second, before any model or engine loads.
+    engine_args.validate()
+    server_args.validate()
+    sock = bind_socket(server_args.host, server_args.port)
     from tram.server.torch_free import keep_transformers_torch_free
 
     # Before anything imports transformers' config or tokenizer classes (see torch_free.py).
     keep_transformers_torch_free()
     from tram.server.api_server import run_server
 
-    run_server(EngineArgs.from_cli_args(a), ServerArgs.from_cli_args(a))
+    run_server(engine_args, server_args, sock)
     return 0
+
+
+def _build_kernels(a: argparse.Namespace) -> int:
+    from tram.model.kernel_build import build_kernels_command
+
+    return build_kernels_command()
 
 
 def _bench(a: argparse.Namespace) -> int:
@@ -89,6 +103,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction, argv: list[str]) -> None:
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tram", description="Tram LLM inference engine")
+    parser.add_argument("--version", action="version", version=f"tram {tram.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate completions for a few prompts (offline demo)")
     EngineArgs.add_cli_args(gen)
@@ -97,9 +112,10 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--sampling-seed", type=int)
-    serve = sub.add_parser("serve", help="start the OpenAI-compatible server")
+    serve = sub.add_parser("serve", help="start the OpenAI-compatible server (vLLM's `vllm serve` flags)")
     EngineArgs.add_cli_args(serve)
     ServerArgs.add_cli_args(serve)
+    sub.add_parser("build-kernels", help="build the C++ CPU kernels now (set-up does), not on the first start")
     _add_bench_parser(sub, argv)
     return parser
 
@@ -107,7 +123,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
-    commands = {"serve": _serve, "generate": _generate, "bench": _bench}
+    commands = {"serve": _serve, "generate": _generate, "bench": _bench, "build-kernels": _build_kernels}
     try:
         return commands[args.command](args)
     except ValueError as e:

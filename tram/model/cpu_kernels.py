@@ -13,6 +13,8 @@ Why: on CPU two things dominated a decode step once the batch is small.
 The extension is built with torch.utils.cpp_extension.load on first use (needs g++ and ninja),
 once per process; torch caches the build under its extensions directory (TORCH_EXTENSIONS_DIR,
 default ~/.cache/torch_extensions), keyed by sources and flags, so later processes only load it.
+`tram build-kernels` (run by scripts/setup.sh) builds it ahead of the first start; a build that
+happens at start logs its progress (kernel_build.py).
 It is compiled with -march=native, so the module name carries a hash of the CPU's features (and of
 the headers) and a cache shared between different machines never hands one a binary for another.
 
@@ -30,6 +32,8 @@ import threading
 from types import ModuleType
 
 import torch
+
+from tram.model.kernel_build import build_with_progress
 
 logger = logging.getLogger(__name__)
 
@@ -72,17 +76,36 @@ def _build_tag() -> str:
     return hashlib.sha1(key.encode()).hexdigest()[:10]
 
 
+def extension_name() -> str:
+    """The module's name, which is also its folder in torch's extension cache."""
+    return f"tram_cpu_kernels_{_build_tag()}"
+
+
 def _build() -> ModuleType:
     from torch.utils.cpp_extension import load
 
-    return load(
-        name=f"tram_cpu_kernels_{_build_tag()}",
+    name = extension_name()
+    return build_with_progress(name, lambda: load(
+        name=name,
         sources=list(_SOURCES),
         extra_include_paths=[_CSRC],
         extra_cflags=list(_CFLAGS),  # copies: load() appends to extra_ldflags in place
         extra_ldflags=list(_LDFLAGS),
         verbose=False,
-    )
+    ))
+
+
+def kernels_enabled() -> bool:
+    return os.environ.get(ENV_SWITCH, "1").strip() != "0"
+
+
+def build_cpu_kernels() -> ModuleType:
+    """Build (or load the cached build of) the kernels now, raising on failure (`tram build-kernels`)."""
+    global _loaded, _module
+    with _lock:
+        _module = _build()
+        _loaded = True
+        return _module
 
 
 def load_cpu_kernels() -> ModuleType | None:
@@ -93,7 +116,7 @@ def load_cpu_kernels() -> ModuleType | None:
     with _lock:
         if _loaded:
             return _module
-        if os.environ.get(ENV_SWITCH, "1").strip() == "0":
+        if not kernels_enabled():
             logger.info("CPU kernels disabled by %s=0; using the PyTorch paths", ENV_SWITCH)
             _module = None
         else:

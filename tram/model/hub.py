@@ -10,18 +10,18 @@ INDEX_FILE = "model.safetensors.index.json"
 _METADATA_PATTERNS = ["*.json", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
 
 
-def resolve_model_path(model: str, revision: str | None = None) -> str:
+def resolve_model_path(model: str, revision: str | None = None, download_dir: str | None = None) -> str:
     """A local folder holding the model's config, tokenizer and safetensors weights.
 
     A local folder is used as is. Otherwise the hub snapshot is downloaded (or found in the local
-    cache): metadata first, then only the weight files the index names, so that repos that also
-    ship a consolidated checkpoint are not downloaded twice.
+    cache, or `download_dir`): metadata first, then only the weight files the index names, so that
+    repos that also ship a consolidated checkpoint are not downloaded twice.
     """
     if os.path.isdir(model):
         return model
     try:
         # Offline, snapshot_download itself falls back to a cached snapshot.
-        return _download(model, revision)
+        return _download(model, revision, download_dir)
     except Exception as err:  # network, auth, unknown repo: all end in the same advice
         raise ValueError(
             f"Model {model!r} is not a local folder and could not be fetched from the Hugging Face hub "
@@ -30,13 +30,13 @@ def resolve_model_path(model: str, revision: str | None = None) -> str:
         ) from err
 
 
-def _download(model: str, revision: str | None) -> str:
+def _download(model: str, revision: str | None, download_dir: str | None) -> str:
     from huggingface_hub import snapshot_download
 
-    path = snapshot_download(model, revision=revision, allow_patterns=_METADATA_PATTERNS)
+    path = snapshot_download(model, revision=revision, allow_patterns=_METADATA_PATTERNS, cache_dir=download_dir)
     index = os.path.join(path, INDEX_FILE)
     weights = sorted(set(read_index(index).values())) if os.path.exists(index) else ["*.safetensors"]
-    return snapshot_download(model, revision=revision, allow_patterns=weights)
+    return snapshot_download(model, revision=revision, allow_patterns=weights, cache_dir=download_dir)
 
 
 def read_index(index_path: str) -> dict[str, str]:

@@ -5,22 +5,27 @@ import asyncio
 import logging
 import os
 import secrets
+import socket
+import ssl
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import tram
 from tram.config import EngineArgs, EngineConfig, ServerArgs
 from tram.engine.async_llm import AsyncLLM
+from tram.server.access_log import AccessLogMiddleware
 from tram.server.body_limit import BodySizeLimit
 from tram.server.errors import APIError, error_response, install_exception_handlers
 from tram.server.gc_policy import FullCollections
 from tram.server.openapi import openapi_document
 from tram.server.protocol_generate import GenerateRequest
+from tram.server.listen import bind_socket, server_url
 from tram.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from tram.server.protocol_responses import ResponsesRequest
 from tram.server.serving_chat import OpenAIServingChat
@@ -46,13 +51,14 @@ def load_chat_template(value: str | None) -> str | None:
 class Handlers:
     """The serving objects, created once the engine is up."""
 
-    def __init__(self, engine: AsyncLLM, names: list[str], chat_template: str | None) -> None:
+    def __init__(self, engine: AsyncLLM, names: list[str], chat_template: str | None,
+                 response_role: str = "assistant") -> None:
         template = load_chat_template(chat_template)
         self.engine = engine
         # One tokenizer thread for every endpoint (see OpenAIServing).
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="tram-tokenize")
         self.completion = OpenAIServingCompletion(engine, names, template, self.pool)
-        self.chat = OpenAIServingChat(engine, names, template, self.pool)
+        self.chat = OpenAIServingChat(engine, names, template, self.pool, response_role=response_role)
         self.responses = OpenAIServingResponses(self.chat)
         self.generate = LegacyGenerate(engine, names, template, self.pool)
 
@@ -69,21 +75,35 @@ def _auth_middleware(app: FastAPI, api_key: str) -> None:
         return await call_next(request)
 
 
+def _install_middleware(app: FastAPI, server_args: ServerArgs) -> None:
+    """Outermost last: the access log times everything (401s and CORS preflights included), and
+    CORS wraps the key check so that even a 401 carries the headers a browser needs to read it."""
+    if server_args.api_key:
+        _auth_middleware(app, server_args.api_key)
+    app.add_middleware(BodySizeLimit, max_bytes=server_args.max_request_body_bytes)
+    app.add_middleware(
+        CORSMiddleware, allow_origins=server_args.allowed_origins, allow_credentials=server_args.allow_credentials,
+        allow_methods=server_args.allowed_methods, allow_headers=server_args.allowed_headers,
+    )
+    if not server_args.disable_uvicorn_access_log:
+        app.add_middleware(AccessLogMiddleware)
+
+
 def build_app(engine_args: EngineArgs, server_args: ServerArgs, engine_config: EngineConfig | None = None) -> FastAPI:
     config = engine_config or engine_args.create_engine_config()
     names = server_args.served_model_name or [engine_args.model]
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = AsyncLLM(config, names[0], server_args.max_queued_requests, server_args.log_stats_interval)
+        engine = AsyncLLM(config, names[0], server_args.max_queued_requests, server_args.log_stats_interval,
+                          server_args.enable_log_requests, server_args.max_log_len)
         gc_task: asyncio.Task | None = None
         try:
             await engine.start()
-            app.state.handlers = Handlers(engine, names, server_args.chat_template)
+            app.state.handlers = Handlers(engine, names, server_args.chat_template, server_args.response_role)
             collections = FullCollections()
             collections.start()
             gc_task = asyncio.create_task(_collect_when_quiet(engine, collections))
-            logger.info("Ready: http://%s:%d (OpenAI API under /v1)", server_args.host, server_args.port)
             yield
         finally:
             if gc_task is not None:
@@ -92,13 +112,12 @@ def build_app(engine_args: EngineArgs, server_args: ServerArgs, engine_config: E
                 app.state.handlers.pool.shutdown(wait=False, cancel_futures=True)
             engine.shutdown()
 
-    app = FastAPI(title="Tram", version=tram.__version__, lifespan=lifespan)
+    app = FastAPI(title="Tram", version=tram.__version__, lifespan=lifespan, root_path=server_args.root_path or "")
     app.openapi = lambda: openapi_document(app)  # type: ignore[method-assign]
     install_exception_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=server_args.max_request_body_bytes)
-    if server_args.api_key:
-        _auth_middleware(app, server_args.api_key)
+    _install_middleware(app, server_args)
     _add_routes(app)
+    _add_vllm_routes(app)
     if os.environ.get("TRAM_SERVER_DEV_MODE") == "1":
         _add_dev_routes(app)
     return app
@@ -115,13 +134,17 @@ def _h(request: Request) -> Handlers:
     return request.app.state.handlers
 
 
+def _liveness(request: Request) -> Response:
+    engine = _h(request).engine
+    if not engine.is_running:
+        return error_response(503, f"The engine is not running: {engine.dead_reason}")
+    return JSONResponse({"status": "ok"})
+
+
 def _add_routes(app: FastAPI) -> None:
     @app.get("/health")
     async def health(request: Request) -> Response:
-        engine = _h(request).engine
-        if not engine.is_running:
-            return error_response(503, f"The engine is not running: {engine.dead_reason}")
-        return JSONResponse({"status": "ok"})
+        return _liveness(request)
 
     @app.get("/version")
     async def version() -> dict:
@@ -130,11 +153,7 @@ def _add_routes(app: FastAPI) -> None:
     @app.get("/v1/models")
     async def models(request: Request) -> dict:
         h = _h(request)
-        s = h.completion
-        data = [{"id": name, "object": "model", "created": s.created(), "owned_by": "tram",
-                 "root": h.engine.config.model_config.model, "parent": None, "max_model_len": s.max_model_len}
-                for name in s.served_model_names]
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": [_model_card(h, name) for name in h.completion.served_model_names]}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -181,6 +200,28 @@ def _add_routes(app: FastAPI) -> None:
         return Response(generate_latest(_h(request).engine.prometheus.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+def _model_card(h: Handlers, name: str) -> dict:
+    """OpenAI's model object (plus vLLM's root, parent and max_model_len) for a served name."""
+    return {"id": name, "object": "model", "created": h.completion.created(), "owned_by": "tram",
+            "root": h.engine.config.model_config.model, "parent": None, "max_model_len": h.completion.max_model_len}
+
+
+def _add_vllm_routes(app: FastAPI) -> None:
+    """Routes vLLM's server has beside OpenAI's: clients and load balancers written for it call them."""
+
+    @app.get("/ping")
+    @app.post("/ping")
+    async def ping(request: Request) -> Response:  # vLLM's (and SageMaker's) liveness probe = /health
+        return _liveness(request)
+
+    # A served name may hold slashes ("org/model"): the id is the rest of the path.
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, request: Request) -> dict:
+        h = _h(request)
+        h.completion.check_model(model_id)  # 404 with OpenAI's error body for an unknown id
+        return _model_card(h, model_id)
+
+
 def _add_dev_routes(app: FastAPI) -> None:
     """Endpoints for tests and debugging only (TRAM_SERVER_DEV_MODE=1), as vLLM's dev mode."""
 
@@ -197,14 +238,33 @@ def _add_dev_routes(app: FastAPI) -> None:
         return {"reset": await _h(request).engine.reset_prefix_cache()}
 
 
-def run_server(engine_args: EngineArgs, server_args: ServerArgs) -> None:
-    """Serve until SIGINT/SIGTERM; the engine process is stopped on the way out."""
+class _Server(uvicorn.Server):
+    """uvicorn's server, which says Ready once its socket listens (after the engine is up), not before."""
+
+    def __init__(self, config: uvicorn.Config, url: str) -> None:
+        super().__init__(config)
+        self.url = url
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            logger.info("Ready: %s (OpenAI API under /v1)", self.url)
+
+
+def run_server(engine_args: EngineArgs, server_args: ServerArgs, sock: socket.socket | None = None) -> None:
+    """Serve on `sock` (bound to host:port before the engine starts) until SIGINT/SIGTERM; the engine
+    process is stopped on the way out. SystemExit if the port is taken or the engine fails to start."""
+    sock = sock or bind_socket(server_args.host, server_args.port)
+    url = server_url(server_args.host, server_args.port, tls=server_args.ssl_certfile is not None)
+    logger.info("Tram %s starting: loading %s; %s answers once the engine is up (the log says Ready)",
+                tram.__version__, engine_args.model, url)
     app = build_app(engine_args, server_args)
     config = uvicorn.Config(
-        app, host=server_args.host, port=server_args.port, log_level=server_args.uvicorn_log_level,
-        timeout_graceful_shutdown=3, access_log=False,
+        app, log_level=server_args.uvicorn_log_level, timeout_graceful_shutdown=3, access_log=False,
+        ssl_keyfile=server_args.ssl_keyfile, ssl_certfile=server_args.ssl_certfile,
     )
-    server = uvicorn.Server(config)
-    logger.info("Tram %s serving %s on http://%s:%d", tram.__version__, engine_args.model,
-                server_args.host, server_args.port)
-    asyncio.run(server.serve())
+    try:
+        config.load()  # builds the TLS context: a bad key or certificate fails now, not after the engine starts
+    except (OSError, ssl.SSLError) as e:
+        raise ValueError(f"cannot load --ssl-keyfile/--ssl-certfile: {e}") from e
+    asyncio.run(_Server(config, url).serve(sockets=[sock]))

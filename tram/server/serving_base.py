@@ -41,8 +41,10 @@ def prompt_logprobs_json(prompt_logprobs: PromptLogprobs | None) -> list[dict[st
         for t, lp in row.items()} for row in prompt_logprobs]
 
 
-def generation_config_defaults(model_path: str) -> dict[str, Any]:
-    """Sampling defaults the model's authors chose; only the fields they set explicitly."""
+def generation_config_defaults(model_path: str | None) -> dict[str, Any]:
+    """Sampling defaults the model's authors chose; only the fields they set explicitly (none for None)."""
+    if model_path is None:
+        return {}
     try:
         diff = GenerationConfig.from_pretrained(model_path).to_diff_dict()
     except (OSError, ValueError):
@@ -68,7 +70,7 @@ class OpenAIServing:
         self.chat_template = chat_template
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.config.scheduler_config.max_model_len
-        self.defaults = generation_config_defaults(engine.config.model_config.model)
+        self.defaults = generation_config_defaults(engine.config.generation_config)  # --generation-config
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in self.served_model_names:

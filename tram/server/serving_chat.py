@@ -29,6 +29,10 @@ def _message_dict(m: ChatMessage) -> dict[str, Any]:
 
 
 class OpenAIServingChat(OpenAIServing):
+    def __init__(self, *args: Any, response_role: str = "assistant", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.response_role = response_role  # --response-role
+
     def _render_now(self, req: ChatCompletionRequest | TokenizeRequest) -> list[int]:
         """On the tokenizer thread: render, refuse a text too long by its length alone, tokenize."""
         processor = self.engine.input_processor
@@ -77,7 +81,7 @@ class OpenAIServingChat(OpenAIServing):
             final = out
         assert final is not None
         choices = [{
-            "index": c.index, "message": {"role": "assistant", "content": c.text},
+            "index": c.index, "message": {"role": self.response_role, "content": c.text},
             "logprobs": self._logprobs(req, c), "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
         } for c in final.outputs]
         num_gen = sum(len(c.token_ids) for c in final.outputs)
@@ -123,7 +127,7 @@ class OpenAIServingChat(OpenAIServing):
     def _chunk(self, req: ChatCompletionRequest, c: CompletionOutput, ledger: ChoiceLedger) -> dict:
         delta: dict[str, Any] = {"content": c.text}
         if ledger.is_first(c.index):
-            delta = {"role": "assistant", **delta}
+            delta = {"role": self.response_role, **delta}
         ledger.sent(c.index, c.text)
         return {"index": c.index, "delta": delta, "logprobs": self._logprobs(req, c),
                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
