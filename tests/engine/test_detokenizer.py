@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoConfig, PreTrainedTokenizerFast
 
-from tram.engine.detokenizer import IncrementalDetokenizer, decode_token
+from tram.engine.detokenizer import IncrementalDetokenizer
 from tram.engine.tokenizer import apply_chat_template, get_stop_token_ids, load_tokenizer
 
 MODEL = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "models", "stories260K"))
@@ -262,13 +262,7 @@ def test_stop_strings_against_oracle_and_streaming_never_leaks(text, stop, inclu
     assert streamed == detok.output_text
 
 
-# --- single-token decoding and the tokenizer helpers
-
-
-def test_decode_token_matches_tokenizer_decode():
-    for tok in (sp_tokenizer(), byte_level_tokenizer()):
-        for token_id in list(range(0, min(len(tok), 512), 7)) * 2:  # the second pass hits the cache
-            assert decode_token(tok, token_id) == tok.decode([token_id])
+# --- the tokenizer helpers (single tokens' texts: test_logprob_tokens.py)
 
 
 def test_stop_token_ids_of_stories260k():

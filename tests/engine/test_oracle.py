@@ -61,9 +61,10 @@ def test_logprobs_match_transformers(llm, stories_path):
         for tid, lp in row.items():
             assert lp.logprob == pytest.approx(expect[tid].item(), abs=1e-4)
         assert row[tok].rank == 1  # greedy picks the top token
-        assert row[tok].decoded_token == llm.get_tokenizer().decode([tok])
         total += row[tok].logprob
     assert comp.cumulative_logprob == pytest.approx(total, abs=1e-4)
+    # Each token's text is what it added (its leading space included): they add up to the text.
+    assert "".join(row[tok].decoded_token for tok, row in zip(comp.token_ids, comp.logprobs)) == comp.text
     # prompt logprobs: None for the first token, then the actual prompt token plus the top 3.
     assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == p
     for j in range(1, p):

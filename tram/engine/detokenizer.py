@@ -1,4 +1,4 @@
-"""Incremental detokenization of one request, with stop strings, and single-token decoding for logprobs.
+"""Incremental detokenization of one request, with stop strings and the text each token added.
 
 Why `tokenizers.decoders.DecodeStream` and not the classic prefix_offset/read_offset loop over
 convert_ids_to_tokens: the stream runs the tokenizer's real decoder pipeline in Rust (byte fallback,
@@ -14,6 +14,8 @@ gaps are covered here:
   `_step` restarts the stream on the held tokens; text already streamed is never taken back.
 * Bytes of a character that never completes (generation cut off mid-character) are never emitted,
   as in vLLM: the user sees no trailing U+FFFD.
+* It returns the text of a call, and logprobs need the text of each token: `update` steps one id
+  at a time anyway and keeps what each added (`last_texts`; the rule is in `logprob_text`).
 * It has no `spaces_between_special_tokens`. As in vLLM's fast detokenizer, with False (and special
   tokens rendered) an added token right after another added token is emitted as its bare content,
   without the space the decoder may put before it. The prompt's last token counts as "before".
@@ -67,6 +69,10 @@ class IncrementalDetokenizer:
         # An included stop string is output anyway, so its prefix may stream early.
         self._stream_holdback = 0 if include_stop_str_in_output else self._stop_window
         self._streamed_len = 0
+        # What each id of the last update added to the text (before any stop-string truncation),
+        # and the ids held (an unfinished character) before some of them, by position.
+        self.last_texts: list[str] = []
+        self.last_pending: dict[int, list[int]] | None = None
         # Skipped specials are never rendered, so there is nothing to put spaces between (as vLLM).
         self._added_tokens: dict[int, str] | None = None
         self._last_added = False
@@ -97,10 +103,15 @@ class IncrementalDetokenizer:
         is rendered only when include_stop_str_in_output is set.
         """
         if self.stop_string is not None or not new_token_ids:
+            self.last_texts, self.last_pending = [""] * len(new_token_ids), None
             return None  # nothing after a matched stop string may reach the text
+        rendered = new_token_ids
         if stop_terminated and not self.include_stop_str_in_output:
-            new_token_ids = new_token_ids[:-1]
-        new_text = "".join([self._step(token_id) for token_id in new_token_ids])
+            rendered = new_token_ids[:-1]
+        self._render(rendered)
+        if len(rendered) < len(new_token_ids):
+            self.last_texts.append("")  # the unrendered stop token adds nothing
+        new_text = "".join(self.last_texts)
         if not new_text:
             return None
         old_len = len(self._text)
@@ -108,6 +119,19 @@ class IncrementalDetokenizer:
         if not self.stop:
             return None
         return self._check_stop(old_len)
+
+    def _render(self, token_ids: list[int]) -> None:
+        if len(token_ids) == 1 and not self._held_ids:  # a decode step outside a character: no loop
+            self.last_texts, self.last_pending = [self._step(token_ids[0])], None
+            return
+        texts: list[str] = []
+        pending: dict[int, list[int]] | None = None
+        for i, token_id in enumerate(token_ids):
+            if self._held_ids:  # rare: only inside a character split over tokens
+                pending = pending if pending is not None else {}
+                pending[i] = list(self._held_ids)
+            texts.append(self._step(token_id))
+        self.last_texts, self.last_pending = texts, pending
 
     def _step(self, token_id: int) -> str:
         # One id per call: a multi-id step withholds everything when its last id is incomplete, and
@@ -215,7 +239,6 @@ def _primer_sizes(available: int) -> list[int]:
     return [*longer, *shorter]
 
 
-_token_text_cache: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
 _added_tokens_cache: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
 
 
@@ -226,19 +249,3 @@ def _added_tokens(tokenizer: Any) -> dict[int, str]:
         decoder = tokenizer.backend_tokenizer.get_added_tokens_decoder()
         added = _added_tokens_cache.setdefault(tokenizer, {i: t.content for i, t in decoder.items()})
     return added
-
-
-def decode_token(tokenizer: Any, token_id: int) -> str:
-    """The text of one token as vLLM users see it in logprobs: `tokenizer.decode([token_id])`.
-
-    Logprobs decode up to (1 + top_logprobs) ids per generated token, so results are memoized per
-    tokenizer; the cache dies with the tokenizer.
-    """
-    cache = _token_text_cache.get(tokenizer)
-    if cache is None:
-        cache = _token_text_cache.setdefault(tokenizer, {})
-    text = cache.get(token_id)
-    if text is None:
-        text = tokenizer.decode([token_id])
-        cache[token_id] = text
-    return text

@@ -6,11 +6,13 @@ asked for DELTA or FINAL_ONLY outputs (see `request_state`), whatever it generat
 """
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
 from tram.engine.messages import EngineCoreOutput, LogprobsLists
-from tram.engine.detokenizer import IncrementalDetokenizer, decode_token
+from tram.engine.detokenizer import IncrementalDetokenizer
+from tram.engine.logprob_text import TokenTextTable, token_text_table
 from tram.engine.request_state import RequestState, SampleState
 from tram.engine.stats import FinishedRequestStats, IterationStats
 from tram.outputs import Logprob, RequestMetrics, RequestOutput
@@ -20,6 +22,7 @@ from tram.sampling_params import SamplingParams
 class OutputProcessor:
     def __init__(self, tokenizer: Any | None, log_stats: bool = True) -> None:
         self.tokenizer = tokenizer
+        self.text_table: TokenTextTable | None = None if tokenizer is None else token_text_table(tokenizer)
         self.requests: dict[str, RequestState] = {}
         self.sample_owner: dict[str, str] = {}  # core (child) request id -> request id
         # What happened since the last take_iteration_stats(); None when nobody reads it.
@@ -39,6 +42,7 @@ class OutputProcessor:
                              RequestMetrics(arrival_time=arrival_time))
         if params.prompt_logprobs is not None:
             state.prompt_logprobs = [None]  # the first prompt token has no logprob
+            self._decode_prompt(state)
         self.requests[request_id] = state
 
     def _make_detokenizer(self, prompt_token_ids: list[int], params: SamplingParams) -> IncrementalDetokenizer | None:
@@ -49,6 +53,19 @@ class OutputProcessor:
             stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output,
             spaces_between_special_tokens=params.spaces_between_special_tokens,
         )
+
+    def _decode_prompt(self, state: RequestState) -> None:
+        # Decoded once, in context, so that prompt logprobs' tokens add up to the prompt's text as
+        # the output's do to its text (O(prompt), like the prompt logprobs themselves).
+        params = state.params
+        if self.tokenizer is None or not params.detokenize:
+            return
+        detokenizer = IncrementalDetokenizer(
+            self.tokenizer, [], skip_special_tokens=params.skip_special_tokens,
+            spaces_between_special_tokens=params.spaces_between_special_tokens,
+        )
+        detokenizer.update(state.prompt_token_ids, stop_terminated=False)
+        state.prompt_texts, state.prompt_pending = detokenizer.last_texts, detokenizer.last_pending
 
     def abort_requests(self, request_ids: list[str]) -> list[str]:
         """Forget requests; return the core request ids of their samples to abort there."""
@@ -105,20 +122,25 @@ class OutputProcessor:
         return emitted, stopped_by_string
 
     def _apply(self, state: RequestState, sample: SampleState, out: EngineCoreOutput, now: float) -> None:
-        if out.new_prompt_logprobs is not None and state.prompt_logprobs is not None:
-            state.add_prompt_logprobs(sample, self._logprob_dicts(out.new_prompt_logprobs))
+        # Sample 0 computes the whole prompt (the worker sends each position once); its siblings
+        # share its KV blocks and send only the part they compute, which adds nothing.
+        if out.new_prompt_logprobs is not None and state.prompt_logprobs is not None and sample.index == 0:
+            rows = self._logprob_dicts(out.new_prompt_logprobs, state.prompt_texts, state.prompt_pending,
+                                       len(state.prompt_logprobs))
+            state.prompt_logprobs.extend(rows)
         if not out.new_token_ids:
             return
         self._record_token_times(state, out, now)
         state.num_cached_tokens = out.num_cached_tokens
         sample.token_ids.extend(out.new_token_ids)
-        if out.new_logprobs is not None and sample.logprobs is not None:
-            sample.logprobs.extend(self._logprob_dicts(out.new_logprobs))
-            sample.cumulative_logprob += sum(row[0] for row in out.new_logprobs.logprobs)
-        matched = None
+        matched, texts, pending = None, None, None
         if sample.detokenizer is not None:
             # The core only ever stops on token ids (eos or stop_token_ids).
             matched = sample.detokenizer.update(out.new_token_ids, out.finish_reason == "stop")
+            texts, pending = sample.detokenizer.last_texts, sample.detokenizer.last_pending
+        if out.new_logprobs is not None and sample.logprobs is not None:
+            sample.logprobs.extend(self._logprob_dicts(out.new_logprobs, texts, pending))
+            sample.cumulative_logprob += sum(row[0] for row in out.new_logprobs.logprobs)
         if matched is not None and out.finish_reason != "stop":
             sample.finish_reason, sample.stop_reason = "stop", matched
         else:
@@ -155,14 +177,25 @@ class OutputProcessor:
         e2e = (m.finished_time or m.arrival_time) - m.arrival_time
         self.iteration_stats.finished_requests.append(FinishedRequestStats(reason, e2e))
 
-    def _logprob_dicts(self, lp: LogprobsLists) -> list[dict[int, Logprob]]:
+    def _logprob_dicts(
+        self, lp: LogprobsLists, texts: list[str] | None, pending: dict[int, list[int]] | None, start: int = 0,
+    ) -> list[dict[int, Logprob]]:
+        """One dict per position. From position `start`, `texts` holds what each chosen token added
+        and `pending` the ids held (an unfinished character) before some, which alternatives may
+        complete. Without a detokenizer (detokenize=False) the chosen token's text is its text
+        alone, like an alternative's (see `logprob_text`)."""
+        table = self.text_table
         rows = []
-        for ids, vals, rank in zip(lp.token_ids, lp.logprobs, lp.ranks):
+        for i, (ids, vals, rank) in enumerate(zip(lp.token_ids, lp.logprobs, lp.ranks)):
             # Column 0 is the chosen token; columns 1.. are the top-k with ranks 1..k.
-            row = {tid: Logprob(v, r, self._decode(tid)) for r, (tid, v) in enumerate(zip(ids[1:], vals[1:]), 1)}
-            row[ids[0]] = Logprob(vals[0], rank, self._decode(ids[0]))
+            if table is None:
+                row = {tid: Logprob(v, r) for r, (tid, v) in enumerate(zip(ids[1:], vals[1:]), 1)}
+                row[ids[0]] = Logprob(vals[0], rank)
+            else:
+                held = pending.get(start + i) if pending else None
+                alt = table.alternative if held is None else functools.partial(table.alternative_after, held)
+                row = {tid: Logprob(v, r, alt(tid)) for r, (tid, v) in enumerate(zip(ids[1:], vals[1:]), 1)}
+                chosen = texts[start + i] if texts is not None else table.alternative(ids[0])
+                row[ids[0]] = Logprob(vals[0], rank, chosen)
             rows.append(row)
         return rows
-
-    def _decode(self, token_id: int) -> str | None:
-        return None if self.tokenizer is None else decode_token(self.tokenizer, token_id)

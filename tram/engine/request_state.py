@@ -72,6 +72,10 @@ class RequestState:
     samples: dict[str, SampleState]  # core request id -> sample, in index order
     metrics: RequestMetrics
     prompt_logprobs: PromptLogprobs | None = None  # None unless the request asked for them
+    # What each prompt token adds to the prompt's text, and the ids held before some (see the
+    # detokenizer's last_texts and last_pending): for prompt logprobs.
+    prompt_texts: list[str] | None = None
+    prompt_pending: dict[int, list[int]] | None = None
     num_cached_tokens: int = 0
     prompt_logprobs_sent: bool = False  # DELTA sends them once, complete
     num_finished: int = 0  # samples with a finish reason (counted, not searched, every step)
@@ -84,12 +88,6 @@ class RequestState:
         """Prompt logprobs were asked for and some positions have not arrived yet."""
         lps = self.prompt_logprobs
         return lps is not None and len(lps) < len(self.prompt_token_ids)
-
-    def add_prompt_logprobs(self, sample: SampleState, rows: PromptLogprobs) -> None:
-        # Sample 0 computes the whole prompt (the worker sends each position once); its siblings
-        # share its KV blocks and send only the part they compute, which adds nothing.
-        if sample.index == 0:
-            self.prompt_logprobs.extend(rows)
 
     def make_output(self, finished: bool) -> RequestOutput | None:
         """The output this step owes the caller (`finished`: the request is), or None when it owes none."""

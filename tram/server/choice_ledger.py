@@ -1,7 +1,8 @@
 """The little a streaming handler must remember between DELTA outputs (chat and completions share it).
 
 Each output already holds only what is new, so no handler slices text or tokens; what is left is
-which choices have begun, how much text each has sent, and the token counts for `include_usage`.
+which choices have begun, how much text each has sent, where its next logprobs token starts, and the
+token counts for `include_usage`.
 """
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from tram.outputs import CompletionOutput, RequestOutput
 
 class ChoiceLedger:
     """Per choice (by its index in the response): whether it has begun, since its first chunk
-    carries the role or the echoed prompt, and the characters it has sent, where the next chunk's
-    logprobs `text_offset` starts. Per response: prompt and completion tokens for usage."""
+    carries the role or the echoed prompt, the characters it has sent, and where its next logprobs
+    token starts in its text (`text_offset`). Per response: prompt and completion tokens for usage."""
 
     def __init__(self) -> None:
         self._chars_sent: dict[int, int] = {}
+        self._token_chars: dict[int, int] = {}  # where each choice's next logprobs token starts
         self.prompt_tokens = 0
         self.completion_tokens = 0
 
@@ -36,4 +38,12 @@ class ChoiceLedger:
         """Record a chunk of `text` for this choice; return the offset at which it starts."""
         offset = self._chars_sent.get(index, 0)
         self._chars_sent[index] = offset + len(text)
+        return offset
+
+    def token_offset(self, index: int, chars: int, start: int = 0) -> int:
+        """The `text_offset` of a chunk's first generated token, and count its tokens' `chars`.
+        `start` places a choice's first tokens (after an echoed prompt). It differs from what
+        `sent` returns when text was held back from a chunk whose tokens were sent."""
+        offset = self._token_chars.get(index, start)
+        self._token_chars[index] = offset + chars
         return offset

@@ -9,6 +9,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from tram.engine.async_llm import RequestStream
 from tram.engine.input_processor import PromptTooLongError
+from tram.engine.logprob_text import token_text_table
 from tram.engine.tokenizer import apply_chat_template
 from tram.outputs import CompletionOutput, RequestOutput
 from tram.server.choice_ledger import ChoiceLedger
@@ -102,9 +103,14 @@ class OpenAIServingChat(OpenAIServing):
         return {"content": content}
 
     def _entry(self, token_id: int, row: dict) -> dict:
+        """`token` is the text the token added (`tram.engine.logprob_text`), so the tokens add up to
+        the content as completions' do: "" for a byte of an unfinished character, the whole
+        character for the token completing it. `bytes` are the token's own, so they add up to
+        the content's UTF-8 ([226] for <0xE2>), where OpenAI would write "bytes:\\xe2" instead."""
         lp = row[token_id]
-        token = lp.decoded_token if lp.decoded_token is not None else self.tokenizer.decode([token_id])
-        return {"token": token, "logprob": json_logprob(lp.logprob), "bytes": list(token.encode("utf-8"))}
+        table = token_text_table(self.tokenizer)
+        token = lp.decoded_token if lp.decoded_token is not None else table.alternative(token_id)
+        return {"token": token, "logprob": json_logprob(lp.logprob), "bytes": table.token_bytes(token_id, token)}
 
     async def _stream(self, req: ChatCompletionRequest, request_id: str, stream: RequestStream) -> AsyncIterator[str]:
         """One chunk per choice per DELTA output that has something new for it."""

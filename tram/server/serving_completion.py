@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -11,6 +11,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from tram.engine.async_llm import RequestStream
+from tram.engine.logprob_text import leading_token_text, token_text_table
 from tram.outputs import CompletionOutput, PromptLogprobs, RequestOutput
 from tram.sampling_params import SamplingParams
 from tram.server.beam_completion import BeamSearchCompletion
@@ -137,17 +138,12 @@ class OpenAIServingCompletion(OpenAIServing):
     ) -> dict:
         """The chunk of a choice for one (delta or final) output; its first chunk echoes the prompt."""
         echo = req.echo and ledger.is_first(index)
-        text = self._prompt_text(out) + c.text if echo else c.text
-        # text_offset is an offset into the whole text the client has assembled (as vLLM's
-        # `initial_text_offset`), which with echo began with the prompt.
-        offset = ledger.sent(index, text)
+        prompt_text = self._prompt_text(out) if echo else ""
+        text = prompt_text + c.text
+        ledger.sent(index, text)
         logprobs = None
         if req.logprobs is not None:
-            positions: list[tuple[int, dict | None]] = []
-            if echo and prompt_logprobs is not None:
-                positions += zip(out.prompt_token_ids, prompt_logprobs)
-            positions += zip(c.token_ids, c.logprobs or [])
-            logprobs = self._logprobs(positions, offset)
+            logprobs = self._logprobs(index, out, c, ledger, prompt_text, prompt_logprobs if echo else None)
         choice = {"index": index, "text": text, "logprobs": logprobs,
                   "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
         if req.prompt_logprobs is not None:
@@ -157,12 +153,39 @@ class OpenAIServingCompletion(OpenAIServing):
     def _prompt_text(self, out: RequestOutput) -> str:
         if out.prompt is not None:
             return out.prompt
-        return self.tokenizer.decode(out.prompt_token_ids) if self.tokenizer is not None else ""
+        # A prompt sent as token ids (or truncated) echoes as text without BOS and other special tokens,
+        # which the text a client sends never shows either.
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(out.prompt_token_ids, skip_special_tokens=True)
 
-    def _logprobs(self, positions: list[tuple[int, dict | None]], offset: int) -> dict:
+    def _logprobs(
+        self, index: int, out: RequestOutput, c: CompletionOutput, ledger: ChoiceLedger, prompt_text: str,
+        prompt_logprobs: PromptLogprobs | None,
+    ) -> dict:
+        """A chunk's logprobs: its echoed prompt's positions (from offset 0), then its tokens'.
+
+        Each token is the text it added (`tram.engine.logprob_text`), so `text_offset` indexes the
+        choice's whole text. Offsets follow the tokens, not the chunk's text: text held back from
+        a chunk (a possible stop string) has had its tokens counted already.
+        """
         result: dict[str, list] = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
-        for token_id, row in positions:
-            token = self._token_text(token_id, row)
+        if prompt_logprobs is not None:
+            ids = out.prompt_token_ids
+            tokens = [self._token_text(t, row) for t, row in zip(ids[1:], prompt_logprobs[1:])]
+            first = leading_token_text(prompt_text, tokens, self._token_text(ids[0], None))
+            self._add_positions(result, zip(ids, prompt_logprobs), [first, *tokens], 0)
+        rows = c.logprobs or []
+        tokens = [self._token_text(t, row) for t, row in zip(c.token_ids, rows)]
+        # The first chunk's tokens start after the echoed prompt, whatever its tokens add up to.
+        offset = ledger.token_offset(index, sum(len(t) for t in tokens), start=len(prompt_text))
+        self._add_positions(result, zip(c.token_ids, rows), tokens, offset)
+        return result
+
+    def _add_positions(
+        self, result: dict[str, list], positions: Iterable[tuple[int, dict | None]], tokens: list[str], offset: int,
+    ) -> None:
+        for (token_id, row), token in zip(positions, tokens):
             result["text_offset"].append(offset)
             offset += len(token)
             result["tokens"].append(token)
@@ -174,12 +197,13 @@ class OpenAIServingCompletion(OpenAIServing):
             # The top-k by rank, plus the chosen token when it ranks below them (as vLLM).
             top = sorted(row.items(), key=lambda kv: kv[1].rank or 0)
             result["top_logprobs"].append({self._token_text(t, row): json_logprob(lp.logprob) for t, lp in top})
-        return result
 
     def _token_text(self, token_id: int, row: dict | None) -> str:
         if row is not None and token_id in row and row[token_id].decoded_token is not None:
             return row[token_id].decoded_token
-        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else f"<{token_id}>"
+        if self.tokenizer is None:
+            return f"<{token_id}>"
+        return token_text_table(self.tokenizer).alternative(token_id)
 
     async def _stream(self, req: CompletionRequest, request_id: str, streams: list[RequestStream]) -> AsyncIterator[str]:
         """One chunk per choice per DELTA output that has something new for it."""
