@@ -5,11 +5,13 @@ has the dev routes on, for `kv_state()`.
 """
 from __future__ import annotations
 
+import signal
+import time
 from pathlib import Path
 
 from tram.bench.server_process import REPO, TramServer, child_pids, free_port, pid_alive
 
-__all__ = ["REPO", "RemoteServer", "child_pids", "free_port", "pid_alive"]
+__all__ = ["REPO", "RemoteServer", "child_pids", "free_port", "is_idle", "pid_alive", "settled_kv", "stop_clean"]
 
 
 class RemoteServer(TramServer):
@@ -17,3 +19,29 @@ class RemoteServer(TramServer):
 
     def __init__(self, model: str | Path, args: list[str] | None = None, timeout: float = 90.0) -> None:
         super().__init__(str(model), args, timeout, dev_mode=True)
+
+
+def is_idle(state: dict) -> bool:
+    """No KV block in use and no request running, waiting, or unfinished in the front end."""
+    return (state["blocks"]["in_use"] == 0 and state["num_running_reqs"] == 0
+            and state["num_waiting_reqs"] == 0 and state["num_unfinished_in_frontend"] == 0)
+
+
+def settled_kv(server: RemoteServer, timeout: float = 5.0) -> dict:
+    """The KV state once the server is idle (aborts free their blocks within a step), or the last seen."""
+    deadline = time.time() + timeout
+    while True:
+        state = server.kv_state()
+        if is_idle(state) or time.time() > deadline:
+            return state
+        time.sleep(0.05)
+
+
+def stop_clean(server: RemoteServer, timeout: float = 20.0) -> None:
+    """A module fixture's teardown: the block pool's accounting is clean, then the server exits cleanly."""
+    try:
+        state = settled_kv(server, timeout)
+        assert is_idle(state), f"requests or KV blocks left behind: {state}"
+    finally:
+        code = server.stop()
+    assert code in (0, -signal.SIGTERM), code

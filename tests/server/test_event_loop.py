@@ -4,7 +4,6 @@ proves it cannot fit is refused before it is tokenized, and thousands of prompts
 are submitted without holding the loop. /health answers within 100 ms meanwhile."""
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -13,7 +12,7 @@ import httpx
 import pytest
 
 from conftest import STORIES
-from server_utils import RemoteServer
+from server_utils import RemoteServer, stop_clean
 
 LIMIT = 4_000_000
 
@@ -22,11 +21,7 @@ LIMIT = 4_000_000
 def server():
     s = RemoteServer(str(STORIES), ["--max-request-body-bytes", str(LIMIT)])
     yield s
-    deadline = time.time() + 20
-    while (state := s.kv_state())["num_unfinished_in_frontend"] and time.time() < deadline:
-        time.sleep(0.1)
-    assert state["blocks"]["in_use"] == 0 and state["num_unfinished_in_frontend"] == 0, state
-    assert s.stop() in (0, -signal.SIGTERM)
+    stop_clean(s)
 
 
 @pytest.fixture(scope="module")

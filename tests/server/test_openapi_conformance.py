@@ -4,7 +4,6 @@ content types, headers, bodies). Bounded: a few dozen cases per route, completio
 tokens by `_cap_generation`, about a minute on stories260K."""
 from __future__ import annotations
 
-import signal
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from conftest import STORIES
-from server_utils import RemoteServer
+from server_utils import RemoteServer, stop_clean
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
           response_schema_conformance, negative_data_rejection]
@@ -32,9 +31,7 @@ _MAX_LENGTH = 8
 def server():
     s = RemoteServer(str(STORIES))
     yield s
-    state = s.kv_state()
-    assert state["blocks"]["in_use"] == 0 and state["num_unfinished_in_frontend"] == 0, state
-    assert s.stop() in (0, -signal.SIGTERM)
+    stop_clean(s)
 
 
 @pytest.fixture(scope="module")

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import math
 import re
-import signal
 
 import httpx
 import pytest
 from transformers import AutoTokenizer
 
 from conftest import STORIES, hf_logprobs
-from server_utils import RemoteServer
+from server_utils import RemoteServer, stop_clean
 
 PROMPT = "Once upon a time there was a little girl"
 CHAT = [{"role": "user", "content": "Tell me a story"}]
@@ -23,9 +22,7 @@ CHAT = [{"role": "user", "content": "Tell me a story"}]
 def server():
     s = RemoteServer(str(STORIES))
     yield s
-    state = s.kv_state()
-    assert state["blocks"]["in_use"] == 0 and state["num_unfinished_in_frontend"] == 0, state
-    assert s.stop() in (0, -signal.SIGTERM)
+    stop_clean(s)
 
 
 @pytest.fixture(scope="module")

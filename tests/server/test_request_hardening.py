@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
-import time
 
 import httpx
 import pytest
@@ -16,23 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import STORIES
-from server_utils import RemoteServer
+from server_utils import RemoteServer, is_idle, settled_kv, stop_clean
 
 HUGE = 10**30
-
-
-def _idle(state: dict) -> bool:
-    return (state["blocks"]["in_use"] == 0 and state["num_running_reqs"] == 0
-            and state["num_waiting_reqs"] == 0 and state["num_unfinished_in_frontend"] == 0)
-
-
-def _wait_idle(server: RemoteServer, timeout: float = 20.0) -> dict:
-    deadline = time.time() + timeout
-    while True:
-        state = server.kv_state()
-        if _idle(state) or time.time() > deadline:
-            return state
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +24,7 @@ def server():
     # A queue of 2: a single leaked request per slot would turn into 429s for everyone.
     s = RemoteServer(str(STORIES), ["--max-queued-requests", "2", "--max-num-seqs", "4"])
     yield s
-    try:
-        state = _wait_idle(s)
-        assert _idle(state), state
-    finally:
-        assert s.stop() in (0, -signal.SIGTERM)
+    stop_clean(s)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +69,7 @@ def test_oversized_integers_never_fill_the_queue(client, server) -> None:
             assert client.post(path, json=body).status_code == 400
     ok = client.post("/v1/completions", json={"prompt": "Once upon", "max_tokens": 4, "temperature": 0})
     assert ok.status_code == 200, ok.text
-    assert _idle(_wait_idle(server))
+    assert is_idle(settled_kv(server, 20))
 
 
 def test_deeply_nested_json_is_a_400_everywhere(client) -> None:
@@ -202,5 +182,5 @@ def test_request_counts_return_to_zero(server: RemoteServer, actions: list[tuple
             await asyncio.gather(*(_run(client, a) for a in actions))
 
     asyncio.run(main())
-    state = _wait_idle(server)
-    assert _idle(state), (actions, state)
+    state = settled_kv(server, 20)
+    assert is_idle(state), (actions, state)

@@ -6,7 +6,6 @@ aborts its request. One server serves the module; every test must leave no KV bl
 from __future__ import annotations
 
 import json
-import time
 import uuid
 
 import httpx
@@ -15,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import STORIES
-from server_utils import RemoteServer
+from server_utils import RemoteServer, settled_kv
 
 STORY = "Tell me a story"  # greedy: ends on its own (EOS) after ~230 tokens
 LONG_STORY = "Tom and his dog"  # greedy: runs to the end of the 512-token context
@@ -23,18 +22,6 @@ GREEDY = {"model": STORIES, "temperature": 0}
 EVENTS_BEFORE_TEXT = ["response.created", "response.in_progress", "response.output_item.added",
                       "response.content_part.added"]
 EVENTS_AFTER_TEXT = ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
-
-
-def settled_kv(server: RemoteServer, timeout: float = 5.0) -> dict:
-    """The KV state once nothing is in use (aborts free their blocks within a step), or the last seen."""
-    deadline = time.time() + timeout
-    while True:
-        state = server.kv_state()
-        busy = (state["blocks"]["in_use"], state["num_running_reqs"], state["num_waiting_reqs"],
-                state["num_unfinished_in_frontend"])
-        if busy == (0, 0, 0, 0) or time.time() > deadline:
-            return state
-        time.sleep(0.05)
 
 
 def assert_idle(state: dict) -> None:

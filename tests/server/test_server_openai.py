@@ -5,7 +5,6 @@ One real server serves the whole module; every test must leave no KV block in us
 from __future__ import annotations
 
 import json
-import time
 from collections import defaultdict
 
 import httpx
@@ -15,25 +14,13 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import STORIES
-from server_utils import RemoteServer
+from server_utils import RemoteServer, settled_kv
 from tram import LLM, SamplingParams
 
 PROMPT = "Once upon a time"
 MESSAGES = [{"role": "user", "content": "Tell me a story"}]
 SEEDED = {"temperature": 1.0, "seed": 1234}
 GREEDY = {"temperature": 0.0}
-
-
-def settled_kv(server: RemoteServer, timeout: float = 5.0) -> dict:
-    """The KV state once nothing is in use (aborts free their blocks within a step), or the last seen."""
-    deadline = time.time() + timeout
-    while True:
-        state = server.kv_state()
-        busy = (state["blocks"]["in_use"], state["num_running_reqs"], state["num_waiting_reqs"],
-                state["num_unfinished_in_frontend"])
-        if busy == (0, 0, 0, 0) or time.time() > deadline:
-            return state
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")

@@ -3,14 +3,13 @@ and each prompt's `n` best beams are its choices, best first. Streaming sends ev
 chunk when the search ends: a beam's text is only final once the whole search is."""
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING
 
 from tram.server.beam_search import BeamSearchSequence, beam_search
 from tram.server.errors import stream_error_event
 from tram.server.protocol import CompletionRequest
-from tram.server.utils import DONE_EVENT, sse
+from tram.server.utils import DONE_EVENT, gather_or_cancel, sse
 
 if TYPE_CHECKING:
     from tram.server.serving_completion import OpenAIServingCompletion
@@ -28,7 +27,7 @@ class BeamSearchCompletion:
                                 length_penalty=req.length_penalty, ignore_eos=req.ignore_eos,
                                 request_id=f"{request_id}-{i}")
                     for i, (_, ids) in enumerate(prompts)]
-        results = await _gather_or_cancel(searches)
+        results = await gather_or_cancel(searches)
         choices, completion_tokens = [], 0
         for i, ((text, ids), beams) in enumerate(zip(prompts, results)):
             for j, beam in enumerate(beams):
@@ -58,15 +57,3 @@ class BeamSearchCompletion:
             yield stream_error_event(e)
         yield DONE_EVENT
 
-
-async def _gather_or_cancel(searches: list[Awaitable[list[BeamSearchSequence]]]) -> list[list[BeamSearchSequence]]:
-    """All searches, or on any failure or cancellation none: the others are cancelled (which aborts
-    their requests in the engine) before the error goes on."""
-    tasks = [asyncio.ensure_future(s) for s in searches]
-    try:
-        return await asyncio.gather(*tasks)
-    except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise

@@ -17,7 +17,6 @@ Conventions (where vLLM leaves a choice):
 """
 from __future__ import annotations
 
-import asyncio
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from tram.engine.detokenizer import IncrementalDetokenizer
 from tram.engine.input_processor import LengthRule
 from tram.outputs import Logprob
 from tram.sampling_params import RequestOutputKind, SamplingParams
+from tram.server.utils import gather_or_cancel
 
 
 @dataclass
@@ -62,23 +62,11 @@ async def _run_step(
     engine: Any, prompt_token_ids: list[int], beams: list[BeamSearchSequence],
     params: SamplingParams, step_id: str,
 ) -> list[dict[int, Logprob]]:
-    """Expand every live beam concurrently; on any failure or cancellation abort the rest.
-
-    Plain `asyncio.gather` would leave the sibling requests running in the engine after the first
-    error, so the tasks are cancelled (and awaited, so their aborts have been sent) before re-raising.
-    """
-    tasks = [
-        asyncio.create_task(_next_token_logprobs(
-            engine, prompt_token_ids + beam.tokens, params, f"{step_id}-{i}"))
+    """Expand every live beam concurrently; on any failure or cancellation abort the rest."""
+    return await gather_or_cancel([
+        _next_token_logprobs(engine, prompt_token_ids + beam.tokens, params, f"{step_id}-{i}")
         for i, beam in enumerate(beams)
-    ]
-    try:
-        return await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
+    ])
 
 
 def _validate(engine: Any, prompt_token_ids: list[int], beam_width: int, max_tokens: int) -> None:

@@ -58,6 +58,20 @@ async def merge_async_iterators(*iterators: AsyncIterator[T]) -> AsyncIterator[t
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def gather_or_cancel(awaitables: list[Awaitable[T]]) -> list[T]:
+    """All results, or on any failure or cancellation none: unlike plain `asyncio.gather`, the
+    others are cancelled (and awaited, so closing their engine streams has aborted their requests)
+    before the error goes on."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 async def _wait_for_disconnect(request: Request) -> None:
     while True:
         message = await request.receive()
