@@ -149,11 +149,13 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             if token_id is None:
                 raise SamplingParamError("logit_bias", f"logit_bias keys must be token ids in [0, 2**63), got {key!r}")
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise SamplingParamError("logit_bias", f"logit_bias values must be numbers, got {value!r} for token {key!r}")
+                raise SamplingParamError(
+                    "logit_bias", f"logit_bias values must be numbers, got {_short(value)} for token {key!r}")
             value = float(value)
             # +inf or NaN would turn the whole row of probabilities into NaN.
             if math.isnan(value) or value == math.inf:
-                raise SamplingParamError("logit_bias", f"logit_bias values must be finite or -inf, got {value} for token {key!r}")
+                raise SamplingParamError(
+                    "logit_bias", f"logit_bias values must be finite or -inf, got {value} for token {key!r}")
             bias[token_id] = value
         self.logit_bias = bias
 
@@ -176,7 +178,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             raise SamplingParamError(
                 "repetition_penalty", f"repetition_penalty must be greater than zero, got {self.repetition_penalty}")
         if not self.temperature >= 0.0 or math.isinf(self.temperature):
-            raise SamplingParamError("temperature", f"temperature must be non-negative and finite, got {self.temperature}")
+            raise SamplingParamError(
+                "temperature", f"temperature must be non-negative and finite, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise SamplingParamError("top_p", f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1:
@@ -193,7 +196,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         if self.max_tokens is not None and self.max_tokens < 1:
             raise SamplingParamError("max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}")
         if self.min_tokens < 0:
-            raise SamplingParamError("min_tokens", f"min_tokens must be greater than or equal to 0, got {self.min_tokens}")
+            raise SamplingParamError(
+                "min_tokens", f"min_tokens must be greater than or equal to 0, got {self.min_tokens}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise SamplingParamError("min_tokens", f"min_tokens must be less than or equal to "
                                      f"max_tokens={self.max_tokens}, got {self.min_tokens}")

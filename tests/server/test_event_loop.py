@@ -30,7 +30,9 @@ def client(server: RemoteServer):
         yield c
 
 
-def _health_latencies_during(server: RemoteServer, work: Callable[[], httpx.Response]) -> tuple[httpx.Response, list[float]]:
+def _health_latencies_during(
+    server: RemoteServer, work: Callable[[], httpx.Response],
+) -> tuple[httpx.Response, list[float]]:
     """Run `work` while another client polls /health; return its response and every poll's latency."""
     latencies: list[float] = []
     done = threading.Event()

@@ -119,7 +119,8 @@ class InputProcessor:
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 ids = prompt["prompt_token_ids"]
-                if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                if not isinstance(ids, (list, tuple)) or not all(
+                        isinstance(t, int) and not isinstance(t, bool) for t in ids):
                     raise ValueError("prompt_token_ids must be a list of integers")
                 return prompt.get("prompt"), list(ids)
             if "prompt" in prompt:

@@ -75,7 +75,8 @@ CHAT_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "store": (_false, "storing completions is not supported"),
     "metadata": (_empty, "metadata is only kept for stored completions, which are not supported"),
     "echo": (_false, "echo is not supported on chat completions yet"),
-    "use_beam_search": (_false, "beam search is not supported on chat completions yet (use /v1/completions or /generate)"),
+    "use_beam_search": (_false, "beam search is not supported on chat completions yet "
+                                "(use /v1/completions or /generate)"),
 }
 COMPLETION_RULES: dict[str, tuple[Callable[[Any], bool], str]] = dict(SHARED_RULES)
 

@@ -72,7 +72,8 @@ class OpenAIServingCompletion(OpenAIServing):
         if req.stream and req.prompt_logprobs is not None:
             raise APIError(400, "prompt_logprobs are not available when stream is true", "prompt_logprobs")
         if req.use_beam_search and (req.logprobs is not None or req.prompt_logprobs is not None or req.echo_only):
-            raise APIError(400, "use_beam_search returns no logprobs: drop logprobs, prompt_logprobs or max_tokens 0", "use_beam_search")
+            raise APIError(400, "use_beam_search returns no logprobs: drop logprobs, prompt_logprobs or "
+                           "max_tokens 0", "use_beam_search")
 
     async def _prompts(self, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
         """(text, token ids) of every prompt, tokenized off the event loop."""

@@ -29,7 +29,8 @@ def _line(payload: dict) -> str:
 class LegacyGenerate(OpenAIServing):
     async def generate(self, body: GenerateRequest, raw: Request) -> Response:
         self.check_model(body.model)
-        prompt, stream, use_beam_search, length_penalty = body.prompt, body.stream, body.use_beam_search, body.length_penalty
+        prompt, stream = body.prompt, body.stream
+        use_beam_search, length_penalty = body.use_beam_search, body.length_penalty
         params = SamplingParams(**body.sampling_kwargs())
         ids = await self.tokenize(prompt, check_length=params.truncate_prompt_tokens is None)
         request_id = random_id("generate")
