@@ -59,7 +59,7 @@ def _health_latencies_during(
 
 
 def _assert_responsive(latencies: list[float]) -> None:
-    assert len(latencies) >= 5, latencies
+    assert len(latencies) >= 3, latencies  # polls ran before, during and after the request
     assert max(latencies) < 0.1, f"/health took {max(latencies) * 1000:.0f} ms (of {len(latencies)} polls)"
 
 
