@@ -122,15 +122,6 @@ def offline(args: argparse.Namespace) -> None:
     engine.abort_request([str(i) for i in range(args.num_running)])
 
 
-def engine_core_pid(child_pids: list[int]) -> int:
-    """The server's engine-core child (multiprocessing also starts a resource tracker)."""
-    for pid in child_pids:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"resource_tracker" not in f.read():
-                return pid
-    raise RuntimeError(f"no engine-core process among the server's children {child_pids}")
-
-
 def server(args: argparse.Namespace) -> None:
     from tram.bench.presets import resolve_model
     from tram.bench.serve import benchmark, fetch_model_id
@@ -139,7 +130,7 @@ def server(args: argparse.Namespace) -> None:
     srv = TramServer(resolve_model(args.model), ["--load-format", "dummy", "--dtype", args.dtype,
                                                 "--max-num-seqs", str(args.num_running)], timeout=300)
     try:
-        engine_pid = engine_core_pid(srv.engine_pids)
+        engine_pid = srv.engine_core_pid()
         reqs = steady_requests(args, 32000)
         model = asyncio.run(fetch_model_id(srv.url))
         load = threading.Thread(target=lambda: asyncio.run(benchmark(srv.url, model, reqs, warmup=0)), daemon=True)

@@ -53,13 +53,16 @@ def test_cpu_matches_proc_cpuinfo() -> None:
 def test_threads_and_versions_are_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     monkeypatch.delenv("TRAM_CPU_THREADS", raising=False)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     info = machine_info()
     assert info["threads"]["torch_threads"] == torch.get_num_threads()
     assert info["threads"]["OMP_NUM_THREADS"] == "3" and info["threads"]["TRAM_CPU_THREADS"] is None
     for key in ("date", "platform", "python", "torch", "cpu_count"):  # the fields reports had before
         assert info[key], key
     assert info["versions"]["torch"] == torch.__version__ and info["versions"]["transformers"]
+    assert info["threads"]["OMP_WAIT_POLICY"] == "PASSIVE"
     assert "OMP_NUM_THREADS=3" in machine_summary() and info["cpu"]["model_name"] in machine_summary()
+    assert "OMP_WAIT_POLICY=PASSIVE" in machine_summary()
     json.dumps(info)  # a report must serialise as it is
 
 

@@ -2,10 +2,13 @@
 model only through the message structs of tram/engine/messages.py. The engine core process does."""
 from __future__ import annotations
 
+import os
+
 import httpx
 
 from conftest import STORIES
 from server_utils import RemoteServer
+from tram.engine.cpu_threads import choose_cpu_threads, usable_cores
 
 
 def _loads_torch(pid: int) -> bool:
@@ -13,6 +16,13 @@ def _loads_torch(pid: int) -> bool:
     with open(f"/proc/{pid}/maps") as f:
         maps = f.read()
     return "libtorch" in maps or "/torch/_C" in maps
+
+
+def _environ(pid: int) -> dict[str, str]:
+    """The environment the process started with (what libgomp read when torch loaded)."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        pairs = [item.decode().partition("=") for item in f.read().split(b"\0") if item]
+    return {k: v for k, _, v in pairs}
 
 
 def test_api_process_runs_without_torch() -> None:
@@ -25,6 +35,11 @@ def test_api_process_runs_without_torch() -> None:
         with httpx.stream("POST", srv.url_for("/v1/chat/completions"), json=chat, timeout=30) as r:
             assert r.status_code == 200 and "[DONE]" in r.read().decode()
         assert not _loads_torch(srv.proc.pid), "the API server process imported torch"
-        assert [pid for pid in srv.engine_pids if _loads_torch(pid)], "the engine core should run torch"
+        engines = [pid for pid in srv.engine_pids if _loads_torch(pid)]
+        assert engines, "the engine core should run torch"
+        # The OpenMP wait policy reached the engine core's environment at spawn (cpu_threads.py).
+        engine_env = _environ(engines[0])
+        for name, value in choose_cpu_threads(os.environ, usable_cores()).env.items():
+            assert engine_env.get(name) == value, (name, engine_env.get(name))
     finally:
         srv.stop()

@@ -18,9 +18,10 @@ from typing import Any
 
 from tram.bench.cpuinfo import cpu_info, cpu_summary
 
-# Environment variables that set how many threads the model uses: OpenMP's (PyTorch's CPU kernels
-# and Tram's C++ kernels) and Tram's own (the engine-core process of `tram serve`).
-THREAD_ENV = ("OMP_NUM_THREADS", "TRAM_CPU_THREADS")
+# Environment variables that set how many threads the model uses and how they wait: OpenMP's
+# (PyTorch's CPU kernels and Tram's C++ kernels) and Tram's own (the engine-core process of `tram
+# serve`). The wait policy moves timings on a shared machine by 10x (docs/benchmarks.md).
+THREAD_ENV = ("OMP_NUM_THREADS", "TRAM_CPU_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 _PACKAGES = ("triton", "transformers")
 
 

@@ -131,17 +131,27 @@ class ServerProcess:
 class TramServer(ServerProcess):
     """`python -m tram serve MODEL ARGS` on a free port (or `port`).
 
-    dev_mode turns on the debug routes the tests read (/debug/kv_integrity, `kv_state()`).
+    dev_mode turns on the debug routes the tests read (/debug/kv_integrity, `kv_state()`); `env` adds
+    to (or overrides) this process's environment for the server.
     """
 
     def __init__(self, model: str, args: list[str] | None = None, timeout: float = 90.0, *,
-                 port: int | None = None, dev_mode: bool = False, log_path: Path | None = None) -> None:
+                 port: int | None = None, dev_mode: bool = False, log_path: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
         port = port or free_port()
-        env = {"PYTHONUNBUFFERED": "1", **({"TRAM_SERVER_DEV_MODE": "1"} if dev_mode else {})}
+        env = {"PYTHONUNBUFFERED": "1", **({"TRAM_SERVER_DEV_MODE": "1"} if dev_mode else {}), **(env or {})}
         argv = [sys.executable, "-m", "tram", "serve", model, "--port", str(port), *(args or [])]
         super().__init__("tram-serve", argv, port, log_path=log_path, env=env, timeout=timeout)
         # The engine-core process (and multiprocessing's resource tracker), started by now.
         self.engine_pids = child_pids(self.proc.pid)
+
+    def engine_core_pid(self) -> int:
+        """The engine-core child (multiprocessing also starts a resource tracker)."""
+        for pid in self.engine_pids:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"resource_tracker" not in f.read():
+                    return pid
+        raise RuntimeError(f"no engine-core process among the server's children {self.engine_pids}")
 
     def kv_state(self) -> dict[str, Any]:
         return get_json(self.url + "/debug/kv_integrity")

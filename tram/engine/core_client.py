@@ -24,6 +24,7 @@ import zmq.asyncio
 from tram.engine.messages import EngineCoreOutputs
 from tram.engine import messages
 from tram.config import EngineConfig
+from tram.engine.cpu_threads import choose_cpu_threads, environment, usable_cores
 from tram.engine.messages import EngineCoreRequest
 
 logger = logging.getLogger(__name__)
@@ -68,9 +69,12 @@ class EngineCoreClient:
         self._output = self._async_ctx.socket(zmq.PULL)
         self._output.setsockopt(zmq.RCVHWM, 0)
         self._output.bind(output_addr)
+        # The OpenMP wait policy goes into the child's environment at spawn: libgomp reads it when
+        # torch loads, and the child loads torch before any of our code runs there (cpu_threads.py).
+        self.cpu_env = choose_cpu_threads(os.environ, usable_cores()).env
         spawn = multiprocessing.get_context("spawn")
         self.process = spawn.Process(
-            target=_engine_core_main, args=(config, input_addr, output_addr, os.getpid()),
+            target=_engine_core_main, args=(config, input_addr, output_addr, os.getpid(), self.cpu_env),
             name="TramEngineCore", daemon=True,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -80,7 +84,8 @@ class EngineCoreClient:
     async def start(self) -> messages.ReadyInfo:
         """Start the engine process and wait until it has loaded the model and sized its cache."""
         self._loop = asyncio.get_running_loop()
-        self.process.start()
+        with environment(self.cpu_env):  # the spawned child inherits os.environ as it is at start()
+            self.process.start()
         threading.Thread(target=self._watch_process, name="tram-engine-watch", daemon=True).start()
         self._output_task = asyncio.create_task(self._output_loop())
         await self._ready.wait()

@@ -22,6 +22,7 @@ from tram.core.request import RequestStatus
 from tram.engine import messages
 from tram.config import EngineConfig
 from tram.engine.core import EngineCore
+from tram.engine.cpu_threads import choose_cpu_threads, usable_cores
 
 logger = logging.getLogger(__name__)
 
@@ -95,26 +96,25 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(0)
 
 
-def _set_cpu_threads(config: EngineConfig) -> None:
-    """On CPU, the model gets every core by default, although the API server process shares them:
-    decode is bound by reading weights, which two threads do almost twice as fast, and measured on
-    2 cores this beats leaving one core to the API server at 1, 16 and 64 concurrent streams
-    (docs/benchmarks.md). TRAM_CPU_THREADS, else OMP_NUM_THREADS, overrides."""
+def _set_cpu_threads(config: EngineConfig, cpu_env: dict[str, str]) -> None:
+    """On CPU, set the model's thread count and log the threads and wait policy once (the rules and
+    the measurements behind them: tram/engine/cpu_threads.py). `cpu_env` is what the API server added
+    to this process's environment; without it, the rest is the environment the user started with."""
     if config.model_config.device_type != "cpu":
         return
     import torch
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    # An OMP_NUM_THREADS the user set is an explicit choice too; torch.set_num_threads would override it.
-    threads = int(os.environ.get("TRAM_CPU_THREADS") or os.environ.get("OMP_NUM_THREADS") or cores)
-    torch.set_num_threads(max(1, threads))
-    logger.info("engine core: %d CPU thread(s) for the model (TRAM_CPU_THREADS to change)", threads)
+    user_env = {k: v for k, v in os.environ.items() if k not in cpu_env}
+    policy = choose_cpu_threads(user_env, usable_cores())
+    torch.set_num_threads(policy.threads)
+    logger.info("engine core: %s", policy.describe())
 
 
-def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, parent_pid: int) -> None:
+def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, parent_pid: int,
+                    cpu_env: dict[str, str] | None = None) -> None:
     """Process entry point (spawned by the API server)."""
     config.model_config.resolve()
-    _set_cpu_threads(config)
+    _set_cpu_threads(config, cpu_env or {})
     # Ctrl-C reaches the whole process group; the API server decides when the engine stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)

@@ -1,0 +1,57 @@
+"""The engine core's CPU threads and OpenMP wait policy follow the rules of tram/engine/cpu_threads.py:
+the user's variables win, Tram's defaults fill in only what the user left unset. No timing here; the
+measurements are benchmarks/shared_machine.py's (docs/benchmarks.md, "Sharing the machine")."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tram.engine.cpu_threads import DEFAULT_SPIN_COUNT, choose_cpu_threads, environment
+
+TRAM_DEFAULT_ENV = {"GOMP_SPINCOUNT": str(DEFAULT_SPIN_COUNT)}
+
+
+@pytest.mark.parametrize("cores, threads", [(1, 1), (2, 1), (3, 2), (16, 15)])
+def test_defaults_all_cores_but_one_and_a_short_spin(cores: int, threads: int) -> None:
+    policy = choose_cpu_threads({"PATH": "/bin"}, cores)
+    assert policy.threads == threads and policy.env == TRAM_DEFAULT_ENV
+    assert "Tram's default" in policy.describe() and "default:" in policy.describe()
+
+
+@pytest.mark.parametrize("environ, threads", [
+    ({"TRAM_CPU_THREADS": "1"}, 1),
+    ({"OMP_NUM_THREADS": "3"}, 3),
+    ({"TRAM_CPU_THREADS": "1", "OMP_NUM_THREADS": "4"}, 1),  # Tram's own variable first
+    ({"TRAM_CPU_THREADS": "", "OMP_NUM_THREADS": "4"}, 4),  # an empty variable counts as unset
+    ({"TRAM_CPU_THREADS": "0"}, 1),
+])
+def test_user_thread_count_wins(environ: dict[str, str], threads: int) -> None:
+    policy = choose_cpu_threads(environ, cores=2)
+    assert policy.threads == threads
+    assert policy.env == TRAM_DEFAULT_ENV  # a thread count alone does not say how threads wait
+
+
+@pytest.mark.parametrize("environ", [
+    {"OMP_WAIT_POLICY": "ACTIVE"},
+    {"OMP_WAIT_POLICY": "passive"},
+    {"GOMP_SPINCOUNT": "300000"},
+    {"GOMP_SPINCOUNT": "infinite", "TRAM_CPU_THREADS": "2"},
+])
+def test_user_wait_policy_is_never_overridden(environ: dict[str, str]) -> None:
+    policy = choose_cpu_threads(environ, cores=2)
+    assert policy.env == {}
+    assert "set by the user" in policy.describe()
+
+
+def test_bad_thread_count_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="TRAM_CPU_THREADS must be a whole number"):
+        choose_cpu_threads({"TRAM_CPU_THREADS": "two"}, cores=2)
+
+
+def test_environment_is_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    with environment({"GOMP_SPINCOUNT": "10", "OMP_WAIT_POLICY": "PASSIVE"}):
+        assert os.environ["GOMP_SPINCOUNT"] == "10" and os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert "GOMP_SPINCOUNT" not in os.environ and os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
