@@ -59,8 +59,14 @@ def _health_latencies_during(
 
 
 def _assert_responsive(latencies: list[float]) -> None:
+    """Every poll within 100 ms but one, which may reach 300 ms: on 2 cores shared by the server, its
+    engine, this test and the heavy client, the OS scheduler alone sometimes delays one poll past
+    100 ms (seen at 106-118 ms). A stall of the event loop, as before the fix (0.6-2 s), delays every
+    poll that falls in it and fails both bounds."""
     assert len(latencies) >= 3, latencies  # polls ran before, during and after the request
-    assert max(latencies) < 0.1, f"/health took {max(latencies) * 1000:.0f} ms (of {len(latencies)} polls)"
+    worst = sorted(latencies)[-2:]
+    assert worst[0] < 0.1 and worst[-1] < 0.3, (
+        f"/health took {worst[-1] * 1000:.0f} and {worst[0] * 1000:.0f} ms (of {len(latencies)} polls)")
 
 
 def test_health_answers_while_a_long_prompt_is_tokenized(server, client) -> None:
