@@ -3,7 +3,9 @@ the user's variables win, Tram's defaults fill in only what the user left unset.
 measurements are benchmarks/shared_machine.py's (docs/benchmarks.md, "Sharing the machine")."""
 from __future__ import annotations
 
+import logging
 import os
+from types import SimpleNamespace
 
 import pytest
 
@@ -55,3 +57,29 @@ def test_environment_is_restored(monkeypatch: pytest.MonkeyPatch) -> None:
     with environment({"GOMP_SPINCOUNT": "10", "OMP_WAIT_POLICY": "PASSIVE"}):
         assert os.environ["GOMP_SPINCOUNT"] == "10" and os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
     assert "GOMP_SPINCOUNT" not in os.environ and os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+@pytest.mark.parametrize("added, expected", [
+    ({"GOMP_SPINCOUNT": str(DEFAULT_SPIN_COUNT)}, "Tram's default"),  # the API server added it
+    ({}, "set by the user"),  # the same value, but it was there before the API server
+])
+def test_engine_core_applies_and_logs_the_policy(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+                                                 added: dict[str, str], expected: str) -> None:
+    import torch
+
+    from tram.engine.core_proc import _set_cpu_threads
+
+    for name in ("TRAM_CPU_THREADS", "OMP_NUM_THREADS", "OMP_WAIT_POLICY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GOMP_SPINCOUNT", str(DEFAULT_SPIN_COUNT))
+    monkeypatch.setattr("tram.engine.core_proc.usable_cores", lambda: 3)
+    config = SimpleNamespace(model_config=SimpleNamespace(device_type="cpu"))
+    monkeypatch.setattr(logging.getLogger("tram"), "propagate", True)  # Tram's own handler keeps it from caplog
+    threads = torch.get_num_threads()
+    try:
+        with caplog.at_level(logging.INFO, logger="tram.engine.core_proc"):
+            _set_cpu_threads(config, added)  # type: ignore[arg-type]
+        assert torch.get_num_threads() == 2  # 3 cores but one
+    finally:
+        torch.set_num_threads(threads)
+    assert expected in caplog.text and "2 CPU thread(s)" in caplog.text
