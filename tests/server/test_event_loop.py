@@ -12,22 +12,19 @@ import httpx
 import pytest
 
 from conftest import STORIES
-from server_utils import RemoteServer, stop_clean
+from server_utils import RemoteServer, module_client, module_server
 
 LIMIT = 4_000_000
 
 
 @pytest.fixture(scope="module")
 def server():
-    s = RemoteServer(str(STORIES), ["--max-request-body-bytes", str(LIMIT)])
-    yield s
-    stop_clean(s)
+    yield from module_server(STORIES, ["--max-request-body-bytes", str(LIMIT)])
 
 
 @pytest.fixture(scope="module")
 def client(server: RemoteServer):
-    with httpx.Client(base_url=server.url, timeout=120) as c:
-        yield c
+    yield from module_client(server)
 
 
 def _health_latencies_during(

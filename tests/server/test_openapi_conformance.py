@@ -16,7 +16,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from conftest import STORIES
-from server_utils import RemoteServer, stop_clean
+from server_utils import RemoteServer, module_server
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
           response_schema_conformance, negative_data_rejection]
@@ -29,9 +29,7 @@ _MAX_LENGTH = 8
 
 @pytest.fixture(scope="module")
 def server():
-    s = RemoteServer(str(STORIES))
-    yield s
-    stop_clean(s)
+    yield from module_server(STORIES)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from conftest import STORIES, hf_logprobs
-from server_utils import RemoteServer, stop_clean
+from server_utils import RemoteServer, module_client, module_server
 
 PROMPT = "Once upon a time there was a little girl"
 CHAT = [{"role": "user", "content": "Tell me a story"}]
@@ -20,15 +20,12 @@ CHAT = [{"role": "user", "content": "Tell me a story"}]
 
 @pytest.fixture(scope="module")
 def server():
-    s = RemoteServer(str(STORIES))
-    yield s
-    stop_clean(s)
+    yield from module_server(STORIES)
 
 
 @pytest.fixture(scope="module")
 def client(server: RemoteServer):
-    with httpx.Client(base_url=server.url, timeout=120) as c:
-        yield c
+    yield from module_client(server)
 
 
 @pytest.fixture(scope="module")

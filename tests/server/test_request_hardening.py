@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import STORIES
-from server_utils import RemoteServer, is_idle, settled_kv, stop_clean
+from server_utils import RemoteServer, is_idle, module_client, module_server, settled_kv
 
 HUGE = 10**30
 
@@ -22,15 +22,12 @@ HUGE = 10**30
 @pytest.fixture(scope="module")
 def server():
     # A queue of 2: a single leaked request per slot would turn into 429s for everyone.
-    s = RemoteServer(str(STORIES), ["--max-queued-requests", "2", "--max-num-seqs", "4"])
-    yield s
-    stop_clean(s)
+    yield from module_server(STORIES, ["--max-queued-requests", "2", "--max-num-seqs", "4"])
 
 
 @pytest.fixture(scope="module")
 def client(server: RemoteServer):
-    with httpx.Client(base_url=server.url, timeout=60) as c:
-        yield c
+    yield from module_client(server, 60)
 
 
 def _error(resp: httpx.Response, status: int = 400) -> dict:

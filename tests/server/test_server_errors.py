@@ -4,9 +4,7 @@ keep-alive connection) goes on serving afterwards. Also auth (--api-key) and que
 from __future__ import annotations
 
 import json
-import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from http.client import HTTPConnection
 
 import httpx
@@ -14,7 +12,7 @@ import openai
 import pytest
 
 from conftest import STORIES
-from server_utils import RemoteServer
+from server_utils import RemoteServer, is_idle, stop_clean, wait_state
 
 KEY = "sekret"
 TINY = "tiny"  # --served-model-name of the guarded server
@@ -23,31 +21,6 @@ LONG_TEXT = "hi " * 600  # well over the 512-token context
 
 
 # ---------------------------------------------------------------------------------------- helpers
-
-def _wait_state(server: RemoteServer, done: Callable[[dict], bool], timeout: float) -> dict:
-    """Poll the dev endpoint until `done(state)`; return the last state either way."""
-    deadline = time.time() + timeout
-    while True:
-        state = server.kv_state()
-        if done(state) or time.time() > deadline:
-            return state
-        time.sleep(0.05)
-
-
-def _idle(state: dict) -> bool:
-    return (state["blocks"]["in_use"] == 0 and state["num_running_reqs"] == 0
-            and state["num_waiting_reqs"] == 0 and state["num_unfinished_in_frontend"] == 0)
-
-
-def _stop_clean(server: RemoteServer) -> None:
-    """Teardown: the KV accounting must be clean after all those errors, then a clean exit."""
-    try:
-        state = _wait_state(server, _idle, timeout=20)
-        assert _idle(state), f"KV accounting not clean after the error tests: {state}"
-    finally:
-        code = server.stop()
-    assert code in (0, -signal.SIGTERM), code
-
 
 def assert_error(resp: httpx.Response, status: int, *words: str) -> dict:
     """`resp` is `status` with an OpenAI error body whose message contains each of `words`."""
@@ -105,7 +78,7 @@ def assert_serving(http: httpx.Client, model: str | None = None) -> None:
 def server() -> Iterator[RemoteServer]:
     s = RemoteServer(STORIES)
     yield s
-    _stop_clean(s)
+    stop_clean(s)
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +86,7 @@ def guarded() -> Iterator[RemoteServer]:
     s = RemoteServer(STORIES, ["--api-key", KEY, "--max-num-seqs", "1", "--max-queued-requests", "1",
                                "--served-model-name", TINY])
     yield s
-    _stop_clean(s)
+    stop_clean(s)
 
 
 @pytest.fixture(scope="module")
@@ -372,7 +345,7 @@ def test_queue_full_429(guarded) -> None:
                 http.stream("POST", "/v1/chat/completions", json=long_chat) as waiting:
             assert running.status_code == 200 and waiting.status_code == 200
             busy = lambda s: s["num_running_reqs"] == 1 and s["num_waiting_reqs"] == 1  # noqa: E731
-            state = _wait_state(guarded, busy, timeout=15)
+            state = wait_state(guarded, busy, timeout=15)
             assert busy(state), f"expected one running and one waiting request: {state}"
             with pytest.raises(openai.RateLimitError) as e:
                 sdk.completions.create(model=TINY, prompt="Once", max_tokens=2)
@@ -391,8 +364,8 @@ def test_queue_full_429(guarded) -> None:
             # Validation still comes first: a bad request is a 400 even when the queue is full.
             assert_error(http.post("/v1/completions", json={**long_cmpl, "max_tokens": 600}), 400)
         # Leaving the blocks dropped both streams, which aborts their requests.
-        state = _wait_state(guarded, _idle, timeout=15)
-        assert _idle(state), f"dropped streams were not aborted: {state}"
+        state = wait_state(guarded, is_idle, timeout=15)
+        assert is_idle(state), f"dropped streams were not aborted: {state}"
         # The queue is empty now, so the server must admit requests again (not 429 forever).
         resp = http.post("/v1/completions", json={"model": TINY, "prompt": "Once", "max_tokens": 2})
         assert resp.status_code == 200, f"still refused after the queue drained ({state}): {resp.text}"

@@ -96,12 +96,14 @@ class OpenAIServingCompletion(OpenAIServing):
 
     async def _submit(self, req: CompletionRequest, request_id: str) -> list[RequestStream]:
         """Validate every prompt and submit them all, or none (earlier ones are aborted)."""
+        # One SamplingParams for every prompt: the engine never mutates a request's params (n > 1
+        # samples get their own copies in register_request), so no per-prompt copy is needed.
         params = self.sampling_params(req)
         streams: list[RequestStream] = []
         try:
             for i, (text, ids) in enumerate(await self._prompts(req)):
                 streams.append(self.engine.add_request(
-                    {"prompt_token_ids": ids, "prompt": text}, params.clone(), f"{request_id}-{i}", PROMPT_LENGTH_RULE
+                    {"prompt_token_ids": ids, "prompt": text}, params, f"{request_id}-{i}", PROMPT_LENGTH_RULE
                 ))
                 # Thousands of prompts in one request must not hold the loop (and /health) meanwhile.
                 await asyncio.sleep(0)
