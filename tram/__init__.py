@@ -17,6 +17,7 @@ _EXPORTS = {
     "LLMEngine": "tram.engine.llm_engine",
     "EngineArgs": "tram.config",
     "SamplingParams": "tram.sampling_params",
+    "StructuredOutputsParams": "tram.sampling_params",
     "RequestOutput": "tram.outputs",
     "CompletionOutput": "tram.outputs",
     "Logprob": "tram.outputs",

@@ -8,6 +8,8 @@ from typing import Any
 
 import msgspec
 
+from tram.structured_output.params import StructuredOutputsParams
+
 # Below this temperature a request is greedy; dividing logits by it would only add noise.
 SAMPLING_EPS = 1e-5
 # torch.Generator.manual_seed accepts exactly this range; reject the rest here, not in the worker.
@@ -84,6 +86,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     # Keep only the last k prompt tokens (vLLM's left truncation); None keeps them all.
     truncate_prompt_tokens: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # JSON schema, regex, choice or grammar the output must match (tram/structured_output/).
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         self._normalise_numbers()
@@ -91,6 +95,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         self._normalise_stops()
         self._normalise_logit_bias()
         self._normalise_allowed_token_ids()
+        self._normalise_structured_outputs()
         self._verify_ranges()
         if self.temperature < SAMPLING_EPS:
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
@@ -165,6 +170,17 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         self.allowed_token_ids = _token_id_list("allowed_token_ids", self.allowed_token_ids)
         if not self.allowed_token_ids:
             raise SamplingParamError("allowed_token_ids", "allowed_token_ids must not be empty")
+
+    def _normalise_structured_outputs(self) -> None:
+        so = self.structured_outputs
+        if isinstance(so, dict):
+            try:
+                self.structured_outputs = StructuredOutputsParams(**so)
+            except TypeError as e:
+                raise SamplingParamError("structured_outputs", f"structured_outputs: {e}") from e
+        elif so is not None and not isinstance(so, StructuredOutputsParams):
+            raise SamplingParamError(
+                "structured_outputs", f"structured_outputs must be a StructuredOutputsParams, got {_short(so)}")
 
     def _verify_ranges(self) -> None:
         # Written as `not (in range)` so that NaN fails every check.

@@ -93,7 +93,9 @@ def test_model_missing_or_given_twice_differently(capsys: pytest.CaptureFixture[
     (["--no-enable-chunked-prefill"], "--no-enable-chunked-prefill is not supported"),
     (["--tensor-parallel-size", "2"], "tensor_parallel_size 2 is not supported yet"),
     (["-tp", "4"], "tensor_parallel_size 4 is not supported yet"),
-    (["--tool-call-parser", "hermes"], "--tool-call-parser hermes is not supported yet"),
+    (["--tool-call-parser", "mistral"], "--tool-call-parser mistral is not supported: choose one of hermes, "
+                                        "llama3_json"),
+    (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
     (["--generation-config", "/no/such/folder"], "generation_config '/no/such/folder' must be auto, vllm, or a "
                                                  "folder holding a generation_config.json"),
     (["--ssl-keyfile", "key.pem"], "https needs both --ssl-keyfile and --ssl-certfile"),

@@ -42,3 +42,6 @@ class EngineConfig:
     max_logprobs: int
     # The folder whose generation_config.json gives the server's sampling defaults; None: no defaults.
     generation_config: str | None = None
+    structured_outputs_backend: str = "xgrammar"
+    structured_outputs_compile_timeout: float = 30.0
+    structured_outputs_disable_any_whitespace: bool = False

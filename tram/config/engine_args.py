@@ -53,6 +53,14 @@ class EngineArgs(CliSettings):
     skip_tokenizer_init: bool = setting(False, "no tokenizer: prompts must be token ids, outputs carry no text")
     max_logprobs: int = setting(20, "most logprobs a request may ask for")
     enforce_eager: bool = setting(False, "no CUDA graphs (GPU only)")
+    structured_outputs_backend: str = setting(
+        "xgrammar", "grammar engine for JSON schemas, regexes, choices and grammars (guidance = llguidance)",
+        choices=("auto", "xgrammar", "guidance"))
+    structured_outputs_disable_any_whitespace: bool = setting(
+        False, "JSON constraints allow no optional whitespace (a small model may otherwise emit spaces and "
+        "newlines until max_tokens); as vLLM's structured_outputs_config.disable_any_whitespace")
+    structured_outputs_compile_timeout: float = setting(
+        30.0, "seconds a request's grammar may take to compile before that request fails")
     tensor_parallel_size: int = setting(1, "devices to split the model over; only 1 is supported yet",
                                         aliases=("-tp",))
 
@@ -75,6 +83,12 @@ class EngineArgs(CliSettings):
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"Unknown attention backend {self.attention_backend!r}. "
                              f"Supported backends: {', '.join(ATTENTION_BACKENDS)}")
+        if not self.structured_outputs_compile_timeout > 0:
+            raise ValueError("structured_outputs_compile_timeout must be positive, "
+                             f"got {self.structured_outputs_compile_timeout}")
+        if self.structured_outputs_backend not in ("auto", "xgrammar", "guidance", "llguidance"):
+            raise ValueError(f"structured_outputs_backend {self.structured_outputs_backend!r} is not supported: "
+                             "choose xgrammar or guidance (llguidance)")
         self._validate_unsupported()
         if self.generation_config not in ("auto", "vllm") and not os.path.isfile(
                 os.path.join(self.generation_config, GENERATION_CONFIG_FILE)):
@@ -135,4 +149,8 @@ class EngineArgs(CliSettings):
             gpu_memory_utilization=self.gpu_memory_utilization,
             max_logprobs=self.max_logprobs,
             generation_config=self._generation_config_folder(model_path),
+            structured_outputs_backend=(
+                "xgrammar" if self.structured_outputs_backend == "auto" else self.structured_outputs_backend),
+            structured_outputs_compile_timeout=self.structured_outputs_compile_timeout,
+            structured_outputs_disable_any_whitespace=self.structured_outputs_disable_any_whitespace,
         )

@@ -40,13 +40,20 @@ class ServerArgs(CliSettings):
                                       "shows (default: all)")
     log_stats_interval: float = setting(DEFAULT_LOG_INTERVAL, "seconds between throughput log lines")
     max_request_body_bytes: int = setting(16 * 1024 * 1024, "answer 413 to a request body larger than this")
-    tool_call_parser: str | None = setting(None, "vLLM's tool call parser; tool calling is not supported yet")
+    enable_auto_tool_choice: bool = setting(False, "let the model decide when to call tools (tool_choice "
+                                            "\"auto\"); needs --tool-call-parser")
+    tool_call_parser: str | None = setting(None, "how to find tool calls in the model's text for tool_choice "
+                                           "\"auto\": hermes (Qwen, Hermes) or llama3_json (Llama 3.1+)")
 
     def validate(self) -> None:
         """Reject bad values and what Tram does not support yet (ValueError), before anything loads."""
-        if self.tool_call_parser is not None:
-            raise ValueError(f"--tool-call-parser {self.tool_call_parser} is not supported yet: Tram does not "
-                             "parse tool calls; leave it out")
+        from tram.server.tool_parsers import TOOL_PARSERS
+
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_PARSERS:
+            raise ValueError(f"--tool-call-parser {self.tool_call_parser} is not supported: choose one of "
+                             f"{', '.join(sorted(TOOL_PARSERS))}")
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
         if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
             raise ValueError("https needs both --ssl-keyfile and --ssl-certfile")
         if self.max_log_len is not None and self.max_log_len < 0:

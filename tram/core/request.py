@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import Protocol
 
 from tram.sampling_params import SamplingParams
 
@@ -29,6 +30,16 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_LENGTH: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
 }
+
+
+class GrammarState(Protocol):
+    """A constrained request's grammar (tram/structured_output/request.py), as the scheduler sees it."""
+
+    def is_ready(self) -> bool: ...
+
+    def accept_token(self, token_id: int) -> bool: ...
+
+    def is_terminated(self) -> bool: ...
 
 
 class Request:
@@ -64,6 +75,8 @@ class Request:
         self.block_hashes: list[int] = []
         # A sibling (n > 1) whose prompt KV this request shares once it is computed.
         self.prefix_source = prefix_source
+        # Set by the engine core for a structured-output request; it waits until the grammar is ready.
+        self.structured_output: GrammarState | None = None
         p = sampling_params
         room = max_model_len - self.num_prompt_tokens
         self.max_tokens = max(1, room if p.max_tokens is None else min(p.max_tokens, max(room, 1)))
@@ -93,8 +106,11 @@ class Request:
         self.all_token_ids.append(token_id)
 
     def check_stop(self) -> RequestStatus | None:
-        """Stop on eos / stop_token_ids (after min_tokens) or on length; None to keep going."""
+        """Stop on eos / stop_token_ids (after min_tokens), at the grammar's end, or on length;
+        None to keep going."""
         n_out = len(self.output_token_ids)
+        if self.structured_output is not None and self.structured_output.is_terminated():
+            return RequestStatus.FINISHED_STOPPED
         if n_out >= self.sampling_params.min_tokens:
             last = self.output_token_ids[-1]
             if last == self.eos_token_id:

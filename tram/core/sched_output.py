@@ -35,12 +35,22 @@ class CachedRequestData(msgspec.Struct, **_STRUCT):
     resumed_from_preemption: bool = False
 
 
+class GrammarBitmask(msgspec.Struct, **_STRUCT):
+    """The step's token bitmask for constrained requests: row i (int32 words, bit j of word w allows
+    token 32*w + j) belongs to req_ids[i]. Raw bytes, so it crosses a process boundary as one frame."""
+
+    req_ids: list[str]
+    words: int
+    data: bytes
+
+
 class SchedulerOutput(msgspec.Struct, **_STRUCT):
     scheduled_new_reqs: list[NewRequestData] = []
     scheduled_cached_reqs: list[CachedRequestData] = []
     num_scheduled_tokens: dict[str, int] = {}
     total_num_scheduled_tokens: int = 0
     finished_req_ids: set[str] = set()
+    grammar_bitmask: GrammarBitmask | None = None
 
     @property
     def is_empty(self) -> bool:

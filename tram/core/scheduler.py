@@ -113,7 +113,7 @@ class Scheduler:
         deferred: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
-            if self._waits_for_sibling(req):
+            if self._waits_for_sibling(req) or not self._grammar_ready(req):
                 deferred.append(self.waiting.popleft())
                 continue
             computed_blocks, num_hit = self._find_computed_blocks(req)
@@ -155,6 +155,11 @@ class Scheduler:
             req.prefix_source = None  # sibling gone or preempted: fall back to the prefix cache
         return False
 
+    @staticmethod
+    def _grammar_ready(req: Request) -> bool:
+        """A structured-output request starts once its grammar is compiled (off the step loop)."""
+        return req.structured_output is None or req.structured_output.is_ready()
+
     def _find_computed_blocks(self, req: Request):
         if req.prefix_source is not None:
             return self.kv_cache_manager.get_shared_prefix_blocks(req, req.prefix_source)
@@ -174,6 +179,8 @@ class Scheduler:
                     outputs.append(EngineCoreOutput(rid, [], new_prompt_logprobs=prompt_lp))
                 continue
             req.append_output_token(token)
+            if req.structured_output is not None:
+                req.structured_output.accept_token(token)
             status = req.check_stop()
             out = EngineCoreOutput(
                 rid, [token], new_logprobs=result.logprobs.get(rid), new_prompt_logprobs=prompt_lp,

@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from tram.engine.messages import EngineCoreOutputs, SchedulerStats
+from tram.engine.messages import EngineCoreOutputs, RequestError, SchedulerStats
 from tram.config import EngineConfig
 from tram.engine.core_client import EngineCoreClient, EngineDeadError
 from tram.engine.frontend import EngineFrontend
@@ -30,6 +30,15 @@ class QueueFullError(RuntimeError):
 
 class RequestFailedError(RuntimeError):
     """The engine core could not run this request."""
+
+
+class RequestRejectedError(ValueError):
+    """The engine core refused this request as bad (an invalid or too costly grammar): a 400 naming
+    `param`, though it was found after the request was submitted."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class OutputCollector:
@@ -89,6 +98,15 @@ class RequestStream:
         if self.tokens is not None:
             self.tokens.add(out)
         return out
+
+    async def started(self) -> None:
+        """Wait for the first output without taking it; raise the request's error if it failed
+        instead. A server awaits this before committing to a 200 when the engine core may still
+        refuse the request (a grammar that does not compile)."""
+        await self.collector.ready.wait()
+        if self.collector.error is not None:
+            self.close()
+            raise self.collector.error
 
     def close(self) -> None:
         if not self.done:
@@ -195,6 +213,8 @@ class AsyncLLM(EngineFrontend):
     def _on_outputs(self, outputs: EngineCoreOutputs) -> None:
         if outputs.scheduler_stats is not None:
             self.last_stats = outputs.scheduler_stats
+        for error in outputs.request_errors:
+            self._on_request_error(error)
         request_outputs, stopped = self.output_processor.process_outputs(outputs.outputs)
         for out in request_outputs:
             collector = self.collectors.get(out.request_id)
@@ -208,12 +228,14 @@ class AsyncLLM(EngineFrontend):
         self.prometheus.record(outputs.scheduler_stats, it)
         self.log_stats.record(outputs.scheduler_stats, it)
 
-    def _on_request_error(self, sample_id: str, message: str) -> None:
-        request_id = self.output_processor.sample_owner.get(sample_id, sample_id)
+    def _on_request_error(self, error: RequestError) -> None:
+        request_id = self.output_processor.sample_owner.get(error.request_id, error.request_id)
         collector = self.collectors.pop(request_id, None)
         self.abort(request_id)
         if collector is not None:
-            collector.fail(RequestFailedError(message))
+            failure = RequestRejectedError(error.message, error.param) if error.client_error else \
+                RequestFailedError(error.message)
+            collector.fail(failure)
 
     def _on_dead(self, reason: str) -> None:
         error = EngineDeadError(reason)

@@ -11,7 +11,11 @@ from tram.core.request import Request, RequestStatus
 from tram.core.scheduler import Scheduler
 from tram.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
 from tram.config.model import device_type
-from tram.engine.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from tram.engine.messages import EngineCoreOutputs, EngineCoreRequest, RequestError, SchedulerStats
+from tram.engine.structured_outputs import (
+    GRAMMAR_POLL_S, add_structured_output_stats, make_structured_output_manager,
+)
+from tram.sampling_params import SamplingParamError
 from tram.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -60,6 +64,7 @@ class EngineCore:
             sc.max_model_len, capacity / sc.max_model_len,
         )
         self.scheduler = Scheduler(sc, cc)
+        self.structured_output = make_structured_output_manager(config)
 
     def add_request(self, req: EngineCoreRequest) -> None:
         source = None
@@ -69,21 +74,60 @@ class EngineCore:
             req.request_id, req.prompt_token_ids, req.sampling_params, req.eos_token_ids,
             self.config.scheduler_config.max_model_len, req.arrival_time, source,
         )
+        if req.sampling_params.structured_outputs is not None:
+            if self.structured_output is None:
+                raise SamplingParamError("structured_outputs", "structured outputs need the tokenizer "
+                                         "(the engine was started with skip_tokenizer_init)")
+            so = self.structured_output.new_request(request.request_id, req.sampling_params.structured_outputs)
+            request.structured_output = so
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
         self.scheduler.finish_requests(request_ids, status)
 
     def step(self) -> EngineCoreOutputs:
+        errors = self._fail_grammars()
         sched = self.scheduler.schedule()
+        so = self.structured_output
+        if so is not None:
+            sched.grammar_bitmask = so.grammar_bitmask(sched, self.scheduler.requests)
+            if sched.is_empty and not errors:
+                so.wait_for_compiles(GRAMMAR_POLL_S)
         result = self.model_runner.execute_model(sched)
-        return self.scheduler.update_from_output(sched, result)
+        outputs = self.scheduler.update_from_output(sched, result)
+        outputs.request_errors = errors
+        if so is not None and outputs.scheduler_stats is not None:
+            add_structured_output_stats(outputs.scheduler_stats, so)
+        return outputs
+
+    def _fail_grammars(self) -> list[RequestError]:
+        """Requests whose grammar failed to compile (or timed out) end here, before scheduling."""
+        if self.structured_output is None or not self.structured_output.pending:
+            return []
+        failures = self.structured_output.take_failures(self.scheduler.requests)
+        self.scheduler.finish_requests([rid for rid, _ in failures], RequestStatus.FINISHED_ABORTED)
+        return [RequestError(rid, str(e), e.param, client_error=True) for rid, e in failures]
+
+    def wait_for_grammars(self, request_ids: list[str]) -> None:
+        """Offline submission: raise the grammar error of these requests now (ValueError)."""
+        if self.structured_output is not None:
+            error = self.structured_output.wait_compiled(request_ids)
+            if error is not None:
+                self.abort_requests(request_ids)
+                raise error
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
     def get_stats(self) -> SchedulerStats:
-        return self.scheduler.make_stats()
+        stats = self.scheduler.make_stats()
+        if self.structured_output is not None:
+            add_structured_output_stats(stats, self.structured_output, take_compile_times=False)
+        return stats
+
+    def shutdown(self) -> None:
+        if self.structured_output is not None:
+            self.structured_output.shutdown()
 
     def check_kv_integrity(self) -> dict[str, int]:
         return self.scheduler.kv_cache_manager.check_integrity()

@@ -47,7 +47,7 @@ class EngineCoreClient:
         self,
         config: EngineConfig,
         on_outputs: Callable[[EngineCoreOutputs], None],
-        on_request_error: Callable[[str, str], None],
+        on_request_error: Callable[[messages.RequestError], None],
         on_dead: Callable[[str], None],
     ) -> None:
         self.config = config
@@ -135,7 +135,7 @@ class EngineCoreClient:
         if kind == messages.OUTPUTS:
             self.on_outputs(msg)
         elif kind == messages.REQUEST_ERROR:
-            self.on_request_error(msg.request_id, msg.message)
+            self.on_request_error(msg)
         elif kind == messages.UTILITY_RESULT:
             fut = self._calls.pop(msg.call_id, None)
             if fut is not None and not fut.done():

@@ -72,8 +72,14 @@ class EngineCoreProc:
         try:
             self.core.add_request(req)
         except Exception as e:  # noqa: BLE001 - one bad request must not stop the loop
-            logger.exception("engine core: rejected request %s", req.request_id)
-            self._send(messages.REQUEST_ERROR, messages.RequestError(req.request_id, f"{type(e).__name__}: {e}"))
+            param = getattr(e, "param", None)
+            if param is not None:  # the client's mistake, found by the engine (SamplingParamError)
+                logger.info("engine core: rejected request %s: %s", req.request_id, e)
+                error = messages.RequestError(req.request_id, str(e), param, client_error=True)
+            else:
+                logger.exception("engine core: rejected request %s", req.request_id)
+                error = messages.RequestError(req.request_id, f"{type(e).__name__}: {e}")
+            self._send(messages.REQUEST_ERROR, error)
 
     def _call_utility(self, call: messages.UtilityCall) -> None:
         result = messages.UtilityResult(call.call_id)

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import logging
 
-from tram.engine.messages import SchedulerStats
+from tram.engine.messages import RequestError, SchedulerStats
 from tram.core.request import RequestStatus
 from tram.config import EngineArgs, EngineConfig
 from tram.engine.core import EngineCore
 from tram.engine.frontend import EngineFrontend
 from tram.engine.input_processor import PromptType
 from tram.outputs import RequestOutput
-from tram.sampling_params import SamplingParams
+from tram.sampling_params import SamplingParamError, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,13 @@ class LLMEngine(EngineFrontend):
     ) -> None:
         core_requests = self.register_request(request_id, prompt, prompt_token_ids, params, arrival_time)
         self.submit(request_id, core_requests, self.engine_core.add_request, self.engine_core.abort_requests)
+        if params.structured_outputs is not None:
+            # Offline, a bad schema is a ValueError here, as in vLLM, not an error in a later step.
+            try:
+                self.engine_core.wait_for_grammars([r.request_id for r in core_requests])
+            except ValueError:
+                self.output_processor.abort_requests([request_id])
+                raise
 
     def abort_request(self, request_id: str | list[str]) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
@@ -53,7 +60,16 @@ class LLMEngine(EngineFrontend):
         outputs, stopped = self.output_processor.process_outputs(core_outputs.outputs)
         if stopped:
             self.engine_core.abort_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        if core_outputs.request_errors:
+            self._raise_request_error(core_outputs.request_errors[0])
         return outputs
+
+    def _raise_request_error(self, error: RequestError) -> None:
+        """A request the engine core refused after submission (its grammar timed out): it ends,
+        and the caller gets the ValueError."""
+        owner = self.output_processor.sample_owner.get(error.request_id, error.request_id)
+        self.engine_core.abort_requests(self.output_processor.abort_requests([owner]))
+        raise SamplingParamError(error.param or "structured_outputs", f"request {owner}: {error.message}")
 
     def has_unfinished_requests(self) -> bool:
         return self.output_processor.has_unfinished_requests()

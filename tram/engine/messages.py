@@ -78,11 +78,17 @@ class SchedulerStats(msgspec.Struct, **_STRUCT):
     prefix_cache_hits: int = 0  # cumulative, in tokens
     num_preemptions: int = 0  # cumulative
     num_scheduled_tokens: int = 0  # this step
+    # Structured outputs: running totals, and the compile times since the last report.
+    structured_output_requests: int = 0
+    grammar_compile_failures: int = 0
+    grammar_cache_hits: int = 0
+    grammar_compile_seconds: list[float] = []
 
 
 class EngineCoreOutputs(msgspec.Struct, **_STRUCT):
     outputs: list[EngineCoreOutput] = []
     scheduler_stats: SchedulerStats | None = None
+    request_errors: list["RequestError"] = []  # requests that ended in this step because they were bad
 
 
 class UtilityResult(msgspec.Struct, **_STRUCT):
@@ -104,6 +110,8 @@ class ReadyInfo(msgspec.Struct, **_STRUCT):
 class RequestError(msgspec.Struct, **_STRUCT):
     request_id: str
     message: str
+    param: str | None = None  # the request field at fault, when it is the client's
+    client_error: bool = False  # the request was bad (a 400), not the engine (a 500)
 
 
 class FatalError(msgspec.Struct, **_STRUCT):

@@ -52,13 +52,15 @@ class Handlers:
     """The serving objects, created once the engine is up."""
 
     def __init__(self, engine: AsyncLLM, names: list[str], chat_template: str | None,
-                 response_role: str = "assistant") -> None:
+                 response_role: str = "assistant", tool_call_parser: str | None = None,
+                 enable_auto_tool_choice: bool = False) -> None:
         template = load_chat_template(chat_template)
         self.engine = engine
         # One tokenizer thread for every endpoint (see OpenAIServing).
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="tram-tokenize")
         self.completion = OpenAIServingCompletion(engine, names, template, self.pool)
-        self.chat = OpenAIServingChat(engine, names, template, self.pool, response_role=response_role)
+        self.chat = OpenAIServingChat(engine, names, template, self.pool, response_role=response_role,
+                                      tool_call_parser=tool_call_parser, enable_auto_tool_choice=enable_auto_tool_choice)
         self.responses = OpenAIServingResponses(self.chat)
         self.generate = LegacyGenerate(engine, names, template, self.pool)
 
@@ -100,7 +102,8 @@ def build_app(engine_args: EngineArgs, server_args: ServerArgs, engine_config: E
         gc_task: asyncio.Task | None = None
         try:
             await engine.start()
-            app.state.handlers = Handlers(engine, names, server_args.chat_template, server_args.response_role)
+            app.state.handlers = Handlers(engine, names, server_args.chat_template, server_args.response_role,
+                                          server_args.tool_call_parser, server_args.enable_auto_tool_choice)
             collections = FullCollections()
             collections.start()
             gc_task = asyncio.create_task(_collect_when_quiet(engine, collections))

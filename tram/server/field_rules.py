@@ -12,8 +12,7 @@ from typing import Any
 
 from pydantic_core import PydanticCustomError
 
-STRUCTURED = "structured outputs are not supported yet"
-TOOLS = "tool calling is not supported yet"
+LEGACY_FUNCTIONS = "the deprecated functions/function_call fields are not supported: use tools and tool_choice"
 
 
 def _is_none(v: Any) -> bool:
@@ -22,10 +21,6 @@ def _is_none(v: Any) -> bool:
 
 def _empty(v: Any) -> bool:
     return v is None or v == [] or v == {}
-
-
-def _text_format(v: Any) -> bool:
-    return v is None or (isinstance(v, dict) and v.get("type") == "text" and len(v) == 1)
 
 
 def _no_tool_choice(v: Any) -> bool:
@@ -46,14 +41,8 @@ def _zero(v: Any) -> bool:
 
 # field -> (is its value neutral?, why a non-neutral value is refused)
 SHARED_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "response_format": (_text_format, STRUCTURED),
-    "guided_json": (_is_none, STRUCTURED),
-    "guided_regex": (_is_none, STRUCTURED),
-    "guided_choice": (_is_none, STRUCTURED),
-    "guided_grammar": (_is_none, STRUCTURED),
-    "guided_decoding_backend": (_is_none, STRUCTURED),
-    "guided_whitespace_pattern": (_is_none, STRUCTURED),
-    "structured_outputs": (_is_none, STRUCTURED),
+    "guided_decoding_backend": (_is_none, "the grammar engine is chosen per server "
+                                          "(--structured-outputs-backend), not per request"),
     "logits_processors": (_empty, "custom logits processors are not supported"),
     "priority": (_zero, "request priorities are not supported yet (the scheduler is first come, first served)"),
     "return_tokens_as_token_ids": (_false, "return_tokens_as_token_ids is not supported yet"),
@@ -61,11 +50,8 @@ SHARED_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 CHAT_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     **SHARED_RULES,
-    "tools": (_empty, TOOLS),
-    "tool_choice": (_no_tool_choice, TOOLS),
-    "parallel_tool_calls": (lambda v: True, TOOLS),  # meaningless without tools, which are refused
-    "functions": (_empty, TOOLS),
-    "function_call": (_no_tool_choice, TOOLS),
+    "functions": (_empty, LEGACY_FUNCTIONS),
+    "function_call": (_no_tool_choice, LEGACY_FUNCTIONS),
     "modalities": (_text_only, "only text output is supported"),
     "audio": (_is_none, "audio output is not supported"),
     "prediction": (_is_none, "predicted outputs are not supported yet"),

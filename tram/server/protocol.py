@@ -11,6 +11,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from tram.sampling_params import RequestOutputKind, SamplingParams
 from tram.server.field_rules import CHAT_RULES, COMPLETION_RULES, check_text, reject_unsupported
+from tram.server.chat_tools import ChatTool, ToolChoice
+from tram.server.protocol_structured import StructuredFields
 
 # Text a tokenizer can encode (no lone surrogates).
 Text = Annotated[str, AfterValidator(check_text)]
@@ -27,7 +29,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
-class SamplingFields(BaseModel):
+class SamplingFields(StructuredFields):
     """Sampling fields common to completions and chat. None means "the model's default".
 
     `stop`, `stop_token_ids` and `logit_bias` go to `SamplingParams` as the client sent them: it is
@@ -96,6 +98,7 @@ class SamplingFields(BaseModel):
             include_stop_str_in_output=self.include_stop_str_in_output,
             logit_bias=self.logit_bias, allowed_token_ids=self.allowed_token_ids,
             truncate_prompt_tokens=self.truncate_prompt_tokens,
+            structured_outputs=self.structured_params(),
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
         )
 
@@ -165,6 +168,9 @@ class ChatCompletionRequest(SamplingFields):
     add_special_tokens: bool = False  # templates write their own BOS
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     _reject = model_validator(mode="before")(lambda data: reject_unsupported(data, CHAT_RULES))
 

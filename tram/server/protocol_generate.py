@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from tram.sampling_params import SamplingParams
 from tram.server.protocol import Text
+from tram.server.protocol_structured import StructuredOutputsField
 
 # Set by the server, not the client: /generate streams cumulative texts or answers once.
 _SERVER_FIELDS = {"output_kind"}
@@ -32,7 +33,11 @@ class GenerateBase(BaseModel):
     def sampling_kwargs(self) -> dict[str, Any]:
         """The SamplingParams fields the client set."""
         names = set(type(self).model_fields) - set(GenerateBase.model_fields)
-        return {k: getattr(self, k) for k in names if k in self.model_fields_set}
+        kwargs = {k: getattr(self, k) for k in names if k in self.model_fields_set}
+        so = kwargs.get("structured_outputs")
+        if isinstance(so, StructuredOutputsField):
+            kwargs["structured_outputs"] = so.model_dump(exclude_defaults=True, by_alias=True)
+        return kwargs
 
 
 def _sampling_fields() -> dict[str, Any]:
@@ -41,7 +46,9 @@ def _sampling_fields() -> dict[str, Any]:
     for f in msgspec.structs.fields(SamplingParams):
         if f.name not in _SERVER_FIELDS:
             default = f.default if f.default is not msgspec.NODEFAULT else f.default_factory()
-            fields[f.name] = (hints[f.name], default)
+            # msgspec structs are not pydantic types: a field holding one gets its pydantic twin.
+            hint = StructuredOutputsField | None if f.name == "structured_outputs" else hints[f.name]
+            fields[f.name] = (hint, default)
     return fields
 
 

@@ -56,6 +56,8 @@ class OpenAIServingCompletion(OpenAIServing):
             return await respond_unless_disconnected(raw, work)
         streams = await self._submit(req, request_id)
         if req.stream:
+            if req.structured_params() is not None:
+                await self._started(streams)  # a grammar the engine refuses is a 400, not an error event
             return StreamingResponse(self._stream(req, request_id, streams), media_type="text/event-stream")
         return await respond_unless_disconnected(raw, self._collect(req, request_id, streams))
 
@@ -112,6 +114,16 @@ class OpenAIServingCompletion(OpenAIServing):
                 s.close()
             raise
         return streams
+
+    @staticmethod
+    async def _started(streams: list[RequestStream]) -> None:
+        try:
+            for stream in streams:
+                await stream.started()
+        except BaseException:
+            for stream in streams:
+                stream.close()
+            raise
 
     async def _collect(self, req: CompletionRequest, request_id: str, streams: list[RequestStream]) -> dict:
         # FINAL_ONLY streams each yield once, so waiting on them in turn takes no longer than merging

@@ -17,7 +17,7 @@ import torch
 
 from tram.core.sched_output import SchedulerOutput
 from tram.worker.block_table import BlockTable
-from tram.worker.logits_processors import LogitsProcessor, SamplingRow
+from tram.worker.logits_processors import GrammarBitmaskProcessor, LogitsProcessor, SamplingRow
 from tram.worker.sampling_metadata import SamplingMetadata, build_sampling_metadata, make_logits_processors
 
 
@@ -50,6 +50,7 @@ class InputBatch:
         self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int64)
         self.block_table = BlockTable(max_num_reqs, -(-max_model_len // block_size), device)
         self.processors: list[LogitsProcessor] = make_logits_processors(vocab_size, device)
+        self.grammar_processor = next(p for p in self.processors if isinstance(p, GrammarBitmaskProcessor))
         self._sampling: SamplingMetadata | None = None  # None: membership changed since it was built
         self._prompt_logprobs_rows: list[int] | None = None
 

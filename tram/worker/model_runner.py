@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import time
 
+import numpy as np
 import torch
 
 from tram.config import ModelConfig
@@ -103,6 +104,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         apply_scheduler_output(self.input_batch, self.requests, sched)
+        self._set_grammar_bitmask(sched)
         if sched.is_empty:
             return ModelRunnerOutput()
         inputs = prepare_inputs(self.input_batch, sched, self.buffers, self.block_size)
@@ -117,6 +119,17 @@ class ModelRunner:
             out.prompt_logprobs[job.req_id] = self._prompt_logprobs(hidden, job)
         advance_computed(self.input_batch, sched)
         return out
+
+    def _set_grammar_bitmask(self, sched: SchedulerOutput) -> None:
+        """Hand the step's grammar bitmask (filled by the engine core) to its logits processor,
+        with each request's row in this step's batch."""
+        processor = self.input_batch.grammar_processor
+        bm = sched.grammar_bitmask
+        if bm is None:
+            processor.set_step(None)
+            return
+        rows = [self.input_batch.row_of[rid] for rid in bm.req_ids]
+        processor.set_step(rows, np.frombuffer(bm.data, dtype=np.int32).reshape(len(rows), bm.words))
 
     def _sample(self, hidden: torch.Tensor, inputs: StepInputs, out: ModelRunnerOutput) -> None:
         """Every row gets logits and a draw (keeping the batch's sampling tensors aligned with its

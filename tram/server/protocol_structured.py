@@ -1,0 +1,104 @@
+"""The request fields that constrain the output, in every spelling clients send, turned into one
+`StructuredOutputsParams`: OpenAI's `response_format`, vLLM's `structured_outputs` object and its
+older `guided_*` fields. A request may use one of them; each error names the field at fault.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tram.sampling_params import SamplingParamError
+from tram.structured_output.params import StructuredOutputsParams
+
+
+class StructuredOutputsField(BaseModel):
+    """vLLM's `structured_outputs` request object (exactly one constraint; the rest are options)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    disable_fallback: bool = False
+
+
+class JsonSchemaSpec(BaseModel):
+    """OpenAI's `response_format.json_schema`."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format`: text, json_object or json_schema; vLLM's structural_tag too
+    (its whole body goes to the grammar engine)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: JsonSchemaSpec | None = None
+
+
+class StructuredFields(BaseModel):
+    """Mixed into the completion and chat request models."""
+
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+
+    def structured_params(self) -> StructuredOutputsParams | None:
+        """The one constraint this request asks for (None: free text). ValueError naming the field
+        for two at once or a malformed one; whether it compiles is the engine core's call."""
+        sources = self._sources()
+        if len(sources) > 1:
+            raise SamplingParamError(sources[1][0], "only one output constraint may be given; got "
+                                     f"{' and '.join(name for name, _ in sources)}")
+        if not sources:
+            return None
+        field, kwargs = sources[0]
+        return StructuredOutputsParams(**kwargs, source_field=field)
+
+    def _sources(self) -> list[tuple[str, dict[str, Any]]]:
+        out: list[tuple[str, dict[str, Any]]] = []
+        if self.structured_outputs is not None:
+            so = self.structured_outputs.model_dump(exclude_defaults=True, by_alias=True)
+            out.append(("structured_outputs", so))
+        guided = {"json": self.guided_json, "regex": self.guided_regex, "choice": self.guided_choice,
+                  "grammar": self.guided_grammar}
+        for kind, value in guided.items():
+            if value is not None:
+                extra = {"whitespace_pattern": self.guided_whitespace_pattern} if self.guided_whitespace_pattern else {}
+                out.append((f"guided_{kind}", {kind: value, **extra}))
+        rf = self._response_format()
+        if rf is not None:
+            out.append(("response_format", rf))
+        return out
+
+    def _response_format(self) -> dict[str, Any] | None:
+        rf = self.response_format
+        if rf is None or rf.type == "text":
+            return None
+        if rf.type == "json_object":
+            return {"json_object": True}
+        if rf.type == "structural_tag":
+            return {"structural_tag": json.dumps(rf.model_dump(exclude_none=True))}
+        if rf.json_schema is None or rf.json_schema.schema_ is None:
+            raise SamplingParamError("response_format", "response_format of type json_schema needs "
+                                     "json_schema.schema")
+        return {"json": rf.json_schema.schema_}

@@ -1,0 +1,76 @@
+"""The seam between Tram and a grammar engine: compile a request's constraint once, then give each
+request a matcher that fills its row of the token bitmask and follows the sampled tokens.
+
+Both engines behind it (xgrammar, llguidance) use the same bitmask: int32 words, bit j of word i
+allows token 32*i + j. So the worker applies it without knowing which engine filled it.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+from tram.structured_output.params import StructuredOutputsParams
+
+BACKENDS = ("xgrammar", "guidance")
+
+
+class GrammarCompileError(ValueError):
+    """The engine refused a schema, regex or grammar; `param` names the request field."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class Matcher(ABC):
+    """One request's position in its grammar."""
+
+    @abstractmethod
+    def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
+        """Set row `row` of `bitmask` [R, words] to the tokens the grammar allows next."""
+
+    @abstractmethod
+    def accept_token(self, token_id: int) -> bool:
+        """Advance past a sampled token; False if the grammar does not allow it."""
+
+    @abstractmethod
+    def is_terminated(self) -> bool:
+        """The grammar is complete and has accepted its stop token."""
+
+
+class GrammarBackend(ABC):
+    name: str
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
+        self.vocab_size = vocab_size
+        self.stop_token_ids = stop_token_ids
+
+    @abstractmethod
+    def compile(self, params: StructuredOutputsParams) -> Any:
+        """A compiled grammar (opaque; shared by every request with the same key). Raises
+        GrammarCompileError for a constraint the engine refuses. Runs on a worker thread."""
+
+    @abstractmethod
+    def matcher(self, compiled: Any) -> Matcher:
+        """A fresh matcher at the start of `compiled`."""
+
+
+def choice_ebnf(choices: list[str]) -> str:
+    """An EBNF grammar whose sentences are exactly `choices`. JSON string escapes are the EBNF
+    literal's (\\", \\\\, \\n, \\uXXXX)."""
+    import json
+
+    return "root ::= " + " | ".join(json.dumps(c) for c in choices)
+
+
+def make_backend(name: str, tokenizer: Any, vocab_size: int, stop_token_ids: list[int],
+                 max_threads: int) -> GrammarBackend:
+    if name == "xgrammar":
+        from tram.structured_output.xgrammar_backend import XgrammarBackend
+        return XgrammarBackend(tokenizer, vocab_size, stop_token_ids, max_threads)
+    if name in ("guidance", "llguidance"):
+        from tram.structured_output.guidance_backend import GuidanceBackend
+        return GuidanceBackend(tokenizer, vocab_size, stop_token_ids)
+    raise ValueError(f"unknown structured outputs backend {name!r}; choose one of {', '.join(BACKENDS)}")

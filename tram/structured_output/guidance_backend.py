@@ -1,0 +1,69 @@
+"""llguidance (`--structured-outputs-backend guidance`): an Earley parser over a lexer, computing
+each mask on demand; no ahead-of-time compile, so huge schemas start at once."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import llguidance
+import llguidance.hf
+import llguidance.numpy
+import numpy as np
+
+from tram.structured_output.backend import GrammarBackend, GrammarCompileError, Matcher
+from tram.structured_output.params import StructuredOutputsParams
+
+
+class GuidanceMatcher(Matcher):
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self.matcher = matcher
+
+    def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
+        llguidance.numpy.fill_next_token_bitmask(self.matcher, bitmask, row)
+
+    def accept_token(self, token_id: int) -> bool:
+        return bool(self.matcher.consume_token(token_id)) and not self.matcher.is_error()
+
+    def is_terminated(self) -> bool:
+        return self.matcher.is_stopped()
+
+
+class GuidanceBackend(GrammarBackend):
+    name = "guidance"
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
+        super().__init__(tokenizer, vocab_size, stop_token_ids)
+        self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=stop_token_ids or None)
+
+    def _grammar(self, params: StructuredOutputsParams) -> str:
+        kind = params.kind
+        if kind == "json":
+            schema = params.schema()
+            if isinstance(schema, dict) and params.disable_any_whitespace:
+                schema = {**schema, "x-guidance": {"whitespace_flexible": False}}
+            return llguidance.grammar_from("json_schema", json.dumps(schema))
+        if kind == "json_object":
+            return llguidance.grammar_from("json_schema", '{"type": "object"}')
+        if kind == "regex":
+            return llguidance.grammar_from("regex", params.regex or "")
+        if kind == "choice":
+            return llguidance.grammar_from("choice", json.dumps(params.choice))
+        if kind == "grammar":
+            return llguidance.grammar_from("grammar", params.grammar or "")
+        raise GrammarCompileError(params.source_field or "structured_outputs",
+                                  "structural_tag needs the xgrammar backend")
+
+    def compile(self, params: StructuredOutputsParams) -> llguidance.LLMatcher:
+        field = params.source_field or "structured_outputs"
+        try:
+            grammar = self._grammar(params)
+        except ValueError as e:
+            raise GrammarCompileError(field, f"invalid {params.kind} constraint: {e}") from e
+        error = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
+        if error:
+            raise GrammarCompileError(field, f"invalid {params.kind} constraint: {error.strip().splitlines()[0]}")
+        # The template matcher; each request deep-copies it.
+        return llguidance.LLMatcher(self.tokenizer, grammar)
+
+    def matcher(self, compiled: llguidance.LLMatcher) -> Matcher:
+        return GuidanceMatcher(compiled.deep_copy())

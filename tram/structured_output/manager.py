@@ -1,0 +1,145 @@
+"""The engine core's structured-output manager: compiles grammars off the step loop, caches them by
+their text, and fills the step's token bitmask for the constrained requests that sample.
+
+A new constrained request waits in the scheduler's queue until its grammar is ready (the scheduler
+asks `is_ready`, never waits); compiles run on a small thread pool (both engines release the GIL).
+A compile that fails, or is still running at its deadline, fails that request alone. The bitmask
+is built after scheduling and travels to the worker in the SchedulerOutput, so the worker needs no
+grammar engine; a step with no constrained request to sample sends none and costs nothing.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from tram.core.request import Request
+from tram.core.sched_output import GrammarBitmask, SchedulerOutput
+from tram.structured_output.backend import GrammarCompileError, make_backend
+from tram.structured_output.params import StructuredOutputsParams
+from tram.structured_output.request import StructuredOutputRequest
+
+logger = logging.getLogger(__name__)
+CACHE_ENTRIES = 512  # compiled grammars kept (least recently used go first)
+
+
+class StructuredOutputStats:
+    """Running totals for Prometheus, plus compile times not yet reported."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.compile_failures = 0
+        self.cache_hits = 0
+        self.compile_seconds: list[float] = []
+
+    def take_compile_seconds(self) -> list[float]:
+        out, self.compile_seconds = self.compile_seconds, []
+        return out
+
+
+class StructuredOutputManager:
+    def __init__(self, backend: str, tokenizer: Any, vocab_size: int, stop_token_ids: list[int],
+                 max_num_seqs: int, compile_timeout: float, num_threads: int = 2,
+                 disable_any_whitespace: bool = False) -> None:
+        self.backend = make_backend(backend, tokenizer, vocab_size, stop_token_ids, num_threads)
+        self.compile_timeout = compile_timeout
+        self.disable_any_whitespace = disable_any_whitespace  # the server's default for JSON constraints
+        self.pool = ThreadPoolExecutor(num_threads, thread_name_prefix="tram-grammar")
+        self.cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
+        self.pending: dict[str, StructuredOutputRequest] = {}  # request id -> still compiling
+        self.stats = StructuredOutputStats()
+        self.words = -(-vocab_size // 32)
+        # Every word -1: all tokens allowed; rows are overwritten by the matchers that fill them.
+        self.bitmask = np.full((max_num_seqs, self.words), -1, dtype=np.int32)
+
+    # ---- requests in -----------------------------------------------------------------------
+    def new_request(self, request_id: str, params: StructuredOutputsParams) -> StructuredOutputRequest:
+        if self.disable_any_whitespace and not params.disable_any_whitespace:
+            params = msgspec.structs.replace(params, disable_any_whitespace=True)
+        key = params.key()
+        future = self.cache.get(key)
+        if future is not None and not (future.done() and future.exception() is not None):
+            self.cache.move_to_end(key)
+            self.stats.cache_hits += 1
+        else:
+            future = self.pool.submit(self._compile, params)
+            self.cache[key] = future
+            while len(self.cache) > CACHE_ENTRIES:
+                self.cache.popitem(last=False)
+        self.stats.requests += 1
+        state = StructuredOutputRequest(params, future, self.backend, time.monotonic() + self.compile_timeout)
+        if not state.is_ready():
+            self.pending[request_id] = state
+        return state
+
+    def _compile(self, params: StructuredOutputsParams) -> Any:
+        start = time.perf_counter()
+        try:
+            return self.backend.compile(params)
+        except GrammarCompileError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any engine error is this request's, never the loop's
+            raise GrammarCompileError(params.source_field or "structured_outputs",
+                                      f"could not compile the {params.kind} constraint: {e}") from e
+        finally:
+            self.stats.compile_seconds.append(time.perf_counter() - start)
+
+    def take_failures(self, live: dict[str, Request]) -> list[tuple[str, GrammarCompileError]]:
+        """Requests whose grammar failed or timed out (their ids, and why); forgets ready or gone ones."""
+        failed = []
+        now = time.monotonic()
+        for rid, state in list(self.pending.items()):
+            if rid not in live:
+                del self.pending[rid]
+                continue
+            error = state.failure(now)
+            if error is not None:
+                failed.append((rid, error))
+                self.stats.compile_failures += 1
+                del self.pending[rid]
+            elif state.is_ready():
+                del self.pending[rid]
+        return failed
+
+    def wait_for_compiles(self, timeout: float) -> None:
+        """Called when a step had nothing to run: sleep until a compile finishes, not spin."""
+        futures = {s.compiled for s in self.pending.values()}
+        if futures:
+            wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)
+
+    def wait_compiled(self, request_ids: Iterable[str], timeout: float | None = None) -> GrammarCompileError | None:
+        """Offline callers validate at submission: block until these compiles end; their error."""
+        for rid in request_ids:
+            state = self.pending.get(rid)
+            if state is None:
+                continue
+            remaining = max(0.0, state.deadline - time.monotonic()) if timeout is None else timeout
+            wait([state.compiled], timeout=remaining)
+            error = state.failure()
+            if error is not None:
+                return error
+        return None
+
+    # ---- one step --------------------------------------------------------------------------
+    def grammar_bitmask(self, sched: SchedulerOutput, requests: dict[str, Request]) -> GrammarBitmask | None:
+        """Rows for the scheduled constrained requests that sample this step (their prompt and
+        outputs all computed after it), in the order of `sched.num_scheduled_tokens`."""
+        ids: list[str] = []
+        for rid in sched.num_scheduled_tokens:
+            req = requests.get(rid)
+            if req is None or req.structured_output is None or req.num_computed_tokens < req.num_tokens:
+                continue
+            req.structured_output.fill_bitmask(self.bitmask, len(ids))
+            ids.append(rid)
+        if not ids:
+            return None
+        return GrammarBitmask(ids, self.words, self.bitmask[:len(ids)].tobytes())
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,88 @@
+"""What a request asks its output to match: vLLM's `StructuredOutputsParams`, shape for shape.
+
+Torch-free and free of any grammar engine: the API process builds and checks these, and they cross
+to the engine core inside `SamplingParams`. Whether a schema, regex or grammar is *valid* is the
+grammar engine's call, made in the engine core off the step loop (tram/structured_output/manager.py).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+
+# The constraint fields: exactly one is set.
+CONSTRAINT_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Exactly one of `json` (a JSON schema, as a dict or its text), `regex`, `choice` (the output is
+    one of these strings), `grammar` (EBNF / GBNF), `json_object` (any JSON object) or
+    `structural_tag` (xgrammar's structural tag, as JSON text).
+
+    `disable_any_whitespace` compiles JSON without optional whitespace (a small model otherwise can
+    wander in spaces and newlines until max_tokens). `source_field` names the request field that
+    asked for the constraint ("response_format", "guided_json", "tool_choice", ...) so an error
+    can name it; it is Tram's, not vLLM's.
+    """
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    disable_fallback: bool = False
+    source_field: str | None = None
+
+    def __post_init__(self) -> None:
+        # Imported here: tram.sampling_params imports this module to declare its field.
+        from tram.sampling_params import SamplingParamError
+
+        field = self.source_field or "structured_outputs"
+        chosen = [name for name in CONSTRAINT_FIELDS if getattr(self, name) not in (None, False)]
+        if len(chosen) != 1:
+            raise SamplingParamError(
+                field, "structured outputs need exactly one of json, regex, choice, grammar, json_object or "
+                f"structural_tag; got {', '.join(chosen) if chosen else 'none'}")
+        if isinstance(self.json, str):
+            try:
+                parsed = json.loads(self.json)
+            except ValueError as e:
+                raise SamplingParamError(field, f"the JSON schema is not valid JSON: {e}") from e
+            if not isinstance(parsed, (dict, bool)):
+                raise SamplingParamError(field, "a JSON schema must be an object")
+        if self.choice is not None:
+            if not self.choice or not all(isinstance(c, str) and c for c in self.choice):
+                raise SamplingParamError(field, "choice must be a non-empty list of non-empty strings")
+        for name in ("regex", "grammar", "structural_tag"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise SamplingParamError(field, f"{name} must be a non-empty string")
+
+    @property
+    def kind(self) -> str:
+        return next(name for name in CONSTRAINT_FIELDS if getattr(self, name) not in (None, False))
+
+    def key(self) -> tuple[str, str]:
+        """(kind, spec text): equal keys compile to the same grammar, so this keys the cache."""
+        kind = self.kind
+        if kind == "json":
+            spec = self.json if isinstance(self.json, str) else json.dumps(self.json, sort_keys=True)
+            spec = json.dumps([spec, self.disable_any_whitespace, self.disable_additional_properties,
+                               self.whitespace_pattern])
+        elif kind == "json_object":
+            spec = json.dumps([self.disable_any_whitespace, self.whitespace_pattern])
+        elif kind == "choice":
+            spec = json.dumps(self.choice)
+        else:
+            spec = getattr(self, kind)
+        return kind, spec
+
+    def schema(self) -> dict[str, Any] | bool:
+        """The JSON schema as an object (kind "json" only)."""
+        assert self.json is not None
+        return json.loads(self.json) if isinstance(self.json, str) else self.json

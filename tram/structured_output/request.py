@@ -1,0 +1,77 @@
+"""One constrained request's grammar: a compile in flight until it is ready, then its matcher.
+
+The scheduler (tram/core, torch-free) sees only `is_ready`, `accept_token` and `is_terminated`.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+
+from tram.structured_output.backend import GrammarBackend, GrammarCompileError, Matcher
+from tram.structured_output.params import StructuredOutputsParams
+
+logger = logging.getLogger(__name__)
+
+
+class StructuredOutputRequest:
+    def __init__(self, params: StructuredOutputsParams, compiled: Future, backend: GrammarBackend,
+                 deadline: float) -> None:
+        self.params = params
+        self.compiled = compiled
+        self.backend = backend
+        self.deadline = deadline  # time.monotonic() by which the grammar must be compiled
+        self.matcher: Matcher | None = None
+        self.rejected = False  # a sampled token the grammar did not allow (see accept_token)
+
+    def is_ready(self) -> bool:
+        if self.matcher is not None:
+            return True
+        if not self.compiled.done() or self.compiled.exception() is not None:
+            return False
+        self.matcher = self.backend.matcher(self.compiled.result())
+        return True
+
+    def failure(self, now: float | None = None) -> GrammarCompileError | None:
+        """Why this request can never start: the engine refused its constraint, or compiling took
+        longer than the deadline (the compile goes on in its thread; only this request fails)."""
+        if self.compiled.done():
+            e = self.compiled.exception()
+            if e is None:
+                return None
+            if isinstance(e, GrammarCompileError):
+                return e
+            return GrammarCompileError(self.field, f"could not compile the {self.params.kind} constraint: {e}")
+        if (time.monotonic() if now is None else now) > self.deadline:
+            return GrammarCompileError(
+                self.field, f"compiling the {self.params.kind} constraint took too long (the limit is set by "
+                "--structured-outputs-compile-timeout); simplify the schema")
+        return None
+
+    @property
+    def field(self) -> str:
+        return self.params.source_field or "structured_outputs"
+
+    def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
+        assert self.matcher is not None
+        self.matcher.fill_bitmask(bitmask, row)
+
+    def accept_token(self, token_id: int) -> bool:
+        assert self.matcher is not None
+        ok = self.matcher.accept_token(token_id)
+        if not ok:
+            # Only when every allowed token was masked by something else (min_tokens banning the
+            # grammar's stop token): the request ends rather than produce text the grammar refuses.
+            self.rejected = True
+            logger.warning("the grammar refused sampled token %d; ending the request", token_id)
+        return ok
+
+    def is_terminated(self) -> bool:
+        return self.matcher is not None and (self.rejected or self.matcher.is_terminated())
+
+    def __repr__(self) -> str:
+        state: Any = "ready" if self.matcher is not None else "compiling"
+        return f"StructuredOutputRequest({self.params.kind}, {state})"
