@@ -14,6 +14,7 @@ logger = logging.getLogger("tram.metrics")
 
 _LATENCY_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0]
+_COMPILE_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 _ITL_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
                 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
 FINISH_REASONS = ("stop", "length", "abort")
@@ -50,6 +51,12 @@ class PrometheusStatLogger:
         self.itl = histogram("inter_token_latency_seconds", "Time between output tokens.", _ITL_BUCKETS)
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", _LATENCY_BUCKETS)
         self.queue = histogram("request_queue_time_seconds", "Arrival to first scheduled.", _LATENCY_BUCKETS)
+        self.structured = counter("structured_output_requests", "Requests whose output a grammar constrains.")
+        self.compile_time = histogram("grammar_compile_seconds", "Time to compile a structured-output grammar.",
+                                      _COMPILE_BUCKETS)
+        self.compile_failures = counter("grammar_compile_failures",
+                                        "Grammars that failed to compile or timed out (each fails its request).")
+        self.grammar_hits = counter("grammar_cache_hits", "Constrained requests whose grammar was already compiled.")
         self._last = SchedulerStats()
 
     def record(self, sched: SchedulerStats | None, it: IterationStats | None) -> None:
@@ -61,6 +68,7 @@ class PrometheusStatLogger:
             self.prefix_queries.inc(max(0, sched.prefix_cache_queries - self._last.prefix_cache_queries))
             self.prefix_hits.inc(max(0, sched.prefix_cache_hits - self._last.prefix_cache_hits))
             self.preemptions.inc(max(0, sched.num_preemptions - self._last.num_preemptions))
+            self._record_structured(sched)
             self._last = sched
         if it is None:
             return
@@ -75,6 +83,15 @@ class PrometheusStatLogger:
         for f in it.finished_requests:
             self.success.get(f.finish_reason, self.success["abort"]).inc()
             self.e2e.observe(f.e2e_latency)
+
+
+    def _record_structured(self, sched: SchedulerStats) -> None:
+        last = self._last
+        self.structured.inc(max(0, sched.structured_output_requests - last.structured_output_requests))
+        self.compile_failures.inc(max(0, sched.grammar_compile_failures - last.grammar_compile_failures))
+        self.grammar_hits.inc(max(0, sched.grammar_cache_hits - last.grammar_cache_hits))
+        for seconds in sched.grammar_compile_seconds:
+            self.compile_time.observe(seconds)
 
 
 class LoggingStatLogger:

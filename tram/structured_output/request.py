@@ -26,6 +26,7 @@ class StructuredOutputRequest:
         self.deadline = deadline  # time.monotonic() by which the grammar must be compiled
         self.matcher: Matcher | None = None
         self.rejected = False  # a sampled token the grammar did not allow (see accept_token)
+        self.last_token: int | None = None
 
     def is_ready(self) -> bool:
         if self.matcher is not None:
@@ -61,6 +62,7 @@ class StructuredOutputRequest:
 
     def accept_token(self, token_id: int) -> bool:
         assert self.matcher is not None
+        self.last_token = token_id
         ok = self.matcher.accept_token(token_id)
         if not ok:
             # Only when every allowed token was masked by something else (min_tokens banning the
@@ -70,7 +72,13 @@ class StructuredOutputRequest:
         return ok
 
     def is_terminated(self) -> bool:
-        return self.matcher is not None and (self.rejected or self.matcher.is_terminated())
+        """The request must end now: its grammar is complete and the model has said so with a stop
+        token (llguidance completes on the last character, and then allows only stop tokens; that
+        stop token, not the grammar's last character, is what the detokenizer leaves out), or it
+        sampled a token the grammar refused."""
+        if self.matcher is None:
+            return False
+        return self.rejected or (self.matcher.is_terminated() and self.last_token in self.backend.stop_token_ids)
 
     def __repr__(self) -> str:
         state: Any = "ready" if self.matcher is not None else "compiling"
