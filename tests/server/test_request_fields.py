@@ -46,13 +46,9 @@ def _error(resp: httpx.Response, field: str) -> dict:
 
 
 REFUSED_CHAT = [
-    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
-    ("response_format", {"type": "json_object"}),
-    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
-    ("tool_choice", "required"),
-    ("guided_json", {"type": "object"}),
-    ("guided_choice", ["yes", "no"]),
-    ("guided_regex", "[a-z]+"),
+    ("functions", [{"name": "f", "parameters": {"type": "object"}}]),
+    ("function_call", "auto"),
+    ("guided_decoding_backend", "outlines"),
     ("use_beam_search", True),
     ("echo", True),
 ]
@@ -64,8 +60,7 @@ def test_unsupported_chat_fields_are_400s_naming_them(client, field: str, value:
     assert "not supported" in err["message"]
 
 
-@pytest.mark.parametrize("field,value", [("response_format", {"type": "json_object"}), ("guided_json", {}),
-                                         ("guided_choice", ["a"])])
+@pytest.mark.parametrize("field,value", [("guided_decoding_backend", "xgrammar"), ("priority", 1)])
 def test_unsupported_completion_fields_are_400s_naming_them(client, field: str, value: object) -> None:
     _error(client.post("/v1/completions", json={"prompt": PROMPT, field: value}), field)
 

@@ -134,7 +134,7 @@ INVALID = [
     ("/v1/completions", {**VALID, "n": 2, "min_tokens": HUGE}),
     ("/v1/completions", {**VALID, "prompt": "hi " * 600}),  # over the context
     ("/v1/completions", {**VALID, "prompt": [[1, 2], [100_000]]}),  # second prompt out of vocabulary
-    ("/v1/completions", {**VALID, "response_format": {"type": "json_object"}}),
+    ("/v1/completions", {**VALID, "guided_regex": "(ab"}),  # refused by the engine core, after submission
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"99999": 1}}),
     ("/generate", {"prompt": "hi", "logprobs": 10_000}),
 ]

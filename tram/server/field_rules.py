@@ -41,8 +41,8 @@ def _zero(v: Any) -> bool:
 
 # field -> (is its value neutral?, why a non-neutral value is refused)
 SHARED_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "guided_decoding_backend": (_is_none, "the grammar engine is chosen per server "
-                                          "(--structured-outputs-backend), not per request"),
+    "guided_decoding_backend": (_is_none, "a per-request grammar engine is not supported: the server "
+                                          "chooses it (--structured-outputs-backend)"),
     "logits_processors": (_empty, "custom logits processors are not supported"),
     "priority": (_zero, "request priorities are not supported yet (the scheduler is first come, first served)"),
     "return_tokens_as_token_ids": (_false, "return_tokens_as_token_ids is not supported yet"),

@@ -12,6 +12,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tram.server.protocol import ChatMessage, SamplingFields
+from tram.server.protocol_structured import ResponseFormat
 
 # OpenAI's limits on `metadata`.
 _MAX_METADATA_PAIRS, _MAX_METADATA_KEY, _MAX_METADATA_VALUE = 16, 64, 512
@@ -36,6 +37,7 @@ _OFF_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
     "service_tier": ((None, "auto", "default"), "this server has one service tier"),
 }
 _PLAIN_TEXT = {"format": {"type": "text"}}
+_FORMATS = ("text", "json_object", "json_schema")  # text.format types (structured outputs)
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -101,7 +103,7 @@ class ResponsesRequest(BaseModel):
     """`POST /v1/responses`. Supported: `input` (a string, a user message, or a list of messages),
     `instructions` (a system message before them), `model`, `max_output_tokens`, `temperature`,
     `top_p`, `stream`, `user` and `metadata` (echoed back), `parallel_tool_calls` (echoed; with no
-    tools it changes nothing), `text` as plain text only."""
+    tools it changes nothing), `text.format` as text, json_object or json_schema (structured outputs)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -167,10 +169,24 @@ class ResponsesRequest(BaseModel):
                 return name, f"'{name}'={_short(value)} is not supported yet ({why})"
         if self.text not in (None, {}, _PLAIN_TEXT):
             fmt = self.text.get("format")
+            if isinstance(fmt, dict) and fmt.get("type") in _FORMATS and set(self.text) == {"format"}:
+                return None
             if isinstance(fmt, dict) and fmt.get("type") != "text":
-                return "text.format", f"text.format of type {fmt.get('type')!r} is not supported yet; only 'text'"
+                return "text.format", (f"text.format of type {fmt.get('type')!r} is not supported; "
+                                       f"only {', '.join(_FORMATS)}")
             return "text", f"'text'={_short(self.text)} is not supported yet (only {_PLAIN_TEXT!r})"
         return None
+
+    def response_format(self) -> ResponseFormat | None:
+        """`text.format` as chat's `response_format` (the Responses API flattens json_schema's
+        name/schema/strict into the format object)."""
+        fmt = (self.text or {}).get("format")
+        if not isinstance(fmt, dict) or fmt.get("type") == "text":
+            return None
+        if fmt.get("type") == "json_schema":
+            spec = {k: fmt[k] for k in ("name", "description", "schema", "strict") if k in fmt}
+            return ResponseFormat.model_validate({"type": "json_schema", "json_schema": spec})
+        return ResponseFormat.model_validate(fmt)
 
     def messages(self) -> list[ChatMessage]:
         """The conversation for the chat template: `instructions` as a system message first."""
@@ -182,4 +198,4 @@ class ResponsesRequest(BaseModel):
         """The chat endpoint's sampling fields for this request, so that defaults (the model's
         generation config) and the output kind (DELTA when streaming) are chosen in one place."""
         return SamplingFields(model=self.model, temperature=self.temperature, top_p=self.top_p,
-                              stream=self.stream, user=self.user)
+                              stream=self.stream, user=self.user, response_format=self.response_format())

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
@@ -176,9 +177,13 @@ class OpenAIServingResponses(OpenAIServing):
             raise APIError(400, message, param)
         ids = await self._render(req)
         params = req.sampling_fields().to_sampling_params(req.max_output_tokens, self.defaults, None)
+        if params.structured_outputs is not None:  # errors name this API's field
+            params.structured_outputs = msgspec.structs.replace(params.structured_outputs, source_field="text.format")
         response = ResponseBuilder(req, params, self.model_name)
         stream = self._submit(ids, params, response.id)
         if req.stream:
+            if params.structured_outputs is not None:
+                await stream.started()  # a grammar the engine refuses is a 400, not an error event
             return StreamingResponse(stream_events(response, stream), media_type="text/event-stream")
         return await respond_unless_disconnected(raw, self._collect(response, stream))
 

@@ -14,6 +14,9 @@ import numpy as np
 from tram.structured_output.params import StructuredOutputsParams
 
 BACKENDS = ("xgrammar", "guidance")
+# How an error names what failed, by StructuredOutputsParams.kind.
+KIND_NAMES = {"json": "JSON schema", "regex": "regex", "choice": "choice", "grammar": "grammar",
+              "json_object": "JSON object", "structural_tag": "structural tag"}
 
 
 class GrammarCompileError(ValueError):

@@ -10,7 +10,7 @@ import llguidance.hf
 import llguidance.numpy
 import numpy as np
 
-from tram.structured_output.backend import GrammarBackend, GrammarCompileError, Matcher
+from tram.structured_output.backend import KIND_NAMES, GrammarBackend, GrammarCompileError, Matcher
 from tram.structured_output.params import StructuredOutputsParams
 
 
@@ -58,10 +58,10 @@ class GuidanceBackend(GrammarBackend):
         try:
             grammar = self._grammar(params)
         except ValueError as e:
-            raise GrammarCompileError(field, f"invalid {params.kind} constraint: {e}") from e
+            raise GrammarCompileError(field, f"invalid {KIND_NAMES[params.kind]}: {e}") from e
         error = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
         if error:
-            raise GrammarCompileError(field, f"invalid {params.kind} constraint: {error.strip().splitlines()[0]}")
+            raise GrammarCompileError(field, f"invalid {KIND_NAMES[params.kind]}: {error.strip().splitlines()[0]}")
         # The template matcher; each request deep-copies it.
         return llguidance.LLMatcher(self.tokenizer, grammar)
 

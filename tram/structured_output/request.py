@@ -43,13 +43,13 @@ class StructuredOutputRequest:
             e = self.compiled.exception()
             if e is None:
                 return None
-            if isinstance(e, GrammarCompileError):
-                return e
-            return GrammarCompileError(self.field, f"could not compile the {self.params.kind} constraint: {e}")
+            # The compile may be shared with a request that named another field: name this one's.
+            reason = e.args[0] if isinstance(e, GrammarCompileError) else f"could not compile it: {e}"
+            return GrammarCompileError(self.field, f"{self.field}: {reason}")
         if (time.monotonic() if now is None else now) > self.deadline:
             return GrammarCompileError(
-                self.field, f"compiling the {self.params.kind} constraint took too long (the limit is set by "
-                "--structured-outputs-compile-timeout); simplify the schema")
+                self.field, f"{self.field}: compiling the {self.params.kind} constraint took too long (the limit "
+                "is set by --structured-outputs-compile-timeout); simplify the schema")
         return None
 
     @property

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
-from tram.structured_output.backend import GrammarBackend, GrammarCompileError, Matcher, choice_ebnf
+from tram.structured_output.backend import KIND_NAMES, GrammarBackend, GrammarCompileError, Matcher, choice_ebnf
 from tram.structured_output.params import StructuredOutputsParams
 
 
@@ -57,7 +57,7 @@ class XgrammarBackend(GrammarBackend):
             return self.compiler.compile_structural_tag(params.structural_tag)
         except (RuntimeError, ValueError, TypeError) as e:
             raise GrammarCompileError(params.source_field or "structured_outputs",
-                                      f"invalid {kind.replace('_', ' ')} constraint: {_first_line(e)}") from e
+                                      f"invalid {KIND_NAMES[kind]}: {_first_line(e)}") from e
 
     def matcher(self, compiled: xgr.CompiledGrammar) -> Matcher:
         return XgrammarMatcher(compiled)
