@@ -54,15 +54,19 @@ class LLM:
         use_tqdm: bool = True,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Apply the chat template to one conversation or a list of them, then generate."""
+        """Apply the chat template to one conversation or a list of them, then generate. `tools`
+        (OpenAI tool dicts) go to the template, as vLLM's; the calls are in the generated text."""
         tokenizer = self.get_tokenizer()
         if tokenizer is None:
             raise ValueError("chat needs a tokenizer; this LLM was created with skip_tokenizer_init")
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts: list[PromptType] = []
         for conv in convs:
-            ids = apply_chat_template(tokenizer, conv, chat_template, add_generation_prompt)
+            ids = apply_chat_template(tokenizer, conv, chat_template, add_generation_prompt,
+                                      **({"tools": tools} if tools else {}), **(chat_template_kwargs or {}))
             prompts.append({"prompt_token_ids": ids, "prompt": tokenizer.decode(ids)})
         return self.generate(prompts, sampling_params, use_tqdm)
 
