@@ -66,6 +66,13 @@ def test_every_kind_of_constraint_holds_greedy_and_sampled(llm: LLM) -> None:
         check(kind, spec, c.text)
 
 
+def test_structural_tag(llm: LLM) -> None:
+    tag = {"type": "structural_tag", "format": {"type": "sequence", "elements": [
+        {"type": "const_string", "value": "Pet: "}, {"type": "json_schema", "json_schema": {"enum": ["cat", "dog"]}}]}}
+    out = llm.generate([PROMPT], constrained(structural_tag=json.dumps(tag)), use_tqdm=False)[0].outputs[0]
+    assert re.fullmatch(r'Pet: "(cat|dog)"', out.text) and out.finish_reason == "stop"
+
+
 def test_json_object(llm: LLM) -> None:
     params = SamplingParams(max_tokens=60, temperature=0, structured_outputs=StructuredOutputsParams(
         json_object=True, disable_any_whitespace=True))

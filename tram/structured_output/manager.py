@@ -53,6 +53,7 @@ class StructuredOutputManager:
         self.pool = ThreadPoolExecutor(num_threads, thread_name_prefix="tram-grammar")
         self.cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
         self.pending: dict[str, StructuredOutputRequest] = {}  # request id -> still compiling
+        self.live: set[str] = set()  # constrained requests not yet seen finished
         self.stats = StructuredOutputStats()
         self.words = -(-vocab_size // 32)
         # Every word -1: all tokens allowed; rows are overwritten by the matchers that fill them.
@@ -73,6 +74,7 @@ class StructuredOutputManager:
             while len(self.cache) > CACHE_ENTRIES:
                 self.cache.popitem(last=False)
         self.stats.requests += 1
+        self.live.add(request_id)
         state = StructuredOutputRequest(params, future, self.backend, time.monotonic() + self.compile_timeout)
         if not state.is_ready():
             self.pending[request_id] = state
@@ -129,12 +131,19 @@ class StructuredOutputManager:
     # ---- one step --------------------------------------------------------------------------
     def grammar_bitmask(self, sched: SchedulerOutput, requests: dict[str, Request]) -> GrammarBitmask | None:
         """Rows for the scheduled constrained requests that sample this step (their prompt and
-        outputs all computed after it), in the order of `sched.num_scheduled_tokens`."""
+        outputs all computed after it). Work in proportion to the constrained requests alone: a
+        batch without any pays nothing."""
+        if not self.live:
+            return None
         ids: list[str] = []
-        for rid in sched.num_scheduled_tokens:
+        for rid in list(self.live):
             req = requests.get(rid)
-            if req is None or req.structured_output is None or req.num_computed_tokens < req.num_tokens:
+            if req is None:
+                self.live.discard(rid)  # finished or aborted
                 continue
+            if rid not in sched.num_scheduled_tokens or req.num_computed_tokens < req.num_tokens:
+                continue
+            assert req.structured_output is not None
             req.structured_output.fill_bitmask(self.bitmask, len(ids))
             ids.append(rid)
         if not ids:

@@ -2,6 +2,7 @@
 grammar with precomputed token masks per state, so a matcher's fill is a few microseconds."""
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -54,10 +55,20 @@ class XgrammarBackend(GrammarBackend):
                 return self.compiler.compile_grammar(choice_ebnf(params.choice or []))
             if kind == "grammar":
                 return self.compiler.compile_grammar(params.grammar)
-            return self.compiler.compile_structural_tag(params.structural_tag)
-        except (RuntimeError, ValueError, TypeError) as e:
+            return self._compile_structural_tag(params.structural_tag or "")
+        except (RuntimeError, ValueError, TypeError, KeyError) as e:
             raise GrammarCompileError(params.source_field or "structured_outputs",
                                       f"invalid {KIND_NAMES[kind]}: {_first_line(e)}") from e
+
+    def _compile_structural_tag(self, text: str) -> xgr.CompiledGrammar:
+        """xgrammar's own format ({"type": "structural_tag", "format": ...}), or vLLM's older one
+        ({"structures": [{"begin", "schema", "end"}], "triggers": [...]})."""
+        spec = json.loads(text)
+        if isinstance(spec, dict) and "structures" in spec:
+            tags = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s.get("schema", {})), end=s["end"])
+                    for s in spec["structures"]]
+            return self.compiler.compile_structural_tag(tags, spec.get("triggers", []))
+        return self.compiler.compile_structural_tag(text)
 
     def matcher(self, compiled: xgr.CompiledGrammar) -> Matcher:
         return XgrammarMatcher(compiled)
