@@ -2,10 +2,10 @@
 their text, and fills the step's token bitmask for the constrained requests that sample.
 
 A new constrained request waits in the scheduler's queue until its grammar is ready (the scheduler
-asks `is_ready`, never waits); compiles run on a small thread pool (both engines release the GIL).
-A compile that fails, or is still running at its deadline, fails that request alone. The bitmask
-is built after scheduling and travels to the worker in the SchedulerOutput, so the worker needs no
-grammar engine; a step with no constrained request to sample sends none and costs nothing.
+asks `is_ready`, never waits); compiles run on a small pool of daemon threads (both engines release
+the GIL). A compile that fails, or is still running at its deadline, fails that request alone. The
+bitmask is built after scheduling and travels to the worker in the SchedulerOutput, so the worker
+needs no grammar engine; a step with no constrained request to sample sends none and costs nothing.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
 import msgspec
@@ -22,6 +22,7 @@ import numpy as np
 from tram.core.request import Request
 from tram.core.sched_output import GrammarBitmask, SchedulerOutput
 from tram.structured_output.backend import GrammarCompileError, make_backend
+from tram.structured_output.compile_pool import CompilePool
 from tram.structured_output.params import StructuredOutputsParams
 from tram.structured_output.request import StructuredOutputRequest
 
@@ -50,7 +51,7 @@ class StructuredOutputManager:
         self.backend = make_backend(backend, tokenizer, vocab_size, stop_token_ids, num_threads)
         self.compile_timeout = compile_timeout
         self.disable_any_whitespace = disable_any_whitespace  # the server's default for JSON constraints
-        self.pool = ThreadPoolExecutor(num_threads, thread_name_prefix="tram-grammar")
+        self.pool = CompilePool(num_threads)  # daemon threads: see compile_pool.py
         self.cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
         self.pending: dict[str, StructuredOutputRequest] = {}  # request id -> still compiling
         self.live: set[str] = set()  # constrained requests not yet seen finished
@@ -151,4 +152,4 @@ class StructuredOutputManager:
         return GrammarBitmask(ids, self.words, self.bitmask[:len(ids)].tobytes())
 
     def shutdown(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown()
