@@ -11,10 +11,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+import openai
+import pytest
 
 from tram.bench.server_process import REPO, TramServer, child_pids, free_port, pid_alive
 
-__all__ = ["REPO", "RemoteServer", "child_pids", "free_port", "is_idle", "pid_alive", "module_client", "module_server", "settled_kv", "stop_clean", "wait_state"]
+__all__ = ["REPO", "RemoteServer", "assert_idle", "child_pids", "free_port", "is_idle", "pid_alive", "module_client",
+           "module_server", "openai_client", "openai_module_fixtures", "settled_kv", "stop_clean", "wait_state"]
 
 
 class RemoteServer(TramServer):
@@ -45,11 +48,16 @@ def settled_kv(server: RemoteServer, timeout: float = 5.0) -> dict:
     return wait_state(server, is_idle, timeout)
 
 
+def assert_idle(server: RemoteServer, timeout: float = 5.0) -> None:
+    """After a workload: no request left and no KV block in use (none leaked)."""
+    state = settled_kv(server, timeout)
+    assert is_idle(state), f"requests or KV blocks left behind: {state}"
+
+
 def stop_clean(server: RemoteServer, timeout: float = 20.0) -> None:
     """A module fixture's teardown: the block pool's accounting is clean, then the server exits cleanly."""
     try:
-        state = settled_kv(server, timeout)
-        assert is_idle(state), f"requests or KV blocks left behind: {state}"
+        assert_idle(server, timeout)
     finally:
         code = server.stop()
     assert code in (0, -signal.SIGTERM), code
@@ -66,3 +74,30 @@ def module_server(model: str | Path, args: list[str] | None = None) -> Iterator[
 def module_client(server: RemoteServer, timeout: float = 120) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.url, timeout=timeout) as client:
         yield client
+
+
+def openai_client(server: RemoteServer, timeout: float = 60) -> openai.OpenAI:
+    """The official SDK's client for this server's /v1, without retries (a failure shows at once)."""
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=timeout)
+
+
+def openai_module_fixtures(model: str | Path, args: list[str] | None = None) -> tuple:
+    """The fixtures of a module that one server serves through the `openai` SDK: `server`
+    (module_server), `client` (openai_client), and `no_kv_in_use`, autouse, which checks after every
+    test that no request is left and no KV block in use. Bind them to these names at the module's
+    top level: `server, client, no_kv_in_use = openai_module_fixtures(STORIES, [...])`."""
+
+    @pytest.fixture(scope="module")
+    def server() -> Iterator[RemoteServer]:
+        yield from module_server(model, args)
+
+    @pytest.fixture(scope="module")
+    def client(server: RemoteServer) -> openai.OpenAI:
+        return openai_client(server)
+
+    @pytest.fixture(autouse=True)
+    def no_kv_in_use(server: RemoteServer) -> Iterator[None]:
+        yield
+        assert_idle(server)
+
+    return server, client, no_kv_in_use
