@@ -13,6 +13,7 @@ import msgspec
 
 # The constraint fields: exactly one is set.
 CONSTRAINT_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+REPR_CHARS = 300
 
 
 class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -62,6 +63,15 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise SamplingParamError(field, f"{name} must be a non-empty string")
+
+    def __repr__(self) -> str:
+        # Request log lines print the params: a schema of hundreds of KB must not fill the log.
+        value = repr(getattr(self, self.kind))
+        if len(value) > REPR_CHARS:
+            value = f"{value[:REPR_CHARS]}... ({len(value)} characters)"
+        options = "".join(f", {name}=True" for name in ("disable_any_whitespace", "disable_additional_properties")
+                          if getattr(self, name))
+        return f"StructuredOutputsParams({self.kind}={value}{options})"
 
     @property
     def kind(self) -> str:
