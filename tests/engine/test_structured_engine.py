@@ -198,3 +198,23 @@ def test_llguidance_backend() -> None:
     with pytest.raises(ValueError, match="regex"):
         llm.generate([PROMPT], constrained(regex="(ab"), use_tqdm=False)
     assert_no_leak(llm.llm_engine)
+
+
+def test_whitespace_pattern_and_additional_properties(llm: LLM) -> None:
+    """llguidance takes a whitespace pattern and closes objects on request; xgrammar refuses the
+    pattern (a 400 naming the field, not a silently ignored option)."""
+    from conftest import STORIES
+    from tram.structured_output.guidance_backend import no_additional_properties
+
+    open_schema = {"type": "object", "properties": {"a": {"enum": ["x", {"k": 1}]}}, "required": ["a"]}
+    closed = no_additional_properties(open_schema)
+    assert closed["additionalProperties"] is False and closed["properties"]["a"]["enum"][1] == {"k": 1}
+    guidance = LLM(STORIES, max_num_seqs=4, structured_outputs_backend="guidance")
+    so = StructuredOutputsParams(json=open_schema, whitespace_pattern=r"[ ]?", disable_additional_properties=True)
+    text = guidance.generate([PROMPT], SamplingParams(max_tokens=40, temperature=0, structured_outputs=so),
+                             use_tqdm=False)[0].outputs[0].text
+    assert set(json.loads(text)) == {"a"} and "\n" not in text
+    assert_no_leak(guidance.llm_engine)
+    refused = SamplingParams(structured_outputs=StructuredOutputsParams(json=open_schema, whitespace_pattern=" "))
+    with pytest.raises(ValueError, match="whitespace_pattern needs"):
+        llm.generate([PROMPT], refused, use_tqdm=False)

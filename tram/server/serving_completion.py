@@ -73,6 +73,8 @@ class OpenAIServingCompletion(OpenAIServing):
             raise APIError(400, "max_tokens 0 is only allowed with echo (to score the prompt)", "max_tokens")
         if req.stream and req.prompt_logprobs is not None:
             raise APIError(400, "prompt_logprobs are not available when stream is true", "prompt_logprobs")
+        if req.use_beam_search and req.structured_params() is not None:
+            raise APIError(400, "use_beam_search cannot be combined with structured outputs", "use_beam_search")
         if req.use_beam_search and (req.logprobs is not None or req.prompt_logprobs is not None or req.echo_only):
             raise APIError(400, "use_beam_search returns no logprobs: drop logprobs, prompt_logprobs or "
                            "max_tokens 0", "use_beam_search")

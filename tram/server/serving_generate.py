@@ -16,7 +16,7 @@ from tram.engine.async_llm import RequestStream
 from tram.outputs import RequestOutput
 from tram.sampling_params import RequestOutputKind, SamplingParams
 from tram.server.beam_search import beam_search
-from tram.server.errors import exception_to_error, error_body
+from tram.server.errors import APIError, error_body, exception_to_error
 from tram.server.protocol_generate import GenerateRequest
 from tram.server.serving_base import PROMPT_LENGTH_RULE, OpenAIServing, random_id
 from tram.server.utils import respond_unless_disconnected
@@ -34,6 +34,8 @@ class LegacyGenerate(OpenAIServing):
         params = SamplingParams(**body.sampling_kwargs())
         ids = await self.tokenize(prompt, check_length=params.truncate_prompt_tokens is None)
         request_id = random_id("generate")
+        if use_beam_search and params.structured_outputs is not None:
+            raise APIError(400, "use_beam_search cannot be combined with structured_outputs", "use_beam_search")
         if use_beam_search:
             self.engine.input_processor.check_prompt_length(len(ids), params.max_tokens, PROMPT_LENGTH_RULE)
             work = self._beam(prompt, ids, params, length_penalty, request_id)
@@ -46,6 +48,8 @@ class LegacyGenerate(OpenAIServing):
                 {"prompt_token_ids": ids, "prompt": prompt}, params, request_id, PROMPT_LENGTH_RULE
             )
             if stream:
+                if params.structured_outputs is not None:
+                    await handle.started()  # a grammar the engine refuses is a 400, not a broken stream
                 return StreamingResponse(self._stream(prompt, handle), media_type="application/x-ndjson")
             work = self._collect(prompt, handle)
         return await respond_unless_disconnected(raw, work)

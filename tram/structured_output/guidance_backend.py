@@ -28,6 +28,31 @@ class GuidanceMatcher(Matcher):
         return self.matcher.is_stopped()
 
 
+def _json_options(params: StructuredOutputsParams) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if params.whitespace_pattern is not None:
+        options["whitespace_pattern"] = params.whitespace_pattern
+    elif params.disable_any_whitespace:
+        options["whitespace_flexible"] = False
+    return options
+
+
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+
+
+def no_additional_properties(schema: Any) -> Any:
+    """The schema with `additionalProperties: false` on every object that does not say otherwise."""
+    if isinstance(schema, list):
+        return [no_additional_properties(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    # Values (enum, const, default, examples) are data, not schemas: left as they are.
+    out = {k: v if k in _DATA_KEYWORDS else no_additional_properties(v) for k, v in schema.items()}
+    if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
 class GuidanceBackend(GrammarBackend):
     name = "guidance"
 
@@ -37,13 +62,13 @@ class GuidanceBackend(GrammarBackend):
 
     def _grammar(self, params: StructuredOutputsParams) -> str:
         kind = params.kind
-        if kind == "json":
-            schema = params.schema()
-            if isinstance(schema, dict) and params.disable_any_whitespace:
-                schema = {**schema, "x-guidance": {"whitespace_flexible": False}}
+        if kind in ("json", "json_object"):
+            schema = params.schema() if kind == "json" else {"type": "object"}
+            if isinstance(schema, dict):
+                if params.disable_additional_properties:
+                    schema = no_additional_properties(schema)
+                schema = {**schema, "x-guidance": _json_options(params)}
             return llguidance.grammar_from("json_schema", json.dumps(schema))
-        if kind == "json_object":
-            return llguidance.grammar_from("json_schema", '{"type": "object"}')
         if kind == "regex":
             return llguidance.grammar_from("regex", params.regex or "")
         if kind == "choice":

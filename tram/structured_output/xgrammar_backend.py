@@ -40,11 +40,15 @@ class XgrammarBackend(GrammarBackend):
 
     def compile(self, params: StructuredOutputsParams) -> xgr.CompiledGrammar:
         kind = params.kind
+        if params.whitespace_pattern is not None:
+            raise GrammarCompileError(params.source_field or "structured_outputs",
+                                      "whitespace_pattern needs --structured-outputs-backend guidance")
         try:
             if kind == "json":
+                # strict_mode (xgrammar's default, as vLLM uses it): no properties or items beyond
+                # those the schema names, so disable_additional_properties always holds here.
                 return self.compiler.compile_json_schema(
-                    params.schema(), any_whitespace=not params.disable_any_whitespace,
-                    strict_mode=params.disable_additional_properties)
+                    params.schema(), any_whitespace=not params.disable_any_whitespace, strict_mode=True)
             if kind == "json_object":
                 if params.disable_any_whitespace:
                     return self.compiler.compile_json_schema({"type": "object"}, any_whitespace=False)
