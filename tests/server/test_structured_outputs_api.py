@@ -253,6 +253,23 @@ LOAD_PROMPTS = [PROMPT, "Tom and his dog", "The little bird", "Lily wanted to", 
 FREE_TOKENS = 24
 
 
+def test_legacy_generate_and_beam_search(server: RemoteServer) -> None:
+    """vLLM's /generate takes `structured_outputs` like any SamplingParams field; beam search cannot
+    honour a grammar, so asking for both is a 400 (never an unconstrained answer)."""
+    body = {"prompt": PROMPT, "max_tokens": 30, "temperature": 0, "structured_outputs": {"regex": REGEX}}
+    r = httpx.post(server.url + "/generate", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert re.fullmatch(REGEX, r.json()["text"][0][len(PROMPT):])
+    bad = httpx.post(server.url + "/generate", json={**body, "stream": True, "structured_outputs": {"regex": "(ab"}},
+                     timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "structured_outputs"
+    completion = {"prompt": PROMPT, "max_tokens": 30, "guided_regex": REGEX}
+    for path, request in (("/generate", {**body, "use_beam_search": True, "n": 2}),
+                          ("/v1/completions", {**completion, "use_beam_search": True, "n": 2})):
+        r = httpx.post(server.url + path, json=request, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "use_beam_search", r.text
+
+
 def test_mixed_load(server: RemoteServer, client) -> None:
     """32 constrained chats (4 schemas in turn, sampled) and 32 greedy completions at once: every
     constrained output validates, and every free one is token for token what it is alone."""

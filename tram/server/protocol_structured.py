@@ -5,29 +5,31 @@ older `guided_*` fields. A request may use one of them; each error names the fie
 from __future__ import annotations
 
 import json
+import typing
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import msgspec
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from tram.sampling_params import SamplingParamError
 from tram.structured_output.params import StructuredOutputsParams
 
 
-class StructuredOutputsField(BaseModel):
-    """vLLM's `structured_outputs` request object (exactly one constraint; the rest are options)."""
+def _mirrored_fields() -> dict[str, Any]:
+    """StructuredOutputsParams' fields, so a new option reaches the request body without being
+    declared twice (`json` is spelt `json_` here: BaseModel has a `json` method)."""
+    hints = typing.get_type_hints(StructuredOutputsParams)
+    fields: dict[str, Any] = {}
+    for f in msgspec.structs.fields(StructuredOutputsParams):
+        if f.name not in _INTERNAL:
+            fields[f"{f.name}_" if f.name == "json" else f.name] = (hints[f.name], Field(default=f.default, alias=f.name))
+    return fields
 
-    model_config = ConfigDict(extra="forbid")
 
-    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None
-    json_object: bool | None = None
-    structural_tag: str | None = None
-    disable_any_whitespace: bool = False
-    disable_additional_properties: bool = False
-    whitespace_pattern: str | None = None
-    disable_fallback: bool = False
+_INTERNAL = {"source_field"}  # set by the server, not the client
+# vLLM's `structured_outputs` request object: exactly one constraint, the rest options.
+StructuredOutputsField = create_model(
+    "StructuredOutputsField", __config__=ConfigDict(extra="forbid", populate_by_name=True), **_mirrored_fields())
 
 
 class JsonSchemaSpec(BaseModel):
@@ -55,7 +57,7 @@ class StructuredFields(BaseModel):
     """Mixed into the completion and chat request models."""
 
     response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputsField | None = None
+    structured_outputs: StructuredOutputsField | None = None  # type: ignore[valid-type]
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
