@@ -47,10 +47,15 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_plain_install_has_no_extras(venv: Path) -> None:
+    # triton is the gpu extra's, but xgrammar (structured outputs, a core feature) requires it on
+    # Linux x86_64, so a plain install there has it anyway; it is not checked here.
     python = str(venv / "bin" / "python")
-    for extra_package in ("aiohttp", "matplotlib", "triton", "pytest"):
+    for extra_package in ("aiohttp", "matplotlib", "pytest"):
         probe = _run([python, "-c", f"import {extra_package}"], venv, timeout=120)
         assert probe.returncode != 0, f"{extra_package} should not come with a plain install"
+    for grammar_engine in ("xgrammar", "llguidance"):
+        probe = _run([python, "-c", f"import {grammar_engine}"], venv, timeout=120)
+        assert probe.returncode == 0, f"{grammar_engine} must come with a plain install: {probe.stderr[-500:]}"
 
 
 def test_a_command_needing_an_extra_names_it(venv: Path) -> None:
