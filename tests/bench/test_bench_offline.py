@@ -116,7 +116,7 @@ def test_throughput_all_backends(stories_path: str, tmp_path: Path) -> None:
 
 def test_throughput_rejects_unknown_backend(stories_path: str) -> None:
     with pytest.raises(ValueError, match="unknown backend"):
-        run_throughput(_args(add_throughput_args, ["--model", stories_path, "--backend", "tram,vllm"]))
+        run_throughput(_args(add_throughput_args, ["--model", stories_path, "--backend", "tram,sglang"]))
 
 
 def test_latency_counts_prefill_and_decode_steps(stories_path: str) -> None:

@@ -1,10 +1,15 @@
-"""`tram bench throughput`: offline throughput of Tram and transformers on the same requests, in one run.
+"""`tram bench throughput`: offline throughput of Tram, transformers and vLLM on the same requests, in one run.
 
     tram bench throughput --model llama-15m --num-prompts 256 --input-len 32:512 --output-len 16:256 \\
         --backend tram,hf-static,hf-cb --dtype bfloat16
+    tram bench throughput --model llama-15m --backend tram,vllm --rounds 2 --vllm-python ~/.venvs/vllm-cpu/bin/python
 
 Each backend loads the same checkpoint (a preset gets seeded random weights, materialised once),
-is warmed up outside the timed region, and generates exactly each request's output length.
+is warmed up outside the timed region, and generates exactly each request's output length. vLLM's
+CPU build runs in its own virtual environment (tram/bench/vllm_peer.py), by default with dummy weights
+from the same config (`--vllm-load-format auto` loads the same weights); `vllm` means both of its
+configurations, `vllm-eager` (enforce_eager) and `vllm-compile` (its default, torch.compile), and the
+better one is the peer. With `--rounds N` the backends take turns N times and each one's best run counts.
 """
 from __future__ import annotations
 
@@ -12,16 +17,17 @@ import argparse
 import gc
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
 from tram.bench.datasets import BenchRequest, make_requests, workload_summary
 from tram.bench.hf_backends import GenerateFn, hf_cb_backend, hf_static_backend
 from tram.bench.presets import checkpoint_for
-from tram.bench.report import machine_info, machine_summary, write_json
+from tram.bench.report import machine_info, machine_summary, thread_settings, write_json
 
-BACKENDS = ("tram", "hf-static", "hf-cb")
+BACKENDS = ("tram", "hf-static", "hf-cb", "vllm-eager", "vllm-compile")
+ALIASES = {"vllm": ("vllm-eager", "vllm-compile")}
 
 
 @dataclass
@@ -31,6 +37,9 @@ class ThroughputResult:
     prompt_tokens: int
     output_tokens: int
     seconds: float
+    round: int = 0
+    same_weights: bool = True  # False: vLLM on dummy weights, so its greedy outputs are not compared
+    info: dict = field(default_factory=dict)  # engine settings: threads, what vLLM chose, its start-up time
 
     @property
     def requests_per_s(self) -> float:
@@ -70,6 +79,13 @@ def add_throughput_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--hf-batch-size", type=int, default=16, help="batch size of hf-static")
     p.add_argument("--hf-cb-attn", default="paged|sdpa", help="attn_implementation of hf-cb")
+    p.add_argument("--rounds", type=int, default=1, help="the backends take turns this many times; best run counts")
+    p.add_argument("--vllm-python", default=None,
+                   help="the Python of vLLM's own virtual environment (default: $TRAM_VLLM_VENV or "
+                        "~/.venvs/vllm-cpu, bin/python); see benchmarks/README.md to make one")
+    p.add_argument("--vllm-load-format", default="dummy", choices=["dummy", "auto"],
+                   help="dummy: random weights from the same config; auto: the same weights as Tram")
+    p.add_argument("--vllm-kvcache-gb", type=float, default=4, help="VLLM_CPU_KVCACHE_SPACE")
     p.add_argument("--output-json")
 
 
@@ -104,42 +120,99 @@ def build_backend(name: str, model: str, args: argparse.Namespace) -> GenerateFn
     raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
 
 
+def warmup_requests(requests: list[BenchRequest]) -> list[BenchRequest]:
+    return [BenchRequest(r.prompt_token_ids[:16], 4) for r in requests[:2]]
+
+
+def run_vllm_backend(name: str, model: str, args: argparse.Namespace,
+                     requests: list[BenchRequest]) -> tuple[ThroughputResult, list[list[int]]]:
+    from tram.bench import vllm_peer
+
+    kwargs = vllm_peer.llm_kwargs(model, args.dtype, vllm_peer.MODES[name], args.seed, args.vllm_load_format,
+                                  args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len,
+                                  args.enable_prefix_caching)
+    out = vllm_peer.run_vllm(name, args.vllm_python or vllm_peer.default_python(), kwargs,
+                             [(r.prompt_token_ids, r.output_len) for r in requests],
+                             [(r.prompt_token_ids, r.output_len) for r in warmup_requests(requests)],
+                             args.threads, args.vllm_kvcache_gb)
+    info = {k: out[k] for k in ("env", "llm_kwargs", "config", "setup_seconds", "process_seconds",
+                                "vllm_version", "torch_version")}
+    summary = workload_summary(requests)
+    result = ThroughputResult(name, len(requests), summary["prompt_tokens"], out["output_tokens"], out["seconds"],
+                              same_weights=args.vllm_load_format == "auto", info=info)
+    return result, out["outputs"]
+
+
 def run_backend(name: str, model: str, args: argparse.Namespace,
                 requests: list[BenchRequest]) -> tuple[ThroughputResult, list[list[int]]]:
+    if name in ALIASES["vllm"]:
+        return run_vllm_backend(name, model, args, requests)
     generate = build_backend(name, model, args)
-    generate([BenchRequest(r.prompt_token_ids[:16], 4) for r in requests[:2]])  # warm-up, untimed
+    generate(warmup_requests(requests))  # warm-up, untimed
     start = time.perf_counter()
     outputs = generate(requests)
     seconds = time.perf_counter() - start
     del generate
     gc.collect()
     summary = workload_summary(requests)
-    return ThroughputResult(name, len(requests), summary["prompt_tokens"], sum(map(len, outputs)), seconds), outputs
+    info = {"threads": thread_settings()} if name == "tram" else {}
+    return ThroughputResult(name, len(requests), summary["prompt_tokens"], sum(map(len, outputs)), seconds,
+                            info=info), outputs
+
+
+def best_runs(results: list[ThroughputResult]) -> dict[str, ThroughputResult]:
+    """Each backend's fastest run (of --rounds), in the order the backends first ran."""
+    best: dict[str, ThroughputResult] = {}
+    for r in results:
+        if r.backend not in best or r.output_tokens_per_s > best[r.backend].output_tokens_per_s:
+            best[r.backend] = r
+    return best
 
 
 def print_report(results: list[ThroughputResult], outputs: dict[str, list[list[int]]]) -> dict[str, float]:
-    header = f"{'backend':<10} {'requests':>8} {'seconds':>8} {'req/s':>7} {'out tok/s':>10} {'total tok/s':>11}"
+    header = (f"{'backend':<12} {'round':>5} {'requests':>8} {'seconds':>8} {'req/s':>7} {'out tok/s':>10} "
+              f"{'total tok/s':>11}")
     print(header + "\n" + "-" * len(header))
     for r in results:
-        print(f"{r.backend:<10} {r.num_requests:>8} {r.seconds:>8.2f} {r.requests_per_s:>7.2f} "
+        print(f"{r.backend:<12} {r.round:>5} {r.num_requests:>8} {r.seconds:>8.2f} {r.requests_per_s:>7.2f} "
               f"{r.output_tokens_per_s:>10.1f} {r.total_tokens_per_s:>11.1f}")
     ratios = {}
-    tram = next((r for r in results if r.backend == "tram"), None)
-    for r in results:
+    best = best_runs(results)
+    tram = best.get("tram")
+    for r in best.values():
         if tram is not None and r is not tram:
             ratios[f"tram/{r.backend}"] = tram.output_tokens_per_s / r.output_tokens_per_s
-            same = sum(a == b for a, b in zip(outputs["tram"], outputs[r.backend]))
-            print(f"tram vs {r.backend}: {ratios[f'tram/{r.backend}']:.2f}x output tokens/s; "
-                  f"greedy outputs identical for {same}/{len(outputs['tram'])} requests")
+            if r.same_weights:
+                same = sum(a == b for a, b in zip(outputs["tram"], outputs[r.backend]))
+                note = f"greedy outputs identical for {same}/{len(outputs['tram'])} requests"
+            else:
+                note = "other random weights (--vllm-load-format dummy): outputs not compared"
+            print(f"tram vs {r.backend}: {ratios[f'tram/{r.backend}']:.2f}x output tokens/s; {note}")
+    peers = [best[n] for n in ALIASES["vllm"] if n in best]
+    if tram is not None and peers:
+        peer = max(peers, key=lambda r: r.output_tokens_per_s)
+        ratios["tram/vllm"] = tram.output_tokens_per_s / peer.output_tokens_per_s
+        print(f"tram vs vllm (its better configuration, {peer.backend}): {ratios['tram/vllm']:.2f}x output tokens/s")
     return ratios
+
+
+def backend_names(spec: str) -> list[str]:
+    names = []
+    for name in (b.strip() for b in spec.split(",") if b.strip()):
+        for n in ALIASES.get(name, (name,)):
+            if n not in BACKENDS:
+                raise ValueError(f"unknown backend {n!r}; choose from {', '.join(BACKENDS + tuple(ALIASES))}")
+            names.append(n)
+    return names
 
 
 def run_throughput(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
-    names = [b.strip() for b in args.backend.split(",") if b.strip()]
-    for name in names:
-        if name not in BACKENDS:
-            raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+    names = backend_names(args.backend)
+    if any(n in ALIASES["vllm"] for n in names):  # a missing vLLM environment fails now, not after Tram's run
+        from tram.bench.vllm_peer import check_python, default_python
+
+        check_python(args.vllm_python or default_python())
     model = model_checkpoint(args)
     from transformers import AutoConfig, AutoTokenizer
 
@@ -151,14 +224,18 @@ def run_throughput(args: argparse.Namespace) -> dict:
     print(f"workload: {workload_summary(requests)}, model {args.model} ({model}), {args.dtype}, "
           f"{args.threads} torch threads", flush=True)
     results, outputs = [], {}
-    for name in names:
-        result, outputs[name] = run_backend(name, model, args, requests)
-        results.append(result)
-        print(f"[{name}] {result.output_tokens} output tokens in {result.seconds:.2f} s", flush=True)
+    for rnd in range(args.rounds):
+        for name in names:
+            result, outputs[name] = run_backend(name, model, args, requests)
+            result.round = rnd
+            results.append(result)
+            print(f"[{name}] round {rnd}: {result.output_tokens} output tokens in {result.seconds:.2f} s "
+                  f"({result.output_tokens_per_s:.1f} tok/s)", flush=True)
     ratios = print_report(results, outputs)
     report = {"machine": machine_info(), "args": vars(args), "workload": workload_summary(requests),
               "results": [asdict(r) | {"requests_per_s": r.requests_per_s, "output_tokens_per_s": r.output_tokens_per_s,
                                        "total_tokens_per_s": r.total_tokens_per_s} for r in results],
+              "best": {name: r.output_tokens_per_s for name, r in best_runs(results).items()},
               "ratios": ratios}
     if args.output_json:
         write_json(args.output_json, report)

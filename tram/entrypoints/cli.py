@@ -18,7 +18,7 @@ from tram.config import EngineArgs, ServerArgs
 # Packages that only some commands need -> the extra that installs them.
 OPTIONAL_PACKAGES = {"aiohttp": "bench", "matplotlib": "bench", "triton": "gpu"}
 BENCH_COMMANDS = {
-    "throughput": ("throughput", "add_throughput_args", "run_throughput", "offline throughput of Tram and transformers"),
+    "throughput": ("throughput", "add_throughput_args", "run_throughput", "offline throughput of Tram, transformers and vLLM"),
     "latency": ("latency", "add_latency_args", "run_latency", "one fixed batch: end-to-end and per-step latency"),
     "serve": ("serve", "add_serve_args", "run_serve", "load any OpenAI-compatible server; TTFT, TPOT, ITL, goodput"),
 }
