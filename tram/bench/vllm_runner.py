@@ -6,7 +6,7 @@ vllm` starts it there (see tram/bench/vllm_peer.py) as
 Standard library and vLLM only: this file is run by path in a Python that has no Tram installed.
 
 JOB.json: {"llm_kwargs": {...LLM(**kwargs)}, "requests": [[prompt token ids, output length], ...],
-           "warmup": [[ids, n], ...], "fake": false}
+           "warmup": [[ids, n], ...], "ignore_eos": true, "fake": false}
 RESULT.json: {"seconds", "output_tokens", "outputs" (token ids per request), "setup_seconds",
               "vllm_version", "torch_version", "torch_threads", "config" (what vLLM settled on)}
 
@@ -37,7 +37,8 @@ def _settled_config(llm) -> dict:
     except AttributeError:
         return out
     sched, cache, comp = cfg.scheduler_config, cfg.cache_config, cfg.compilation_config
-    for name, obj, attrs in (("scheduler", sched, ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill_enabled")),
+    for name, obj, attrs in (("scheduler", sched, ("max_num_seqs", "max_num_batched_tokens",
+                                                   "chunked_prefill_enabled")),
                              ("cache", cache, ("block_size", "num_gpu_blocks", "cpu_kvcache_space_bytes",
                                                "enable_prefix_caching")),
                              ("compilation", comp, ("level", "mode", "backend"))):
@@ -58,7 +59,8 @@ def _run(job: dict) -> dict:
 
     def generate(llm, requests):
         prompts = [{"prompt_token_ids": ids} for ids, _ in requests]
-        params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n, detokenize=False)
+        ignore_eos = job.get("ignore_eos", True)
+        params = [SamplingParams(temperature=0.0, ignore_eos=ignore_eos, max_tokens=n, detokenize=False)
                   for _, n in requests]
         outs = llm.generate(prompts, params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outs]
