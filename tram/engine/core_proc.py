@@ -147,6 +147,8 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, par
         output_socket.close()
         ctx.term()
         sys.exit(1)
+    if proc is not None:
+        proc.core.shutdown()  # cancel grammar compiles not started yet
     output_socket.close(linger=0)
     input_socket.close(linger=0)
     ctx.term()
