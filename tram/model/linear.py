@@ -1,10 +1,12 @@
-"""Linear layers whose few-row calls on CPU (a small decode batch) go to the C++ skinny kernel.
+"""Linear layers on CPU: the C++ skinny kernel for a row or two, oneDNN on a packed weight past that.
 
 With a handful of rows a linear layer only streams its weight, and PyTorch's CPU gemv does that
 at a fraction of the memory bandwidth (docs/benchmarks.md, "Skinny linear kernel"); the kernel in
-csrc/skinny_linear.cpp streams it on every intra-op thread. Past a few rows the work becomes compute
-and MKL/oneDNN's blocked GEMM wins, so larger batches keep F.linear. The row limits come from the
-crossovers measured on the logits and MLP shapes of the 15M and 110M presets.
+csrc/skinny_linear.cpp streams it on every intra-op thread. Past a few rows the work becomes compute:
+a layer whose weight was packed for oneDNN at load (cpu_packed.py) runs its inner product, which
+beats the skinny kernel from 2-3 rows on; an unpacked one keeps the skinny kernel a little longer,
+then MKL through F.linear. The row limits come from the crossovers measured on the logits and MLP
+shapes of the 15M and 110M presets.
 """
 from __future__ import annotations
 
@@ -16,36 +18,52 @@ import torch.nn.functional as F
 from torch import nn
 
 from tram.model.cpu_kernels import kernels_for
+from tram.model.cpu_packed import packed_linear
 
-# Most rows of x the kernel takes, per dtype; dtypes not listed always use F.linear.
+# Most rows of x the skinny kernel takes, per dtype; dtypes not listed never use it. Without a packed
+# weight the alternative is MKL (slower on few rows), with one it is oneDNN (faster from 2-3 rows).
 SKINNY_MAX_ROWS: dict[torch.dtype, int] = {torch.float32: 8, torch.bfloat16: 4}
+SKINNY_MAX_ROWS_BESIDE_PACKED: dict[torch.dtype, int] = {torch.float32: 2, torch.bfloat16: 1}
 
 
-def _skinny_kernels(x: torch.Tensor, weight: torch.Tensor) -> ModuleType | None:
-    if x.dim() == 2 and x.shape[0] <= SKINNY_MAX_ROWS.get(x.dtype, 0) and weight.dtype == x.dtype:
+def _skinny_kernels(x: torch.Tensor, weight: torch.Tensor, packed: bool = False) -> ModuleType | None:
+    limits = SKINNY_MAX_ROWS_BESIDE_PACKED if packed else SKINNY_MAX_ROWS
+    if x.dim() == 2 and x.shape[0] <= limits.get(x.dtype, 0) and weight.dtype == x.dtype:
         return kernels_for(x)
     return None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, or the skinny kernel for a 2-D CPU input of at most SKINNY_MAX_ROWS rows (inference only)."""
-    kernels = _skinny_kernels(x, weight)
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           packed_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T + bias: the skinny kernel for a 2-D CPU input of a few rows, oneDNN when the
+    weight has a packed copy (cpu_packed.py), else F.linear. Inference only past F.linear."""
+    usable_packed = packed_weight is not None and x.dim() == 2 and x.dtype == weight.dtype \
+        and not torch.is_grad_enabled()
+    kernels = _skinny_kernels(x, weight, usable_packed)
     if kernels is not None:
         return kernels.skinny_linear(x, weight, bias)
+    if usable_packed:
+        return packed_linear(x, packed_weight, bias)
     return F.linear(x, weight, bias)
 
 
-def linear_n(x: torch.Tensor, layers: Sequence[nn.Linear]) -> list[torch.Tensor]:
+def linear_n(x: torch.Tensor, layers: Sequence[Linear]) -> list[torch.Tensor]:
     """[layer(x) for layer in layers], in one kernel call when x is skinny (q/k/v, gate/up): one
     conversion of x and one parallel region instead of one per layer; each result is unchanged."""
-    kernels = _skinny_kernels(x, layers[0].weight)
+    packed = all(layer.packed_weight is not None for layer in layers)
+    kernels = _skinny_kernels(x, layers[0].weight, packed)
     if kernels is not None and all(layer.weight.dtype == x.dtype for layer in layers):
         return kernels.skinny_linear_n(x, [layer.weight for layer in layers], [layer.bias for layer in layers])
-    return [linear(x, layer.weight, layer.bias) for layer in layers]
+    return [layer(x) for layer in layers]
 
 
 class Linear(nn.Linear):
-    """nn.Linear (same parameters and names, so checkpoints load unchanged) routed through `linear`."""
+    """nn.Linear (same parameters and names, so checkpoints load unchanged) routed through `linear`.
+
+    `packed_weight` is a oneDNN-packed copy of `weight` that cpu_packed.pack_cpu_linears sets after
+    loading (CPU only); it is no parameter or buffer, so state_dict and loading never see it."""
+
+    packed_weight: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.packed_weight)

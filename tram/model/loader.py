@@ -18,6 +18,7 @@ from torch import nn
 from tram.config import ModelConfig
 from tram.config import load_hf_config as get_hf_config  # noqa: F401 - the tests' entry point
 from tram.model.attention import get_attention_backend
+from tram.model.cpu_packed import pack_cpu_linears
 from tram.model.hub import INDEX_FILE, read_index, resolve_model_path
 from tram.model.registry import get_model_class
 from tram.model.weight_utils import WeightShapeError, get_weight_loader, materialize
@@ -62,6 +63,8 @@ def load_model(model_config: ModelConfig) -> nn.Module:
         load_safetensors_weights(model, safetensors_files(path), tied=_is_tied(model_config.hf_config))
     model.eval()
     model.requires_grad_(False)
+    if model_config.torch_device.type == "cpu":
+        pack_cpu_linears(model)
     num_params = sum(p.numel() for p in model.parameters())
     logger.info("Loaded %s (%s, %.1fM parameters, %s, %s) in %.2f s", model_config.model, cls.__name__,
                 num_params / 1e6, model_config.dtype, model_config.load_format, time.perf_counter() - start)

@@ -47,9 +47,12 @@ class LMHead(nn.Module):
         self.softcap = final_logit_softcapping
         if not tied:
             self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype))  # [vocab, hidden]
+        # oneDNN-packed copy of the weight multiplied by (the embedding's when tied), set after loading
+        # on CPU by cpu_packed.pack_cpu_linears; no parameter, so loading never sees it.
+        self.packed_weight: torch.Tensor | None = None
 
     def forward(self, hidden: torch.Tensor, embedding: VocabEmbedding) -> torch.Tensor:
-        logits = linear(hidden, embedding.weight if self.tied else self.weight)  # [N, vocab]
+        logits = linear(hidden, embedding.weight if self.tied else self.weight, None, self.packed_weight)  # [N, vocab]
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits.float()
