@@ -51,6 +51,22 @@ def test_packed_matches_reference(rows: int, dtype: torch.dtype) -> None:
     assert_close(routed, ref, dtype)
 
 
+@pytest.mark.parametrize("rows", [3, 40])
+def test_bf16_without_bf16_gemms_packs_float32(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU without bf16 instructions (AVX2): the packed copy is float32, activations are widened and
+    the result rounded once to bfloat16 -- a bf16 GEMM's float32 accumulation and single rounding."""
+    monkeypatch.setattr(cpu_packed, "bf16_gemm_native", lambda: False)
+    x, w, b = make(rows, 96, 80, torch.bfloat16, seed=2)
+    packed = pack_weight(w)
+    assert packed is not None and packed.dtype == torch.float32
+    with torch.inference_mode():
+        y = linear(x, w, b, packed)
+    assert y.dtype == torch.bfloat16
+    exact = x.double() @ w.double().T + b.double()
+    assert torch.equal(y, exact.float().to(torch.bfloat16)) or \
+        ((y.double() - exact).abs() / (exact.abs() + 1)).max().item() < TOLERANCES[torch.bfloat16]
+
+
 def test_routing_by_rows() -> None:
     """Past the skinny limit a packed layer runs oneDNN, which is not the skinny kernel's result bit
     for bit; at or under it the skinny kernel runs (bitwise equal to calling it without packing)."""
@@ -117,6 +133,59 @@ def test_loaded_cpu_model_is_packed(stories_path: str) -> None:
     from tram.model.loader import load_model
 
     model = load_model(ModelConfig(model=stories_path, dtype="float32"))
-    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    from tram.model.layers.mlp import GatedMLP
+
+    mlps = [m for m in model.modules() if isinstance(m, GatedMLP)]
+    stacked = {id(linear) for mlp in mlps for linear in mlp.stacked_linears()}
+    linears = [m for m in model.modules() if isinstance(m, Linear) and id(m) not in stacked]
+    assert mlps and all(mlp.packed_gate_up is not None for mlp in mlps)
     assert linears and all(m.packed_weight is not None for m in linears)
     assert model.lm_head.packed_weight is not None
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_pytorch_tanh"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 40])
+def test_gated_mlp_stacks_gate_and_up(rows: int, act: str) -> None:
+    """gate and up become one packed [2I, K] weight (no copy of their own); past the skinny rows one
+    GEMM runs both and silu_and_mul (or the activation and the product) finishes; same result."""
+    from tram.model.layers.activation import get_activation
+    from tram.model.layers.mlp import GatedMLP
+
+    torch.manual_seed(3)
+    mlp = GatedMLP(32, 48, act, bias=True, dtype=torch.float32)
+    for p in mlp.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    mlp.eval().requires_grad_(False)
+    holder = torch.nn.Module()
+    holder.mlp = mlp
+    assert pack_cpu_linears(holder) == 2  # gate+up stacked, and down
+    assert mlp.packed_gate_up is not None and mlp.gate_proj.packed_weight is None and mlp.up_proj.packed_weight is None
+    x = torch.randn(rows, 32)
+    with torch.inference_mode():
+        y = mlp(x)
+    xd = x.double()
+    g = xd @ mlp.gate_proj.weight.double().T + mlp.gate_proj.bias.double()
+    u = xd @ mlp.up_proj.weight.double().T + mlp.up_proj.bias.double()
+    ref = (get_activation(act)(g) * u) @ mlp.down_proj.weight.double().T + mlp.down_proj.bias.double()
+    assert_close(y, ref, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 17), (5, 64), (33, 130)])
+def test_silu_and_mul_kernel(shape: tuple[int, int], dtype: torch.dtype) -> None:
+    """silu(gate) * up as transformers rounds it (silu in the dtype, then the product), including
+    large |gate| where exp would overflow a naive formula."""
+    from tram.model.cpu_kernels import load_cpu_kernels
+
+    rows, inter = shape
+    g = torch.Generator().manual_seed(4)
+    gate_up = (torch.randn(rows, 2 * inter, generator=g) * 4).to(dtype)
+    gate_up[0, 0] = 100.0
+    if inter > 1:
+        gate_up[0, 1] = -100.0
+    out = load_cpu_kernels().silu_and_mul(gate_up)
+    gate, up = gate_up[:, :inter], gate_up[:, inter:]
+    ref = F.silu(gate) * up
+    assert out.shape == (rows, inter) and out.dtype == dtype and torch.isfinite(out).all()
+    tol = {torch.float32: 1e-6, torch.bfloat16: 1e-2}[dtype]
+    assert ((out.double() - ref.double()).abs() / (ref.double().abs() + 1)).max().item() < tol

@@ -33,6 +33,12 @@ def _skinny_kernels(x: torch.Tensor, weight: torch.Tensor, packed: bool = False)
     return None
 
 
+def takes_packed(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a layer with a packed copy of `weight` runs x through oneDNN (not the skinny kernel)."""
+    return x.dim() == 2 and x.dtype == weight.dtype and not torch.is_grad_enabled() \
+        and x.shape[0] > SKINNY_MAX_ROWS_BESIDE_PACKED.get(x.dtype, 0)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            packed_weight: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T + bias: the skinny kernel for a 2-D CPU input of a few rows, oneDNN when the

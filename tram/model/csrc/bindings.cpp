@@ -27,6 +27,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &tram::add_rms_norm,
         "(rms_norm(x + residual), x + residual) (CPU): (x [T,N], residual [T,N], weight [N], eps)",
         py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("eps"));
+  m.def("silu_and_mul", &tram::silu_and_mul,
+        "silu(gate) * up, gate and up side by side (CPU): (gate_up [T,2I]) -> [T,I]", py::arg("gate_up"));
   m.def("rotary_", &tram::rotary_,
         "Rotate-half rotary embedding in place (CPU): (query [T,H,D], key [T,Hkv,D], cos [T,R], sin [T,R])",
         py::arg("query"), py::arg("key"), py::arg("cos"), py::arg("sin"));

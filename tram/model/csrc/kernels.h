@@ -36,6 +36,9 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
                                                 const at::Tensor& weight, double eps);
 
+// silu_and_mul.cpp: silu(gate) * up from gate and up side by side ([T, 2I] -> [T, I]).
+at::Tensor silu_and_mul(const at::Tensor& gate_up);
+
 // rotary.cpp: rotate-half rotary embedding, in place on query and key.
 void rotary_(at::Tensor& query, at::Tensor& key, const at::Tensor& cos, const at::Tensor& sin);
 

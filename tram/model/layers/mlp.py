@@ -4,8 +4,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tram.model.cpu_kernels import kernels_for
+from tram.model.cpu_packed import PackFn, packed_linear
 from tram.model.layers.activation import get_activation
-from tram.model.linear import Linear, linear_n
+from tram.model.linear import Linear, linear_n, takes_packed
 
 
 class GatedMLP(nn.Module):
@@ -18,7 +20,29 @@ class GatedMLP(nn.Module):
         self.up_proj = Linear(hidden_size, intermediate_size, bias=bias, dtype=dtype)
         self.down_proj = Linear(intermediate_size, hidden_size, bias=bias, dtype=dtype)
         self.act = get_activation(hidden_act)
+        self.fused_silu = hidden_act in ("silu", "swish")
+        # On CPU, gate's and up's weights stacked [2I, hidden] and packed for oneDNN (pack_stacked): one
+        # GEMM for both, whose [T, 2I] output the fused silu_and_mul kernel reads in one pass.
+        self.packed_gate_up: torch.Tensor | None = None
+        self.gate_up_bias: torch.Tensor | None = None
+
+    def stacked_linears(self) -> tuple[Linear, Linear]:
+        return self.gate_proj, self.up_proj
+
+    def pack_stacked(self, pack: PackFn) -> torch.Tensor | None:
+        weight = torch.cat([self.gate_proj.weight, self.up_proj.weight])
+        self.packed_gate_up = pack(weight)
+        if self.packed_gate_up is not None and self.gate_proj.bias is not None:
+            self.gate_up_bias = torch.cat([self.gate_proj.bias, self.up_proj.bias])
+        return None if self.packed_gate_up is None else weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        if self.packed_gate_up is not None and takes_packed(x, self.gate_proj.weight):
+            gate_up = packed_linear(x, self.packed_gate_up, self.gate_up_bias)  # [T, 2I]
+            kernels = kernels_for(x) if self.fused_silu else None
+            if kernels is not None:
+                return self.down_proj(kernels.silu_and_mul(gate_up))
+            gate, up = gate_up.chunk(2, dim=-1)
+            return self.down_proj(self.act(gate) * up)
         gate, up = linear_n(x, (self.gate_proj, self.up_proj))  # one skinny-kernel call for both on CPU
         return self.down_proj(self.act(gate) * up)
