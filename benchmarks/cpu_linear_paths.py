@@ -40,7 +40,7 @@ def main() -> None:
     args = p.parse_args()
     assert load_cpu_kernels() is not None, "the CPU kernels failed to build"
     torch.set_num_threads(args.threads)
-    print(machine_summary() + f"; {args.threads} torch threads\n")
+    print(machine_summary() + "\n")
     print("| weight | dtype | rows | F.linear GFLOP/s | packed GFLOP/s | skinny GFLOP/s | packed ÷ F.linear |")
     print("|---|---|---|---|---|---|---|")
     with torch.inference_mode():

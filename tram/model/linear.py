@@ -23,7 +23,7 @@ from tram.model.cpu_packed import packed_linear
 # Most rows of x the skinny kernel takes, per dtype; dtypes not listed never use it. Without a packed
 # weight the alternative is MKL (slower on few rows), with one it is oneDNN (faster from 2-3 rows).
 SKINNY_MAX_ROWS: dict[torch.dtype, int] = {torch.float32: 8, torch.bfloat16: 4}
-SKINNY_MAX_ROWS_BESIDE_PACKED: dict[torch.dtype, int] = {torch.float32: 2, torch.bfloat16: 1}
+SKINNY_MAX_ROWS_BESIDE_PACKED: dict[torch.dtype, int] = {torch.float32: 2, torch.bfloat16: 2}
 
 
 def _skinny_kernels(x: torch.Tensor, weight: torch.Tensor, packed: bool = False) -> ModuleType | None:
