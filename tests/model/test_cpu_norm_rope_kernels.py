@@ -60,7 +60,7 @@ def test_rms_norm_rows_independent_of_batch(kernels) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("heads,kv_heads,head_dim,rotary_dim", [(6, 6, 48, 48), (8, 2, 64, 32), (4, 4, 8, 8),
-                                                               (2, 1, 128, 128)])
+                                                               (2, 1, 128, 128), (3, 1, 40, 24)])
 def test_rotary_bitwise_equal_to_pytorch(kernels, dtype, heads, kv_heads, head_dim, rotary_dim) -> None:
     tokens = 7
     g = torch.Generator().manual_seed(heads * 100 + head_dim)
@@ -71,6 +71,27 @@ def test_rotary_bitwise_equal_to_pytorch(kernels, dtype, heads, kv_heads, head_d
     with torch.inference_mode():
         got_q, got_k = apply_rotary_qk(q.clone(), k.clone(), cos, sin)
     assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_rotary_16_bit_rounding_across_scales(kernels, dtype) -> None:
+    # The bf16 path rounds 8 lanes at a time with integer arithmetic: magnitudes from subnormal to
+    # overflow, signed zeros, infinities and NaN must round (and propagate) as PyTorch's ops do.
+    tokens, heads, head_dim = 64, 4, 32
+    g = torch.Generator().manual_seed(5)
+    scale = torch.logspace(-42, 38, tokens, base=10.0).view(tokens, 1, 1)
+    q = (torch.randn(tokens, heads, head_dim, generator=g) * scale).to(dtype)
+    k = (torch.randn(tokens, 1, head_dim, generator=g) * scale).to(dtype)
+    q[0, 0, :4] = torch.tensor([0.0, -0.0, float("inf"), float("-inf")])
+    k[1, 0, 3] = float("nan")
+    cos, sin = cos_sin(tokens, head_dim, dtype, seed=9)
+    want_q, want_k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    with torch.inference_mode():
+        got_q, got_k = apply_rotary_qk(q.clone(), k.clone(), cos, sin)
+    for got, want in ((got_q, want_q), (got_k, want_k)):
+        assert torch.equal(got.isnan(), want.isnan())
+        finite = ~want.isnan()  # NaN's payload may differ; every other value, signed zeros too, bit for bit
+        assert torch.equal(got.view(torch.int16)[finite], want.view(torch.int16)[finite])
 
 
 def test_rotary_falls_back_for_strided_or_autograd_inputs() -> None:

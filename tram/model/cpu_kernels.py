@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 _SOURCES = [os.path.join(_CSRC, name) for name in (
     "bindings.cpp", "paged_decode.cpp", "paged_prefill.cpp", "skinny_linear.cpp", "rms_norm.cpp", "rotary.cpp",
-    "silu_and_mul.cpp",
+    "silu_and_mul.cpp", "argmax.cpp", "widen.cpp",
 )]
 # -fopenmp: at::parallel_for is header code that only runs in parallel when compiled with OpenMP
 # (the extension then shares the libgomp torch already loaded). No -ffast-math: the kernels' loops
@@ -200,3 +200,22 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if module is None:
         raise RuntimeError(f"CPU kernels are not available (disabled by {ENV_SWITCH}=0 or failed to build)")
     return module.skinny_linear(x, weight, bias)
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits.argmax(dim=-1) for a 2-D tensor: the C++ kernel for float32 CPU rows (same answer,
+    first maximum or first NaN, ~4x faster on this project's VM), torch elsewhere."""
+    if logits.dim() == 2 and logits.dtype == torch.float32 and logits.shape[1] > 0:
+        module = kernels_for(logits)
+        if module is not None:
+            return module.argmax_rows(logits)
+    return logits.argmax(dim=-1)
+
+
+def to_float32(x: torch.Tensor) -> torch.Tensor:
+    """x.float(): the C++ widening for 16-bit CPU tensors (exact, like the cast; ~10x faster than
+    PyTorch's on [128, 32000] bfloat16 logits), torch elsewhere."""
+    if x.dtype == torch.float32:
+        return x
+    module = kernels_for(x) if x.dtype in (torch.bfloat16, torch.float16) else None
+    return module.widen_to_float(x) if module is not None else x.float()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tram.model.cpu_kernels import argmax_rows
 from tram.sampling_params import SAMPLING_EPS
 from tram.worker.logits_processors import Stage
 from tram.worker.sampling_metadata import SamplingMetadata
@@ -85,7 +86,7 @@ def apply_logits_processors(logits: torch.Tensor, meta: SamplingMetadata,
 
 def sample(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
     """Greedy rows take the argmax; the others go through temperature, filters and a draw."""
-    greedy = None if meta.all_random else logits.argmax(dim=-1)
+    greedy = None if meta.all_random else argmax_rows(logits)
     if meta.all_greedy:
         assert greedy is not None
         return greedy
@@ -143,4 +144,4 @@ def exponential_race(probs: torch.Tensor, generators: dict[int, torch.Generator]
     noise.neg_().add_(1.0).log_().neg_()
     # An exact 0 draw would make 0/0 = NaN on a filtered token, and argmax prefers NaN.
     noise.clamp_min_(torch.finfo(noise.dtype).tiny)
-    return (probs / noise).argmax(dim=-1)
+    return argmax_rows(probs / noise)

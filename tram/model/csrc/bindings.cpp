@@ -29,6 +29,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("eps"));
   m.def("silu_and_mul", &tram::silu_and_mul,
         "silu(gate) * up, gate and up side by side (CPU): (gate_up [T,2I]) -> [T,I]", py::arg("gate_up"));
+  m.def("argmax_rows", &tram::argmax_rows,
+        "torch.argmax(dim=-1) of float32 rows (CPU): (logits [N,V]) -> [N] int64", py::arg("logits"));
+  m.def("widen_to_float", &tram::widen_to_float,
+        "bfloat16 / float16 to float32 (CPU; float32 passes through): (x) -> float32, contiguous", py::arg("x"));
   m.def("rotary_", &tram::rotary_,
         "Rotate-half rotary embedding in place (CPU): (query [T,H,D], key [T,Hkv,D], cos [T,R], sin [T,R])",
         py::arg("query"), py::arg("key"), py::arg("cos"), py::arg("sin"));

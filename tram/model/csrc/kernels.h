@@ -39,6 +39,12 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
 // silu_and_mul.cpp: silu(gate) * up from gate and up side by side ([T, 2I] -> [T, I]).
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
 
+// argmax.cpp: torch.argmax(dim=-1) of float32 rows (first index of the maximum, NaN first).
+at::Tensor argmax_rows(const at::Tensor& logits);
+
+// widen.cpp: bfloat16 / float16 to float32 (exact), any shape.
+at::Tensor widen_to_float(const at::Tensor& x);
+
 // rotary.cpp: rotate-half rotary embedding, in place on query and key.
 void rotary_(at::Tensor& query, at::Tensor& key, const at::Tensor& cos, const at::Tensor& sin);
 

@@ -10,6 +10,7 @@
 // product and the sum are rounded to the dtype, as those PyTorch ops round them, and nothing is
 // contracted into an FMA, so the result is the same as transformers' apply_rotary_pos_emb.
 #include "kernels.h"
+#include "simd.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -42,6 +43,34 @@ void rotate_heads(T* x, int64_t heads, int64_t head_dim, const T* cos, const T* 
   }
 }
 
+// bfloat16, 8 features at a time: the same roundings as the loop above (each product and sum rounded
+// to bf16, round_bf16x8 matching c10's rounding bit for bit), without a scalar conversion per
+// element, which made the bf16 loop ~8x slower than float32's.
+void rotate_heads(c10::BFloat16* x, int64_t heads, int64_t head_dim, const c10::BFloat16* cos,
+                  const c10::BFloat16* sin, int64_t rotary_dim) {
+  using namespace tram::simd;
+  const int64_t half = rotary_dim / 2;
+  const int64_t vec_end = half / 8 * 8;
+  for (int64_t h = 0; h < heads; ++h) {
+    c10::BFloat16* v = x + h * head_dim;
+    for (int64_t i = 0; i < vec_end; i += 8) {
+      const vf8 x1 = widen_bf16x8(v + i), x2 = widen_bf16x8(v + i + half);
+      const vf8 a = round_bf16x8(x1 * widen_bf16x8(cos + i)), b = round_bf16x8(-x2 * widen_bf16x8(sin + i));
+      const vf8 c = round_bf16x8(x2 * widen_bf16x8(cos + i + half));
+      const vf8 d = round_bf16x8(x1 * widen_bf16x8(sin + i + half));
+      store_bf16x8(v + i, round_bf16x8(a + b));
+      store_bf16x8(v + i + half, round_bf16x8(c + d));
+    }
+    for (int64_t i = vec_end; i < half; ++i) {
+      const c10::BFloat16 x1 = v[i], x2 = v[i + half];
+      const c10::BFloat16 a = mul(x1, cos[i]), b = mul(static_cast<c10::BFloat16>(-static_cast<float>(x2)), sin[i]);
+      const c10::BFloat16 c = mul(x2, cos[i + half]), d = mul(x1, sin[i + half]);
+      v[i] = static_cast<c10::BFloat16>(static_cast<float>(a) + static_cast<float>(b));
+      v[i + half] = static_cast<c10::BFloat16>(static_cast<float>(c) + static_cast<float>(d));
+    }
+  }
+}
+
 template <typename T>
 void rotary_impl(at::Tensor& query, at::Tensor& key, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t tokens = query.size(0), hq = query.size(1), hk = key.size(1), d = query.size(2);
@@ -52,8 +81,8 @@ void rotary_impl(at::Tensor& query, at::Tensor& key, const at::Tensor& cos, cons
   const T* s = sin.data_ptr<T>();
   at::parallel_for(0, tokens, kGrainTokens, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      rotate_heads<T>(q + t * hq * d, hq, d, c + t * r, s + t * r, r);
-      rotate_heads<T>(k + t * hk * d, hk, d, c + t * r, s + t * r, r);
+      rotate_heads(q + t * hq * d, hq, d, c + t * r, s + t * r, r);
+      rotate_heads(k + t * hk * d, hk, d, c + t * r, s + t * r, r);
     }
   });
 }

@@ -72,6 +72,25 @@ TRAM_INLINE float hmax(vf16 v) {
 
 TRAM_INLINE vf16 splat16(float x) { return vf16{} + x; }
 
+// ---- bfloat16 in vectors of 8: widening is exact (bf16 is a float32's top half); narrowing rounds
+// to nearest even with NaN -> 0x7FC0, bit for bit what c10::BFloat16(float) does per element.
+
+TRAM_INLINE vf8 widen_bf16x8(const c10::BFloat16* p) {
+  return bitcast<vf8>(__builtin_convertvector(vload<vu16x8>(p), vu32x8) << 16);
+}
+
+// x rounded to bfloat16 and widened back: the float the stored bf16 stands for.
+TRAM_INLINE vf8 round_bf16x8(vf8 x) {
+  const vu32x8 u = bitcast<vu32x8>(x);
+  const vu32x8 rounded = (u + (((u >> 16) & 1u) + 0x7FFFu)) & 0xFFFF0000u;
+  return x != x ? bitcast<vf8>(vu32x8{} + 0x7FC00000u) : bitcast<vf8>(rounded);
+}
+
+// Stores x, which round_bf16x8 has already rounded (its low 16 bits are zero).
+TRAM_INLINE void store_bf16x8(c10::BFloat16* p, vf8 rounded) {
+  vstore(p, __builtin_convertvector(bitcast<vu32x8>(rounded) >> 16, vu16x8));
+}
+
 // exp(x) for x <= 0 (scores minus their max): Cephes expf's range reduction and polynomial (about
 // 1 ulp); below -87 (and for the -inf padding) the result is 0.
 TRAM_INLINE vf16 exp_nonpos(vf16 x) {

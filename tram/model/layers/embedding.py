@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tram.model.cpu_kernels import to_float32
 from tram.model.linear import linear
 
 
@@ -55,4 +56,4 @@ class LMHead(nn.Module):
         logits = linear(hidden, embedding.weight if self.tied else self.weight, None, self.packed_weight)  # [N, vocab]
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits.float()
+        return to_float32(logits)

@@ -1,0 +1,136 @@
+"""How fast could any engine run an offline workload on this CPU? A roofline from measured peaks.
+
+An offline run's work is fixed by the workload, whatever the engine: the linear layers' FLOPs (every
+prompt and output token through every layer, plus one LM-head row per output token) and the KV cache
+that decode attention must read (each output token's whole context, every layer). This script counts
+both for a preset and a `tram bench throughput` workload, measures on this machine
+
+    GEMM peak   oneDNN's inner product on packed weights (what Tram and vLLM's CPU backend both run),
+                the best GFLOP/s over the model's own shapes at large row counts
+    KV read     the faster of Tram's decode-attention kernel on a large batch (GB/s of K/V read) and
+                a plain streaming read of 512 MiB (torch.sum), the most any kernel could expect
+
+and prints the floor: GEMM FLOPs / GEMM peak + KV bytes / KV read rate. An engine at the floor does
+nothing but its GEMMs and its attention reads, at their best rates, with no host work at all.
+Given the JSON of a throughput run (--results), it prints each engine's time as a multiple of the
+floor, and the ratio an engine at the floor would reach over the best vLLM configuration: a goal of
+"N times vLLM" above that ratio cannot be met on this machine by any engine.
+
+    python benchmarks/cpu_roofline.py --model llama-110m --dtype float32 --num-prompts 48 \\
+        --input-len 32:256 --output-len 16:128 [--results run.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from transformers import AutoConfig
+
+import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
+from tram.bench.datasets import make_requests
+from tram.bench.presets import checkpoint_for
+from tram.bench.report import machine_summary
+from tram.bench.timing import best_ms
+from cpu_decode_attention import make_inputs
+from tram.model.cpu_kernels import load_cpu_kernels, paged_decode_attention
+from tram.model.cpu_packed import pack_weight, packed_linear
+
+
+def workload_counts(cfg, prompt_lens: list[int], output_lens: list[int]) -> dict[str, float]:
+    """Linear-layer FLOPs and decode K/V elements read, from the model's config."""
+    h, inter, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or h // heads
+    per_token = layers * (h * heads * head_dim * 2 + 2 * h * kv_heads * head_dim + 3 * h * inter)  # MACs
+    tokens = sum(prompt_lens) + sum(output_lens) - len(prompt_lens)  # the last output token is never fed
+    lm_rows = sum(output_lens)  # one logits row per sampled token
+    gemm_flops = 2.0 * (tokens * per_token + lm_rows * h * cfg.vocab_size)
+    # Output token j of a request (j >= 1) is computed from a context of prompt + j tokens.
+    kv_elems = 0
+    for p, o in zip(prompt_lens, output_lens):
+        kv_elems += sum(p + j for j in range(1, o))
+    kv_elems *= 2 * layers * kv_heads * head_dim
+    return {"gemm_flops": gemm_flops, "kv_elements": float(kv_elems), "tokens": float(tokens)}
+
+
+def gemm_peak(cfg, dtype: torch.dtype, rows: list[int]) -> float:
+    """Best GFLOP/s of the packed path over the model's weight shapes and the given row counts."""
+    h, inter = cfg.hidden_size, cfg.intermediate_size
+    shapes = [(h, h), (2 * inter, h), (h, inter), (cfg.vocab_size, h)]
+    best = 0.0
+    for n, k in shapes:
+        weight = torch.randn(n, k).to(dtype)
+        packed = pack_weight(weight)
+        if packed is None:
+            raise SystemExit("this torch cannot pack weights for oneDNN; no packed peak to measure")
+        for m in rows:
+            x = torch.randn(m, k).to(dtype)
+            ms = best_ms(lambda: packed_linear(x, packed, None), repeats=3, calls=3)
+            best = max(best, 2.0 * m * n * k / (ms * 1e-3) / 1e9)
+    return best
+
+
+def kv_read_rate(cfg, dtype: torch.dtype, batch: int = 128) -> float:
+    """GB/s of K/V that the decode kernel reads for one layer of a large, scattered batch (the
+    inputs of benchmarks/cpu_decode_attention.py), or of a plain streaming read if that is faster."""
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    query, cache, tables, seq_lens = make_inputs(batch, heads, kv_heads, head_dim, dtype)
+    ms = best_ms(lambda: paged_decode_attention(query, cache, tables, seq_lens, head_dim ** -0.5), 5, 3)
+    nbytes = int(seq_lens.sum()) * 2 * kv_heads * head_dim * cache.element_size()
+    stream = torch.randn(2**27)  # 512 MiB, far past any cache
+    stream_ms = best_ms(lambda: stream.sum(), 3, 3)
+    return max(nbytes / (ms * 1e-3), stream.numel() * 4 / (stream_ms * 1e-3)) / 1e9
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="llama-110m")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--num-prompts", type=int, default=48)
+    p.add_argument("--input-len", default="32:256")
+    p.add_argument("--output-len", default="16:128")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--results", help="a `tram bench throughput --output-json` file of the same workload")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    with torch.inference_mode():
+        assert load_cpu_kernels() is not None, "the CPU kernels failed to build"
+        cfg = AutoConfig.from_pretrained(checkpoint_for(args.model, args.dtype, args.seed))
+        dtype = getattr(torch, args.dtype)
+        reqs = make_requests(args.num_prompts, args.input_len, args.output_len, args.seed, vocab_size=cfg.vocab_size)
+        counts = workload_counts(cfg, [r.prompt_len for r in reqs], [r.output_len for r in reqs])
+        peak = gemm_peak(cfg, dtype, [512, 2048])
+        rate = kv_read_rate(cfg, dtype)
+    elem = torch.empty((), dtype=dtype).element_size()
+    gemm_s = counts["gemm_flops"] / (peak * 1e9)
+    attn_s = counts["kv_elements"] * elem / (rate * 1e9)
+    floor = gemm_s + attn_s
+    print(machine_summary())
+    print(f"{args.model} {args.dtype}, {args.num_prompts} requests ({args.input_len} in, {args.output_len} out)")
+    print(f"linear FLOPs {counts['gemm_flops'] / 1e12:.3f} T at a packed peak of {peak:.0f} GFLOP/s: {gemm_s:.2f} s")
+    print(f"decode K/V read {counts['kv_elements'] * elem / 1e9:.2f} GB at {rate:.1f} GB/s: {attn_s:.2f} s")
+    print(f"floor: {floor:.2f} s")
+    if args.results:
+        report_results(args.results, floor)
+
+
+def report_results(path: str, floor: float) -> None:
+    with open(path, encoding="utf-8") as f:
+        results = json.load(f)["results"]
+    best: dict[str, float] = {}
+    for r in results:
+        best[r["backend"]] = min(best.get(r["backend"], float("inf")), r["seconds"])
+    print("\n| engine | seconds | x floor |\n|---|---|---|")
+    for name, sec in best.items():
+        print(f"| {name} | {sec:.2f} | {sec / floor:.2f} |")
+    vllm = [s for n, s in best.items() if n.startswith("vllm")]
+    if vllm:
+        print(f"\nan engine at the floor would be {min(vllm) / floor:.2f}x the best vLLM configuration"
+              + (f"; Tram is {min(vllm) / best['tram']:.2f}x" if "tram" in best else ""))
+
+
+if __name__ == "__main__":
+    main()
