@@ -81,11 +81,10 @@ def pack_cpu_linears(model: nn.Module) -> int:
     stacked: set[int] = set()
     for module in model.modules():
         if hasattr(module, "pack_stacked"):
-            weight = module.pack_stacked(pack_weight)
-            if weight is not None:
+            packed_stack = module.pack_stacked(pack_weight)
+            if packed_stack is not None:
                 packed += 1
-                extra += weight.numel() * (4 if weight.dtype == torch.bfloat16 and not bf16_gemm_native()
-                                           else weight.element_size())
+                extra += packed_stack.numel() * packed_stack.element_size()
                 stacked.update(id(linear) for linear in module.stacked_linears())
     for module in model.modules():
         if not hasattr(module, "packed_weight") or id(module) in stacked:

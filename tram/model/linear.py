@@ -33,18 +33,21 @@ def _skinny_kernels(x: torch.Tensor, weight: torch.Tensor, packed: bool = False)
     return None
 
 
+def _packed_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether x may run on a packed copy of `weight` at all: 2-D, the weight's dtype, no autograd."""
+    return x.dim() == 2 and x.dtype == weight.dtype and not torch.is_grad_enabled()
+
+
 def takes_packed(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a layer with a packed copy of `weight` runs x through oneDNN (not the skinny kernel)."""
-    return x.dim() == 2 and x.dtype == weight.dtype and not torch.is_grad_enabled() \
-        and x.shape[0] > SKINNY_MAX_ROWS_BESIDE_PACKED.get(x.dtype, 0)
+    return _packed_usable(x, weight) and x.shape[0] > SKINNY_MAX_ROWS_BESIDE_PACKED.get(x.dtype, 0)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            packed_weight: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T + bias: the skinny kernel for a 2-D CPU input of a few rows, oneDNN when the
     weight has a packed copy (cpu_packed.py), else F.linear. Inference only past F.linear."""
-    usable_packed = packed_weight is not None and x.dim() == 2 and x.dtype == weight.dtype \
-        and not torch.is_grad_enabled()
+    usable_packed = packed_weight is not None and _packed_usable(x, weight)
     kernels = _skinny_kernels(x, weight, usable_packed)
     if kernels is not None:
         return kernels.skinny_linear(x, weight, bias)

@@ -30,11 +30,11 @@ class GatedMLP(nn.Module):
         return self.gate_proj, self.up_proj
 
     def pack_stacked(self, pack: PackFn) -> torch.Tensor | None:
-        weight = torch.cat([self.gate_proj.weight, self.up_proj.weight])
-        self.packed_gate_up = pack(weight)
+        """Packs gate and up as one weight; returns the packed tensor (None where it cannot be)."""
+        self.packed_gate_up = pack(torch.cat([self.gate_proj.weight, self.up_proj.weight]))
         if self.packed_gate_up is not None and self.gate_proj.bias is not None:
             self.gate_up_bias = torch.cat([self.gate_proj.bias, self.up_proj.bias])
-        return None if self.packed_gate_up is None else weight
+        return self.packed_gate_up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
         if self.packed_gate_up is not None and takes_packed(x, self.gate_proj.weight):
