@@ -22,6 +22,7 @@ import tarfile
 from pathlib import Path
 
 import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
+from tram.bench.serve_compare import print_serve_comparison
 from tram.bench.server_process import ServerProcess, TramServer
 
 # With 16 requests at concurrency 1, p99 TTFT is in effect the slowest prompt's, and it moved 20-30%
@@ -121,28 +122,6 @@ def bench(server: ServerProcess, model: str, requests: list, concurrency: int, l
     return result
 
 
-def print_comparison(runs: list[dict]) -> list[dict]:
-    by = {(r["label"], r["sweep"]["value"]): r for r in runs}
-    rows = []
-    print(f"\n{'conc':>5} {'engine':<10} {'out tok/s':>10} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} "
-          f"{'failed':>6} {'len mismatch':>12}")
-    for conc in sorted({r["sweep"]["value"] for r in runs}):
-        for label in ("tram", "llama.cpp"):
-            r = by.get((label, conc))
-            if r:
-                print(f"{conc:>5} {label:<10} {r['output_throughput']:>10.1f} {r['p50_ttft_ms']:>9.1f} "
-                      f"{r['p99_ttft_ms']:>9.1f} {r['p50_tpot_ms'] or 0:>9.2f} {r['failed']:>6} "
-                      f"{r['output_len_mismatches']:>12}")
-        t, l = by.get(("tram", conc)), by.get(("llama.cpp", conc))
-        if t and l:
-            row = {"concurrency": conc, "throughput_ratio": t["output_throughput"] / l["output_throughput"],
-                   "p99_ttft_ratio": t["p99_ttft_ms"] / l["p99_ttft_ms"]}
-            rows.append(row)
-            print(f"{conc:>5} {'ratio':<10} {row['throughput_ratio']:>9.2f}x {'':>9} "
-                  f"{row['p99_ttft_ratio']:>8.2f}x  (tram / llama.cpp; throughput higher is better, TTFT lower)")
-    return rows
-
-
 def compare(args: argparse.Namespace) -> None:
     from tram.bench.datasets import make_requests, parse_range
     from tram.bench.report import machine_info, write_json
@@ -174,7 +153,7 @@ def compare(args: argparse.Namespace) -> None:
             runs.append(bench(tram, "tram", requests, conc, "tram", args.warmup))
     finally:
         tram.stop(timeout=30, strict=False)
-    ratios = print_comparison(runs)
+    ratios = print_serve_comparison(runs, ("tram", "llama.cpp"), lambda by, conc: by.get(("llama.cpp", conc)))
     plot_sweep(runs, args.plot, title=f"{args.model} {args.dtype}: tram vs llama.cpp")
     write_json(args.output_json, {"model": args.model, "dtype": args.dtype, "machine": machine_info(),
                                   "ratios": ratios, "runs": runs})

@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 
 import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
+from tram.bench.serve_compare import print_serve_comparison
 from tram.bench.server_process import ServerProcess, TramServer
 
 MIN_PROMPTS = 32
@@ -98,29 +99,6 @@ def peer_of(by: dict, conc: int) -> dict | None:
     return max(runs, key=lambda r: r["output_throughput"]) if runs else None
 
 
-def print_comparison(runs: list[dict]) -> list[dict]:
-    by = {(r["label"], r["sweep"]["value"]): r for r in runs}
-    rows = []
-    print(f"\n{'conc':>5} {'engine':<13} {'out tok/s':>10} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} "
-          f"{'failed':>6} {'len mismatch':>12}")
-    for conc in sorted({r["sweep"]["value"] for r in runs}):
-        for engine in ENGINES:
-            r = by.get((engine, conc))
-            if r:
-                print(f"{conc:>5} {engine:<13} {r['output_throughput']:>10.1f} {r['p50_ttft_ms']:>9.1f} "
-                      f"{r['p99_ttft_ms']:>9.1f} {r['p50_tpot_ms'] or 0:>9.2f} {r['failed']:>6} "
-                      f"{r['output_len_mismatches']:>12}")
-        t, v = by.get(("tram", conc)), peer_of(by, conc)
-        if t and v:
-            row = {"concurrency": conc, "peer": v["label"],
-                   "throughput_ratio": t["output_throughput"] / v["output_throughput"],
-                   "p99_ttft_ratio": t["p99_ttft_ms"] / v["p99_ttft_ms"]}
-            rows.append(row)
-            print(f"{conc:>5} {'ratio':<13} {row['throughput_ratio']:>9.2f}x {'':>9} {row['p99_ttft_ratio']:>8.2f}x"
-                  f"  (tram / {v['label']}; throughput higher is better, TTFT lower)")
-    return rows
-
-
 def compare(args: argparse.Namespace) -> None:
     from tram.bench.datasets import make_requests, parse_range
     from tram.bench.presets import checkpoint_for
@@ -152,7 +130,7 @@ def compare(args: argparse.Namespace) -> None:
     finally:
         if tram is not None:
             tram.stop(timeout=30, strict=False)
-    ratios = print_comparison(runs)
+    ratios = print_serve_comparison(runs, ENGINES, peer_of)
     write_json(args.output_json, {"model": args.model, "dtype": args.dtype, "threads": args.threads,
                                   "machine": machine_info(), "ratios": ratios, "runs": runs})
     print(f"wrote {args.output_json}")
