@@ -204,7 +204,8 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     """logits.argmax(dim=-1) for a 2-D tensor: the C++ kernel for float32 CPU rows (same answer,
-    first maximum or first NaN, ~4x faster on this project's VM), torch elsewhere."""
+    first maximum or first NaN; 0.14 against 1.72 ms at [128, 32000] on this project's VM), torch
+    elsewhere."""
     if logits.dim() == 2 and logits.dtype == torch.float32 and logits.shape[1] > 0:
         module = kernels_for(logits)
         if module is not None:
@@ -213,8 +214,8 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
 
 
 def to_float32(x: torch.Tensor) -> torch.Tensor:
-    """x.float(): the C++ widening for 16-bit CPU tensors (exact, like the cast; ~10x faster than
-    PyTorch's on [128, 32000] bfloat16 logits), torch elsewhere."""
+    """x.float(): the C++ widening for 16-bit CPU tensors (exact, like the cast; 0.65 against 0.90
+    ms for [128, 32000] bfloat16 logits on this project's VM), torch elsewhere."""
     if x.dtype == torch.float32:
         return x
     module = kernels_for(x) if x.dtype in (torch.bfloat16, torch.float16) else None
