@@ -11,7 +11,7 @@ from transformers import LlamaConfig
 from conftest import STORIES
 from tram import LLM, SamplingParams
 from tram.config import resolve_dtype
-from tram.engine.core import determine_num_blocks
+from tram.worker.worker import determine_num_blocks
 from tram.model.attention import default_attention_backend
 from tram.model.attention.triton_backend import MAX_SPLITS, choose_num_splits
 from tram.worker.cuda_graph import capture_sizes

@@ -2,7 +2,7 @@
 engine configuration that bundles them with the model's. Plain data, torch-free, picklable."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tram.config.model import ModelConfig
 
@@ -27,6 +27,22 @@ class SchedulerConfig:
     max_model_len: int = 2048
 
 
+EXECUTOR_BACKENDS = ("uni", "mp")
+
+
+@dataclass
+class ParallelConfig:
+    """How the model is split over ranks, and which executor runs the ranks."""
+
+    tensor_parallel_size: int = 1
+    # uni: the worker in the engine core's process (only with one rank); mp: a process per rank.
+    distributed_executor_backend: str = "uni"
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size
+
+
 @dataclass
 class EngineConfig:
     model_config: ModelConfig
@@ -45,3 +61,4 @@ class EngineConfig:
     structured_outputs_backend: str = "xgrammar"
     structured_outputs_compile_timeout: float = 30.0
     structured_outputs_disable_any_whitespace: bool = False
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from tram.config.cli_args import CliSettings, setting
-from tram.config.engine import CacheConfig, EngineConfig, SchedulerConfig
+from tram.config.engine import EXECUTOR_BACKENDS, CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
 from tram.config.model import DTYPES, LOAD_FORMATS, ModelConfig
 
 ATTENTION_BACKENDS = ("torch", "triton")
@@ -61,8 +61,11 @@ class EngineArgs(CliSettings):
         "newlines until max_tokens); as vLLM's structured_outputs_config.disable_any_whitespace")
     structured_outputs_compile_timeout: float = setting(
         30.0, "seconds a request's grammar may take to compile before that request fails")
-    tensor_parallel_size: int = setting(1, "devices to split the model over; only 1 is supported yet",
-                                        aliases=("-tp",))
+    tensor_parallel_size: int = setting(1, "ranks to split each layer over (Megatron-style tensor parallelism; "
+                                        "on CPU each rank gets its share of the cores)", aliases=("-tp",))
+    distributed_executor_backend: str | None = setting(
+        None, "how ranks run: mp = a process per rank (the default past one rank), uni = in the engine "
+        "core's process (one rank only); ray is not supported yet", choices=(*EXECUTOR_BACKENDS, "ray"))
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> EngineArgs:
@@ -106,9 +109,24 @@ class EngineArgs(CliSettings):
         if not self.enable_chunked_prefill:
             raise ValueError("--no-enable-chunked-prefill is not supported: Tram always splits long prompts over "
                              "steps within --max-num-batched-tokens (raise it to prefill more per step)")
-        if self.tensor_parallel_size != 1:
-            raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size} is not supported yet: Tram runs a "
-                             "model on one device; use --tensor-parallel-size 1")
+        backend = self.distributed_executor_backend
+        if backend == "ray":
+            raise ValueError("distributed_executor_backend 'ray' is not supported yet; use mp (a process per rank)")
+        if backend is not None and backend not in EXECUTOR_BACKENDS:
+            raise ValueError(f"distributed_executor_backend {backend!r} is not supported: choose "
+                             f"{' or '.join(EXECUTOR_BACKENDS)}")
+        if backend == "uni" and self.tensor_parallel_size > 1:
+            raise ValueError("distributed_executor_backend 'uni' runs one rank; tensor_parallel_size "
+                             f"{self.tensor_parallel_size} needs mp")
+
+    def _parallel_config(self, hf_config: Any) -> ParallelConfig:
+        """The split, checked against the model's shape (ValueError when it does not divide)."""
+        from tram.config.parallel_check import check_tensor_parallel
+
+        tp = self.tensor_parallel_size
+        check_tensor_parallel(hf_config, tp)
+        backend = self.distributed_executor_backend or ("mp" if tp > 1 else "uni")
+        return ParallelConfig(tp, backend)
 
     def _generation_config_folder(self, model_path: str) -> str | None:
         """The folder whose generation_config.json gives the server's sampling defaults (None: none)."""
@@ -153,4 +171,5 @@ class EngineArgs(CliSettings):
                 "xgrammar" if self.structured_outputs_backend == "auto" else self.structured_outputs_backend),
             structured_outputs_compile_timeout=self.structured_outputs_compile_timeout,
             structured_outputs_disable_any_whitespace=self.structured_outputs_disable_any_whitespace,
+            parallel_config=self._parallel_config(model_config.hf_config),
         )

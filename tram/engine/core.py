@@ -9,38 +9,16 @@ import logging
 
 from tram.core.request import Request, RequestStatus
 from tram.core.scheduler import Scheduler
-from tram.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
-from tram.config.model import device_type
+from tram.config import EngineConfig
 from tram.engine.messages import EngineCoreOutputs, EngineCoreRequest, RequestError, SchedulerStats
 from tram.engine.structured_outputs import (
     GRAMMAR_POLL_S, add_structured_output_stats, make_structured_output_manager,
 )
 from tram.sampling_params import SamplingParamError
+from tram.executor import Executor, make_executor
 from tram.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
-
-
-def determine_num_blocks(config: EngineConfig, runner: ModelRunner) -> int:
-    """Blocks from an explicit count, else from a memory budget."""
-    if config.num_gpu_blocks_override is not None:
-        return config.num_gpu_blocks_override
-    mc, sc, cc = config.model_config, config.scheduler_config, config.cache_config
-    bytes_per_block = runner.bytes_per_block()
-    if config.kv_cache_memory_bytes is not None:
-        return max(1, config.kv_cache_memory_bytes // bytes_per_block)
-    if device_type(mc.device) == "cuda":
-        budget = runner.profile_memory().kv_cache_budget(config.gpu_memory_utilization)
-        if budget < bytes_per_block:
-            raise ValueError(
-                f"No GPU memory is left for the KV cache ({budget / 2**30:.2f} GiB after weights and the "
-                f"peak of a {sc.max_num_batched_tokens}-token step). Raise gpu_memory_utilization (now "
-                f"{config.gpu_memory_utilization}), or lower max_num_batched_tokens or max_num_seqs."
-            )
-        return budget // bytes_per_block
-    # On CPU, never reserve more than every sequence at full length could use at once.
-    most_useful = sc.max_num_seqs * -(-sc.max_model_len // cc.block_size)
-    return max(1, min(DEFAULT_CPU_KV_CACHE_BYTES // bytes_per_block, most_useful))
 
 
 class EngineCore:
@@ -48,8 +26,24 @@ class EngineCore:
         self.config = config
         config.model_config.resolve()
         cc, sc = config.cache_config, config.scheduler_config
-        self.model_runner = ModelRunner(config.model_config, cc.block_size, sc.max_num_seqs, sc.max_num_batched_tokens)
-        cc.num_blocks = determine_num_blocks(config, self.model_runner)
+        self.executor: Executor = make_executor(config)
+        try:
+            self._initialize_kv_cache()
+        except BaseException:
+            self.executor.shutdown()
+            raise
+        self.scheduler = Scheduler(sc, cc)
+        self.structured_output = make_structured_output_manager(config)
+
+    @property
+    def model_runner(self) -> ModelRunner:
+        """The model runner of a one-rank (`uni`) engine, for tests and benchmarks that inspect it."""
+        return self.executor.model_runner  # type: ignore[attr-defined]
+
+    def _initialize_kv_cache(self) -> None:
+        config = self.config
+        cc, sc = config.cache_config, config.scheduler_config
+        cc.num_blocks = self.executor.determine_num_blocks()
         capacity = cc.num_blocks * cc.block_size
         if capacity < sc.max_model_len:
             raise ValueError(
@@ -57,14 +51,12 @@ class EngineCore:
                 f"than max_model_len={sc.max_model_len}. Lower max_model_len or give the cache more "
                 "room (num_gpu_blocks_override, kv_cache_memory_bytes or gpu_memory_utilization)."
             )
-        self.model_runner.initialize_kv_cache(cc.num_blocks)
+        self.executor.initialize_kv_cache(cc.num_blocks)
         logger.info(
-            "KV cache: %d blocks, %d tokens (%.1f MiB); maximum concurrency at %d tokens per request: %.2fx",
-            cc.num_blocks, capacity, cc.num_blocks * self.model_runner.bytes_per_block() / 2**20,
+            "KV cache: %d blocks, %d tokens (%.1f MiB per rank); maximum concurrency at %d tokens per request: %.2fx",
+            cc.num_blocks, capacity, cc.num_blocks * self.executor.bytes_per_block() / 2**20,
             sc.max_model_len, capacity / sc.max_model_len,
         )
-        self.scheduler = Scheduler(sc, cc)
-        self.structured_output = make_structured_output_manager(config)
 
     def add_request(self, req: EngineCoreRequest) -> None:
         source = None
@@ -86,6 +78,7 @@ class EngineCore:
         self.scheduler.finish_requests(request_ids, status)
 
     def step(self) -> EngineCoreOutputs:
+        self.executor.raise_if_failed()
         errors = self._fail_grammars()
         sched = self.scheduler.schedule()
         so = self.structured_output
@@ -93,7 +86,7 @@ class EngineCore:
             sched.grammar_bitmask = so.grammar_bitmask(sched, self.scheduler.requests)
             if sched.is_empty and not errors:
                 so.wait_for_compiles(GRAMMAR_POLL_S)
-        result = self.model_runner.execute_model(sched)
+        result = self.executor.execute_model(sched)
         outputs = self.scheduler.update_from_output(sched, result)
         outputs.request_errors = errors
         if so is not None and outputs.scheduler_stats is not None:
@@ -128,6 +121,7 @@ class EngineCore:
     def shutdown(self) -> None:
         if self.structured_output is not None:
             self.structured_output.shutdown()
+        self.executor.shutdown()
 
     def check_kv_integrity(self) -> dict[str, int]:
         return self.scheduler.kv_cache_manager.check_integrity()

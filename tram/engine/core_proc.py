@@ -144,7 +144,14 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, par
     except BaseException as e:  # noqa: BLE001 - report any crash to the server before dying
         logger.error("engine core died:\n%s", traceback.format_exc())
         output_socket.send_multipart(messages.encode(messages.FATAL, messages.FatalError(f"{type(e).__name__}: {e}")))
-        output_socket.close()
+        if proc is not None:
+            try:
+                proc.core.shutdown()  # stop worker processes that are still alive
+            except Exception:  # noqa: BLE001 - still exit
+                logger.exception("engine core: shutdown after the crash failed")
+        output_socket.close()  # lingers up to a second to deliver FATAL
+        # Every socket must be closed, or ctx.term() waits forever (a crash mid-serve hung here).
+        input_socket.close(linger=0)
         ctx.term()
         sys.exit(1)
     if proc is not None:

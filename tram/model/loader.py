@@ -97,7 +97,9 @@ def load_safetensors_weights(model: nn.Module, files: list[str], tied: bool) -> 
                 if param is None:
                     unexpected.append(name)
                     continue
-                _load_one(name, param, f.get_tensor(name), file)
+                # A sharded parameter's loader reads its part of the file, not the whole tensor.
+                sliced = getattr(get_weight_loader(param), "reads_slices", False)
+                _load_one(name, param, f.get_slice(name) if sliced else f.get_tensor(name), file)
                 loaded.add(name)
     missing = sorted(set(params) - loaded)
     if missing or unexpected:

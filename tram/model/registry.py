@@ -9,6 +9,8 @@ from tram.model.models.gemma3 import Gemma3ForCausalLM
 from tram.model.models.llama import LlamaForCausalLM, MistralForCausalLM
 from tram.model.models.qwen2 import Qwen2ForCausalLM
 from tram.model.models.qwen3 import Qwen3ForCausalLM
+from tram.distributed import get_tp
+from tram.distributed.parallel_state import kv_head_range
 from tram.model.spec import attention_dims
 
 _MODELS: dict[str, type[nn.Module]] = {
@@ -34,6 +36,9 @@ def get_model_class(arch: str) -> type[nn.Module]:
 
 
 def kv_cache_shape_info(hf_config: Any) -> tuple[int, int, int]:
-    """(num_layers, num_kv_heads, head_dim): what the worker needs to size the paged KV cache."""
-    _, num_kv_heads, head_dim = attention_dims(hf_config)
-    return int(hf_config.num_hidden_layers), num_kv_heads, head_dim
+    """(num_layers, num_kv_heads, head_dim): what the worker needs to size the paged KV cache; the KV
+    heads are this tensor-parallel rank's."""
+    num_heads, num_kv_heads, head_dim = attention_dims(hf_config)
+    tp = get_tp()
+    _, local_kv_heads = kv_head_range(num_heads, num_kv_heads, tp.rank, tp.size)
+    return int(hf_config.num_hidden_layers), local_kv_heads, head_dim

@@ -3,7 +3,9 @@
 Contract of a weight loader, `weight_loader(param, loaded) -> None`:
   * The loading loop (loader.load_safetensors_weights) calls it once for every checkpoint tensor whose
     name is the parameter's name, with gradients off. `loaded` is a CPU tensor in the checkpoint's
-    dtype, possibly backed by the memory-mapped file: read it, never keep it.
+    dtype, possibly backed by the memory-mapped file: read it, never keep it. A loader with a true
+    `reads_slices` attribute (a tensor-parallel shard) gets a safetensors slice instead (get_shape(),
+    indexing), so that it reads only its part of the file.
   * It fills `param` in place (`param.copy_`, `param[...].copy_`, or `param.narrow(...)`), casting
     dtype and moving device as needed. It never rebinds `param.data`: the model may hold views of it.
   * It raises WeightShapeError (or another ValueError) when it cannot use the tensor; the loop adds

@@ -7,8 +7,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from tram.distributed import get_tp, shard_range
+from tram.distributed.parallel_state import kv_head_range
 from tram.model.attention import AttentionBackend, AttentionMetadata
-from tram.model.linear import Linear, linear_n
+from tram.model.linear import linear_n
+from tram.model.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from tram.model.rope import apply_rotary_qk
 
 # Builds the norm applied to each head of q and of k over head_dim (Qwen3, Gemma 3), given head_dim.
@@ -21,6 +24,9 @@ class Attention(nn.Module):
 
     scale defaults to head_dim ** -0.5; sliding_window None means full attention, else the query
     sees itself and the sliding_window - 1 keys before it (transformers' convention).
+
+    Under tensor parallelism each rank holds num_heads / tp query heads and the KV heads they attend
+    with (column-parallel q/k/v, replicated KV heads when tp > num_kv_heads) and a row-parallel o_proj.
     """
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -28,15 +34,24 @@ class Attention(nn.Module):
                  scale: float | None = None, sliding_window: int | None = None,
                  head_norm: HeadNormFactory | None = None) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        tp = get_tp()
+        q_start, self.num_heads = shard_range(num_heads, tp.rank, tp.size)
+        kv_start, self.num_kv_heads = kv_head_range(num_heads, num_kv_heads, tp.rank, tp.size)
+        self.head_dim = head_dim
         self.scale = head_dim ** -0.5 if scale is None else scale
         self.sliding_window = sliding_window
         self.backend = backend
-        q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
-        self.q_proj = Linear(hidden_size, q_size, bias=qkv_bias, dtype=dtype)
-        self.k_proj = Linear(hidden_size, kv_size, bias=qkv_bias, dtype=dtype)
-        self.v_proj = Linear(hidden_size, kv_size, bias=qkv_bias, dtype=dtype)
-        self.o_proj = Linear(q_size, hidden_size, bias=o_bias, dtype=dtype)
+        d = head_dim
+
+        def column(first_head: int, heads: int, total_heads: int) -> ColumnParallelLinear:
+            return ColumnParallelLinear(hidden_size, total_heads * d, first_head * d, heads * d, bias=qkv_bias,
+                                        dtype=dtype)
+
+        self.q_proj = column(q_start, self.num_heads, num_heads)
+        self.k_proj = column(kv_start, self.num_kv_heads, num_kv_heads)
+        self.v_proj = column(kv_start, self.num_kv_heads, num_kv_heads)
+        self.o_proj = RowParallelLinear(num_heads * d, hidden_size, q_start * d, self.num_heads * d, bias=o_bias,
+                                        dtype=dtype)
         if head_norm is not None:
             self.q_norm = head_norm(head_dim)
             self.k_norm = head_norm(head_dim)

@@ -4,21 +4,28 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tram.distributed import get_tp, shard_range
 from tram.model.cpu_kernels import kernels_for
 from tram.model.cpu_packed import PackFn, packed_linear
 from tram.model.layers.activation import get_activation
 from tram.model.linear import Linear, linear_n, takes_packed
+from tram.model.parallel_linear import ColumnParallelLinear, RowParallelLinear
 
 
 class GatedMLP(nn.Module):
-    """SwiGLU with silu (Llama, Qwen), GeGLU with gelu_pytorch_tanh (Gemma)."""
+    """SwiGLU with silu (Llama, Qwen), GeGLU with gelu_pytorch_tanh (Gemma).
+
+    Under tensor parallelism each rank holds intermediate_size / tp channels: gate and up are
+    column-parallel, down row-parallel (one all-reduce)."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str, bias: bool,
                  dtype: torch.dtype) -> None:
         super().__init__()
-        self.gate_proj = Linear(hidden_size, intermediate_size, bias=bias, dtype=dtype)
-        self.up_proj = Linear(hidden_size, intermediate_size, bias=bias, dtype=dtype)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias, dtype=dtype)
+        tp = get_tp()
+        start, size = shard_range(intermediate_size, tp.rank, tp.size)
+        self.gate_proj = ColumnParallelLinear(hidden_size, intermediate_size, start, size, bias=bias, dtype=dtype)
+        self.up_proj = ColumnParallelLinear(hidden_size, intermediate_size, start, size, bias=bias, dtype=dtype)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, start, size, bias=bias, dtype=dtype)
         self.act = get_activation(hidden_act)
         self.fused_silu = hidden_act in ("silu", "swish")
         # On CPU, gate's and up's weights stacked [2I, hidden] and packed for oneDNN (pack_stacked): one

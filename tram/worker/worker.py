@@ -1,0 +1,72 @@
+"""One rank of the model: its shard of the weights and of the KV cache, and the model runner that
+executes each step on them. The executor (tram/executor/) owns the workers and says where they run:
+in the engine core's process (one rank) or one process per rank.
+"""
+from __future__ import annotations
+
+import logging
+
+from tram.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
+from tram.config.model import device_type
+from tram.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from tram.distributed import get_tp, init_tensor_parallel
+from tram.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+def determine_num_blocks(config: EngineConfig, runner: ModelRunner) -> int:
+    """Blocks from an explicit count, else from a memory budget."""
+    if config.num_gpu_blocks_override is not None:
+        return config.num_gpu_blocks_override
+    mc, sc, cc = config.model_config, config.scheduler_config, config.cache_config
+    bytes_per_block = runner.bytes_per_block()
+    if config.kv_cache_memory_bytes is not None:
+        return max(1, config.kv_cache_memory_bytes // bytes_per_block)
+    if device_type(mc.device) == "cuda":
+        budget = runner.profile_memory().kv_cache_budget(config.gpu_memory_utilization)
+        if budget < bytes_per_block:
+            raise ValueError(
+                f"No GPU memory is left for the KV cache ({budget / 2**30:.2f} GiB after weights and the "
+                f"peak of a {sc.max_num_batched_tokens}-token step). Raise gpu_memory_utilization (now "
+                f"{config.gpu_memory_utilization}), or lower max_num_batched_tokens or max_num_seqs."
+            )
+        return budget // bytes_per_block
+    # On CPU, never reserve more than every sequence at full length could use at once.
+    most_useful = sc.max_num_seqs * -(-sc.max_model_len // cc.block_size)
+    return max(1, min(DEFAULT_CPU_KV_CACHE_BYTES // bytes_per_block, most_useful))
+
+
+class Worker:
+    """Rank `rank` of `world_size`: joins the tensor-parallel group (init_method: torch.distributed's
+    rendezvous address), then loads its shard of the model. Every rank runs every step on the same
+    scheduler output, so their persistent batches stay equal; each samples from the same gathered
+    logits with the same random state, so they pick the same tokens."""
+
+    def __init__(self, config: EngineConfig, rank: int = 0, world_size: int = 1,
+                 init_method: str | None = None) -> None:
+        self.config = config
+        self.rank = rank
+        mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
+        mc.resolve()
+        if world_size > 1:
+            assert init_method is not None
+            init_tensor_parallel(rank, world_size, init_method, mc.device_type)
+        self.model_runner = ModelRunner(mc, cc.block_size, sc.max_num_seqs, sc.max_num_batched_tokens)
+
+    def determine_num_blocks(self) -> int:
+        """The blocks this rank's memory holds; the engine takes the smallest over ranks."""
+        return determine_num_blocks(self.config, self.model_runner)
+
+    def bytes_per_block(self) -> int:
+        return self.model_runner.bytes_per_block()
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        self.model_runner.initialize_kv_cache(num_blocks)
+
+    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        return self.model_runner.execute_model(sched)
+
+    def describe(self) -> str:
+        tp = get_tp()
+        return f"rank {tp.rank} of {tp.size} ({tp.backend})"
