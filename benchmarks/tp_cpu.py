@@ -6,8 +6,9 @@ what TP buys against one rank, in one run each.
     python benchmarks/tp_cpu.py throughput --model llama-110m --num-prompts 64 [--rounds 2]
 
 `throughput` runs the same requests through each configuration in turn (TP=1 with all threads; TP=2
-with one thread per rank and shared-memory collectives; TP=2 over gloo), greedy, and prints output
-tokens/s and each one's ratio to TP=1. Every report starts with the machine (CPU model, ISA flags).
+with one thread per rank and shared-memory collectives; TP=2 over gloo; DP=2, two engines with one
+thread each and half the requests each), greedy, and prints output tokens/s and each one's ratio to
+TP=1. Every report starts with the machine (CPU model, ISA flags).
 """
 from __future__ import annotations
 
@@ -145,16 +146,52 @@ def broadcast(args: argparse.Namespace) -> None:
 
 
 # ---- throughput --------------------------------------------------------------------------------
-CONFIGS = {  # name -> (LLM keywords, environment)
+CONFIGS = {  # name -> (LLM keywords, environment); dp2 is two engines in two processes
     "tp1": ({}, {"TRAM_TP_SHM": "1"}),
     "tp2-shm": ({"tensor_parallel_size": 2}, {"TRAM_TP_SHM": "1"}),
     "tp2-gloo": ({"tensor_parallel_size": 2}, {"TRAM_TP_SHM": "0"}),
+    "dp2": ({}, {}),
 }
+
+
+def _dp_replica(model: str, dtype: str, threads: int, requests: list, barrier: Any, out: Any, index: int) -> None:
+    from tram import LLM, SamplingParams
+
+    torch.set_num_threads(threads)
+    llm = LLM(model, dtype=dtype, max_num_seqs=256, max_model_len=1024)
+    params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
+    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
+    llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up
+    barrier.wait()
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    out.put((index, time.perf_counter() - start, [o.outputs[0].token_ids for o in outs]))
+
+
+def _run_data_parallel(model: str, args: argparse.Namespace, requests: list, size: int = 2) -> tuple[float, list]:
+    """What `--data-parallel-size 2` does, offline: two engines, one thread each, requests dealt out
+    in turn (the router's choice when loads are equal); the time is the slower replica's."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier, out = ctx.Barrier(size), ctx.Queue()
+    shares = [requests[i::size] for i in range(size)]
+    procs = [ctx.Process(target=_dp_replica, args=(model, args.dtype, max(1, args.threads // size), shares[i],
+                                                   barrier, out, i)) for i in range(size)]
+    for p in procs:
+        p.start()
+    results = sorted(out.get(timeout=3600) for _ in procs)
+    for p in procs:
+        p.join()
+    outputs: list = [None] * len(requests)
+    for index, _, outs in results:
+        outputs[index::size] = outs
+    return max(seconds for _, seconds, _ in results), outputs
 
 
 def _run_config(name: str, model: str, args: argparse.Namespace, requests: list) -> tuple[float, list]:
     from tram import LLM, SamplingParams
 
+    if name == "dp2":
+        return _run_data_parallel(model, args, requests)
     kwargs, env = CONFIGS[name]
     os.environ.update(env)
     llm = LLM(model, dtype=args.dtype, max_num_seqs=256, max_model_len=1024, **kwargs)

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tram.config import ParallelConfig
 from tram.engine.cpu_threads import DEFAULT_SPIN_COUNT, choose_cpu_threads, environment
 
 TRAM_DEFAULT_ENV = {"GOMP_SPINCOUNT": str(DEFAULT_SPIN_COUNT)}
@@ -73,7 +74,7 @@ def test_engine_core_applies_and_logs_the_policy(monkeypatch: pytest.MonkeyPatch
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("GOMP_SPINCOUNT", str(DEFAULT_SPIN_COUNT))
     monkeypatch.setattr("tram.engine.core_proc.usable_cores", lambda: 3)
-    config = SimpleNamespace(model_config=SimpleNamespace(device_type="cpu"))
+    config = SimpleNamespace(model_config=SimpleNamespace(device_type="cpu"), parallel_config=ParallelConfig())
     monkeypatch.setattr(logging.getLogger("tram"), "propagate", True)  # Tram's own handler keeps it from caplog
     threads = torch.get_num_threads()
     try:

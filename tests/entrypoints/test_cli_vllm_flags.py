@@ -91,8 +91,7 @@ def test_model_missing_or_given_twice_differently(capsys: pytest.CaptureFixture[
                                    "a fast tokenizer"),
     (["--tokenizer-mode", "mistral"], "tokenizer_mode 'mistral' is not supported"),
     (["--no-enable-chunked-prefill"], "--no-enable-chunked-prefill is not supported"),
-    (["-tp", "2", "--distributed-executor-backend", "ray"], "distributed_executor_backend 'ray' is not supported yet"),
-    (["-tp", "2", "--distributed-executor-backend", "uni"], "tensor_parallel_size 2 needs mp"),
+    (["-tp", "2", "--distributed-executor-backend", "uni"], "distributed_executor_backend 'uni' runs one rank"),
     (["--tool-call-parser", "mistral"], "--tool-call-parser mistral is not supported: choose one of hermes, "
                                         "llama3_json"),
     (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),

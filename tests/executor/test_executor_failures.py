@@ -52,8 +52,7 @@ def test_shutdown_leaves_no_process(stories_path: str):
     (dict(tensor_parallel_size=3), "does not divide the model's 8 attention heads"),
     (dict(tensor_parallel_size=0), "tensor_parallel_size must be positive"),
     (dict(tensor_parallel_size=2, distributed_executor_backend="uni"), "needs mp"),
-    (dict(distributed_executor_backend="ray"), "'ray' is not supported yet"),
-    (dict(distributed_executor_backend="threads"), "not supported: choose uni or mp"),
+    (dict(distributed_executor_backend="threads"), "not supported: choose uni or mp or ray"),
 ])
 def test_bad_parallel_settings_are_refused(stories_path: str, kwargs: dict, message: str):
     with pytest.raises(ValueError, match=message):

@@ -27,7 +27,7 @@ class SchedulerConfig:
     max_model_len: int = 2048
 
 
-EXECUTOR_BACKENDS = ("uni", "mp")
+EXECUTOR_BACKENDS = ("uni", "mp", "ray")
 
 
 @dataclass
@@ -35,12 +35,34 @@ class ParallelConfig:
     """How the model is split over ranks, and which executor runs the ranks."""
 
     tensor_parallel_size: int = 1
-    # uni: the worker in the engine core's process (only with one rank); mp: a process per rank.
+    pipeline_parallel_size: int = 1
+    # uni: the worker in the engine core's process (only with one rank); mp: a process per rank on
+    # this machine; ray: a Ray actor per rank, anywhere on the user's Ray cluster.
     distributed_executor_backend: str = "uni"
+    # Engine cores behind one API server (tram serve); each replica's own config says 1 and its index.
+    data_parallel_size: int = 1
+    data_parallel_index: int = 0
+    # CPU threads of the whole replica, split over its ranks; None: from the environment and cores.
+    cpu_threads: int | None = None
+    # The node (IP) of each rank, where the executor knows it (Ray): a TP group spread over nodes
+    # cannot use the shared-memory all-reduce. None: every rank on this machine.
+    rank_nodes: tuple[str, ...] | None = None
+
+    def tp_group_on_one_node(self, rank: int) -> bool:
+        if self.rank_nodes is None:
+            return True
+        first = rank - rank % self.tensor_parallel_size
+        return len(set(self.rank_nodes[first:first + self.tensor_parallel_size])) == 1
 
     @property
     def world_size(self) -> int:
-        return self.tensor_parallel_size
+        """Ranks of one replica: global rank = stage * tensor_parallel_size + tensor-parallel rank."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def output_rank(self) -> int:
+        """The rank whose sampled tokens the engine reads: the last stage's first tensor-parallel rank."""
+        return (self.pipeline_parallel_size - 1) * self.tensor_parallel_size
 
 
 @dataclass

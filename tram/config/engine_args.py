@@ -12,7 +12,7 @@ from tram.config.model import DTYPES, LOAD_FORMATS, ModelConfig
 
 ATTENTION_BACKENDS = ("torch", "triton")
 _POSITIVE = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks_override",
-             "kv_cache_memory_bytes", "tensor_parallel_size")
+             "kv_cache_memory_bytes", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
 # vLLM's tokenizer modes Tram serves: both load the model's fast (Rust `tokenizers`) tokenizer.
 TOKENIZER_MODES = ("auto", "hf")
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -63,9 +63,14 @@ class EngineArgs(CliSettings):
         30.0, "seconds a request's grammar may take to compile before that request fails")
     tensor_parallel_size: int = setting(1, "ranks to split each layer over (Megatron-style tensor parallelism; "
                                         "on CPU each rank gets its share of the cores)", aliases=("-tp",))
+    pipeline_parallel_size: int = setting(1, "pipeline stages to split the layers over (contiguous runs of "
+                                          "layers, a rank or TP group each)", aliases=("-pp",))
+    data_parallel_size: int = setting(1, "engine cores (replicas, each with its own scheduler, KV cache and "
+                                      "ranks) behind one API server; tram serve only", aliases=("-dp",))
     distributed_executor_backend: str | None = setting(
         None, "how ranks run: mp = a process per rank (the default past one rank), uni = in the engine "
-        "core's process (one rank only); ray is not supported yet", choices=(*EXECUTOR_BACKENDS, "ray"))
+        "core's process (one rank only), ray = a Ray actor per rank on the Ray cluster (RAY_ADDRESS, else a "
+        "local one; pip install 'tram[ray]')", choices=EXECUTOR_BACKENDS)
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> EngineArgs:
@@ -111,22 +116,28 @@ class EngineArgs(CliSettings):
                              "steps within --max-num-batched-tokens (raise it to prefill more per step)")
         backend = self.distributed_executor_backend
         if backend == "ray":
-            raise ValueError("distributed_executor_backend 'ray' is not supported yet; use mp (a process per rank)")
+            from tram.executor.ray_executor import import_ray
+
+            import_ray()  # a clear one-line error now, not at start-up, when Ray is missing
         if backend is not None and backend not in EXECUTOR_BACKENDS:
             raise ValueError(f"distributed_executor_backend {backend!r} is not supported: choose "
                              f"{' or '.join(EXECUTOR_BACKENDS)}")
-        if backend == "uni" and self.tensor_parallel_size > 1:
-            raise ValueError("distributed_executor_backend 'uni' runs one rank; tensor_parallel_size "
-                             f"{self.tensor_parallel_size} needs mp")
+        ranks = self.tensor_parallel_size * self.pipeline_parallel_size
+        if backend == "uni" and ranks > 1:
+            raise ValueError(f"distributed_executor_backend 'uni' runs one rank; tensor_parallel_size "
+                             f"{self.tensor_parallel_size} x pipeline_parallel_size {self.pipeline_parallel_size} "
+                             "needs mp")
 
     def _parallel_config(self, hf_config: Any) -> ParallelConfig:
         """The split, checked against the model's shape (ValueError when it does not divide)."""
         from tram.config.parallel_check import check_tensor_parallel
 
-        tp = self.tensor_parallel_size
+        tp, pp = self.tensor_parallel_size, self.pipeline_parallel_size
         check_tensor_parallel(hf_config, tp)
-        backend = self.distributed_executor_backend or ("mp" if tp > 1 else "uni")
-        return ParallelConfig(tp, backend)
+        if pp > int(hf_config.num_hidden_layers):
+            raise ValueError(f"pipeline_parallel_size {pp} exceeds the model's {hf_config.num_hidden_layers} layers")
+        backend = self.distributed_executor_backend or ("mp" if tp * pp > 1 else "uni")
+        return ParallelConfig(tp, pp, backend, data_parallel_size=self.data_parallel_size)
 
     def _generation_config_folder(self, model_path: str) -> str | None:
         """The folder whose generation_config.json gives the server's sampling defaults (None: none)."""

@@ -70,6 +70,7 @@ class Request:
         self.num_cached_tokens = -1  # set when first scheduled
         self.scheduled_time: float | None = None  # wall clock, first time scheduled (queue time)
         self.num_preemptions = 0
+        self.num_output_sent = 0  # output tokens the non-sampling pipeline stages have been sent
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
         self.block_hashes: list[int] = []

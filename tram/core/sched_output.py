@@ -33,6 +33,9 @@ class CachedRequestData(msgspec.Struct, **_STRUCT):
     num_computed_tokens: int
     # After a preemption the request holds a fresh block list: `new_block_ids` replaces the old one.
     resumed_from_preemption: bool = False
+    # Pipeline parallelism only: output tokens sampled since this request was last sent, for the
+    # stages that do not sample (the first stage embeds them as the next step's inputs).
+    new_token_ids: list[int] = []
 
 
 class GrammarBitmask(msgspec.Struct, **_STRUCT):

@@ -18,8 +18,12 @@ from tram.engine.messages import EngineCoreOutput, EngineCoreOutputs, SchedulerS
 
 
 class Scheduler:
-    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                 send_token_ids: bool = False) -> None:
         self.config = scheduler_config
+        # Under pipeline parallelism only the last stage samples: the others learn each request's new
+        # output tokens from its next CachedRequestData.
+        self.send_token_ids = send_token_ids
         self.block_size = cache_config.block_size
         self.kv_cache_manager = KVCacheManager(
             cache_config.num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
@@ -93,13 +97,18 @@ class Scheduler:
                 new_blocks = self.kv_cache_manager.allocate_slots(req, num_new)
             if new_blocks is None:
                 break
-            out.scheduled_cached_reqs.append(
-                CachedRequestData(req.request_id, [b.block_id for b in new_blocks], req.num_computed_tokens)
-            )
+            out.scheduled_cached_reqs.append(self._cached(req, [b.block_id for b in new_blocks], req.num_computed_tokens))
             out.num_scheduled_tokens[req.request_id] = num_new
             budget -= num_new
             i += 1
         return budget, preempted
+
+    def _cached(self, req: Request, block_ids: list[int], num_computed: int, resumed: bool = False) -> CachedRequestData:
+        data = CachedRequestData(req.request_id, block_ids, num_computed, resumed)
+        if self.send_token_ids and req.num_output_sent < len(req.output_token_ids):
+            data.new_token_ids = req.output_token_ids[req.num_output_sent:]
+            req.num_output_sent = len(req.output_token_ids)
+        return data
 
     def _preempt(self, req: Request) -> None:
         self.kv_cache_manager.free(req)
@@ -132,7 +141,7 @@ class Scheduler:
             self.running.append(req)
             block_ids = self.kv_cache_manager.get_block_ids(req.request_id)
             if resumed:
-                out.scheduled_cached_reqs.append(CachedRequestData(req.request_id, block_ids, num_hit, True))
+                out.scheduled_cached_reqs.append(self._cached(req, block_ids, num_hit, True))
             else:
                 out.scheduled_new_reqs.append(
                     NewRequestData(

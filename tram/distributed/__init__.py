@@ -1,9 +1,10 @@
-"""Tensor-parallel state and collectives: which rank this process is, and how its ranks talk
+"""Tensor- and pipeline-parallel state and communication: which rank this process is, and how its ranks talk
 (torch.distributed; gloo on CPU, NCCL on CUDA). With one rank everything here is a no-op."""
 from tram.distributed.parallel_state import (
-    TensorParallel, get_tp, init_tensor_parallel, shard_range, destroy_tensor_parallel,
+    PipelineParallel, TensorParallel, destroy_tensor_parallel, get_pp, get_tp, init_parallel, init_tensor_parallel,
+    shard_range,
 )
-from tram.distributed.communication import tp_all_gather, tp_all_reduce
+from tram.distributed.communication import pp_recv, pp_send, tp_all_gather, tp_all_reduce
 
-__all__ = ["TensorParallel", "destroy_tensor_parallel", "get_tp", "init_tensor_parallel", "shard_range",
-           "tp_all_gather", "tp_all_reduce"]
+__all__ = ["PipelineParallel", "TensorParallel", "destroy_tensor_parallel", "get_pp", "get_tp", "init_parallel",
+           "init_tensor_parallel", "pp_recv", "pp_send", "shard_range", "tp_all_gather", "tp_all_reduce"]

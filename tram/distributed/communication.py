@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from tram.distributed.parallel_state import get_tp
+from tram.distributed.parallel_state import get_pp, get_tp
 
 
 def tp_all_reduce(x: torch.Tensor) -> torch.Tensor:
@@ -39,3 +39,19 @@ def tp_all_gather(x: torch.Tensor) -> torch.Tensor:
     parts = [torch.empty_like(x) for _ in range(tp.size)]
     dist.all_gather(parts, x, group=tp.group)
     return torch.cat(parts, dim=-1)
+
+
+def pp_send(x: torch.Tensor) -> None:
+    """Hand this stage's hidden states to the next stage (the same TP rank there)."""
+    import torch.distributed as dist
+
+    dist.send(x.contiguous(), dst=get_pp().next)
+
+
+def pp_recv(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The previous stage's hidden states for this step."""
+    import torch.distributed as dist
+
+    x = torch.empty(shape, dtype=dtype, device=device)
+    dist.recv(x, src=get_pp().prev)
+    return x

@@ -40,38 +40,88 @@ def set_tp(tp: TensorParallel) -> None:
     _TP = tp
 
 
+@dataclass(frozen=True)
+class PipelineParallel:
+    """This process's pipeline stage; prev/next are the global ranks it receives from and sends to
+    (the same tensor-parallel rank of the neighbouring stages)."""
+
+    rank: int = 0
+    size: int = 1
+    prev: int | None = None
+    next: int | None = None
+
+    @property
+    def is_first(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.rank == self.size - 1
+
+
+_PP = PipelineParallel()
+
+
+def get_pp() -> PipelineParallel:
+    return _PP
+
+
+def set_pp(pp: PipelineParallel) -> None:
+    global _PP
+    _PP = pp
+
+
 def init_tensor_parallel(rank: int, size: int, init_method: str, device_type: str,
                          timeout_s: float = 600.0) -> TensorParallel:
-    """Join the process group (gloo on CPU, NCCL on CUDA) and make it this process's TP group."""
+    """Join a process group of `size` tensor-parallel ranks (no pipeline)."""
+    return init_parallel(rank, size, 1, init_method, device_type, timeout_s)[0]
+
+
+def init_parallel(rank: int, tp_size: int, pp_size: int, init_method: str, device_type: str,
+                  timeout_s: float = 600.0, shm_ok: bool = True) -> tuple[TensorParallel, PipelineParallel]:
+    """Join the process group of tp_size * pp_size ranks (gloo on CPU, NCCL on CUDA) and set this
+    process's TP group and pipeline stage. Global rank = stage * tp_size + tp_rank: a stage's ranks
+    are contiguous (on one node, when ranks fill nodes in order). shm_ok: this rank's TP group is on
+    one machine, so its CPU collectives may go through shared memory."""
     import torch.distributed as dist
 
+    world = tp_size * pp_size
+    if world == 1:
+        return get_tp(), get_pp()
     backend = "nccl" if device_type == "cuda" else "gloo"
-    if size == 1:
-        return get_tp()
     if not dist.is_initialized():
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
-    shm = None
-    if device_type == "cpu" and os.environ.get(SHM_ENV, "1") != "0":
-        shm = _open_shm(rank, size)
-        backend = "shm"
-    tp = TensorParallel(rank, size, dist.group.WORLD, backend, shm)
+    stage, tp_rank = divmod(rank, tp_size)
+    group = dist.group.WORLD
+    if pp_size > 1:  # every rank creates every group, in the same order (torch.distributed's rule)
+        for s in range(pp_size):
+            ranks = list(range(s * tp_size, (s + 1) * tp_size))
+            created = dist.new_group(ranks) if tp_size > 1 else None
+            if s == stage:
+                group = created
+    tp = TensorParallel(tp_rank, tp_size, group, backend if tp_size > 1 else "none")
+    if tp_size > 1 and device_type == "cpu" and shm_ok and os.environ.get(SHM_ENV, "1") != "0":
+        tp = TensorParallel(tp_rank, tp_size, group, "shm", _open_shm(tp_rank, tp_size, stage * tp_size, group))
+    pp = PipelineParallel(stage, pp_size, rank - tp_size if stage > 0 else None,
+                          rank + tp_size if stage < pp_size - 1 else None)
     set_tp(tp)
-    return tp
+    set_pp(pp)
+    return tp, pp
 
 
-def _open_shm(rank: int, size: int) -> Any:
-    """Rank 0 creates the shared file and tells the others its path; it is unlinked once all have
-    mapped it, so nothing is left in /dev/shm whichever way the processes end."""
+def _open_shm(tp_rank: int, size: int, first_rank: int, group: Any) -> Any:
+    """The group's first rank creates the shared file and tells the others its path; it is unlinked
+    once all have mapped it, so nothing is left in /dev/shm whichever way the processes end."""
     import torch.distributed as dist
 
     from tram.distributed.shm_comm import DEFAULT_SLOT_BYTES, ShmCommunicator
 
-    path = [ShmCommunicator.create_file(size) if rank == 0 else None]
-    dist.broadcast_object_list(path, src=0)
-    comm = ShmCommunicator(path[0], rank, size, DEFAULT_SLOT_BYTES)
-    dist.barrier()
-    if rank == 0:
+    path = [ShmCommunicator.create_file(size) if tp_rank == 0 else None]
+    dist.broadcast_object_list(path, src=first_rank, group=group)
+    comm = ShmCommunicator(path[0], tp_rank, size, DEFAULT_SLOT_BYTES)
+    dist.barrier(group=group)
+    if tp_rank == 0:
         os.unlink(path[0])
     return comm
 
@@ -84,6 +134,7 @@ def destroy_tensor_parallel() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
     set_tp(TensorParallel())
+    set_pp(PipelineParallel())
 
 
 def shard_range(total: int, rank: int, size: int) -> tuple[int, int]:

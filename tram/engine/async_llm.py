@@ -11,9 +11,12 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
+import msgspec
+
 from tram.engine.messages import EngineCoreOutputs, RequestError, SchedulerStats
 from tram.config import EngineConfig
 from tram.engine.core_client import EngineCoreClient, EngineDeadError
+from tram.engine.dp_client import DPEngineCoreClient, combine_results
 from tram.engine.frontend import EngineFrontend
 from tram.engine.input_processor import OFFLINE_LENGTH_RULE, LengthRule, PromptType
 from tram.engine.metrics import DEFAULT_LOG_INTERVAL, LoggingStatLogger, PrometheusStatLogger
@@ -129,9 +132,17 @@ class AsyncLLM(EngineFrontend):
         self.max_log_len = max_log_len
         self.collectors: dict[str, OutputCollector] = {}
         self.last_stats = SchedulerStats()
-        self.prometheus = PrometheusStatLogger(served_model_name or config.model_config.model)
+        num_engines = config.parallel_config.data_parallel_size
+        self.engine_stats = [SchedulerStats() for _ in range(num_engines)]
+        self.prometheus_engines = PrometheusStatLogger.for_engines(served_model_name or config.model_config.model,
+                                                                   num_engines)
+        self.prometheus = self.prometheus_engines[0]  # its registry holds every engine's metrics
         self.log_stats = LoggingStatLogger(log_stats_interval)
-        self.core = EngineCoreClient(config, self._on_outputs, self._on_request_error, self._on_dead)
+        if num_engines > 1:
+            self.core: EngineCoreClient | DPEngineCoreClient = DPEngineCoreClient(
+                config, self._on_outputs, self._on_request_error, self._on_dead)
+        else:
+            self.core = EngineCoreClient(config, self._on_outputs, self._on_request_error, self._on_dead)
         self._log_task: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -210,9 +221,11 @@ class AsyncLLM(EngineFrontend):
         self.core.abort_requests(sample_ids)
 
     # ---- engine core callbacks (on the event loop) -------------------------------------------
-    def _on_outputs(self, outputs: EngineCoreOutputs) -> None:
+    def _on_outputs(self, outputs: EngineCoreOutputs, engine: int = 0) -> None:
         if outputs.scheduler_stats is not None:
-            self.last_stats = outputs.scheduler_stats
+            self.engine_stats[engine] = outputs.scheduler_stats
+            self.last_stats = outputs.scheduler_stats if len(self.engine_stats) == 1 else \
+                SchedulerStats(**combine_results([msgspec.structs.asdict(s) for s in self.engine_stats]))
         for error in outputs.request_errors:
             self._on_request_error(error)
         request_outputs, stopped = self.output_processor.process_outputs(outputs.outputs)
@@ -225,8 +238,8 @@ class AsyncLLM(EngineFrontend):
         if stopped:
             self.core.abort_requests(stopped, stopped=True)
         it = self.output_processor.take_iteration_stats()
-        self.prometheus.record(outputs.scheduler_stats, it)
-        self.log_stats.record(outputs.scheduler_stats, it)
+        self.prometheus_engines[engine].record(outputs.scheduler_stats, it)
+        self.log_stats.record(self.last_stats if outputs.scheduler_stats is not None else None, it)
 
     def _on_request_error(self, error: RequestError) -> None:
         request_id = self.output_processor.sample_owner.get(error.request_id, error.request_id)

@@ -32,7 +32,8 @@ class EngineCore:
         except BaseException:
             self.executor.shutdown()
             raise
-        self.scheduler = Scheduler(sc, cc)
+        # Only the last pipeline stage samples: the scheduler sends the others each request's new tokens.
+        self.scheduler = Scheduler(sc, cc, send_token_ids=config.parallel_config.pipeline_parallel_size > 1)
         self.structured_output = make_structured_output_manager(config)
 
     @property

@@ -7,6 +7,7 @@ fatal error; a bad request only fails that request.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -112,6 +113,9 @@ def _set_cpu_threads(config: EngineConfig, cpu_env: dict[str, str]) -> None:
 
     user_env = {k: v for k, v in os.environ.items() if k not in cpu_env}
     policy = choose_cpu_threads(user_env, usable_cores())
+    share = config.parallel_config.cpu_threads
+    if share is not None:  # a data-parallel replica: its share of the cores
+        policy = dataclasses.replace(policy, threads=share, threads_source=f"this replica's share: {share}")
     torch.set_num_threads(policy.threads)
     logger.info("engine core: %s", policy.describe())
 

@@ -19,6 +19,9 @@ class LLMEngine(EngineFrontend):
     """Drive it with `add_request` and `step`; requests join and leave between any two steps."""
 
     def __init__(self, config: EngineConfig) -> None:
+        if config.parallel_config.data_parallel_size > 1:
+            raise ValueError("data_parallel_size > 1 runs several engine cores behind `tram serve`; offline, "
+                             "start one LLM per replica (or use tensor_parallel_size)")
         super().__init__(config, log_stats=False)  # no metrics offline: nothing would read them
         self.engine_core = EngineCore(config)
         self.last_stats: SchedulerStats = self.engine_core.get_stats()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -21,20 +22,30 @@ FINISH_REASONS = ("stop", "length", "abort")
 
 
 class PrometheusStatLogger:
-    """Owns its registry, so several engines (tests) can live in one process."""
+    """One engine core's metrics. Owns its registry, so several engines (tests) can live in one
+    process; the replicas of a data-parallel server share one (`for_engines`), each labelled
+    `engine="i"` as vLLM labels them."""
 
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None, engine: str | None = None,
+                 families: dict[str, Any] | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        labels, values = ["model_name"], [model_name]
+        families = {} if families is None else families
+        labels = ["model_name"] + ([] if engine is None else ["engine"])
+        values = [model_name] + ([] if engine is None else [engine])
+
+        def family(kind: Any, name: str, doc: str, extra: tuple[str, ...] = (), **kw: Any) -> Any:
+            if name not in families:  # a family is registered once, whatever the number of engines
+                families[name] = kind(f"tram:{name}", doc, labels + list(extra), registry=self.registry, **kw)
+            return families[name]
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(f"tram:{name}", doc, labels, registry=self.registry).labels(*values)
+            return family(Gauge, name, doc).labels(*values)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(f"tram:{name}", doc, labels, registry=self.registry).labels(*values)
+            return family(Counter, name, doc).labels(*values)
 
         def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
-            return Histogram(f"tram:{name}", doc, labels, buckets=buckets, registry=self.registry).labels(*values)
+            return family(Histogram, name, doc, buckets=buckets).labels(*values)
 
         self.running = gauge("num_requests_running", "Requests in the running batch.")
         self.waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
@@ -44,9 +55,8 @@ class PrometheusStatLogger:
         self.preemptions = counter("num_preemptions", "Requests preempted (recomputed later).")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed.")
         self.generation_tokens = counter("generation_tokens", "Tokens generated.")
-        success = Counter("tram:request_success", "Finished requests by finish reason.",
-                          labels + ["finished_reason"], registry=self.registry)
-        self.success = {r: success.labels(model_name, r) for r in FINISH_REASONS}
+        success = family(Counter, "request_success", "Finished requests by finish reason.", ("finished_reason",))
+        self.success = {r: success.labels(*values, r) for r in FINISH_REASONS}
         self.ttft = histogram("time_to_first_token_seconds", "Time to first token.", _LATENCY_BUCKETS)
         self.itl = histogram("inter_token_latency_seconds", "Time between output tokens.", _ITL_BUCKETS)
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", _LATENCY_BUCKETS)
@@ -58,6 +68,14 @@ class PrometheusStatLogger:
                                         "Grammars that failed to compile or timed out (each fails its request).")
         self.grammar_hits = counter("grammar_cache_hits", "Constrained requests whose grammar was already compiled.")
         self._last = SchedulerStats()
+
+    @classmethod
+    def for_engines(cls, model_name: str, num_engines: int) -> list[PrometheusStatLogger]:
+        """One logger per engine core over one registry: unlabelled with one engine, `engine="i"` past it."""
+        if num_engines == 1:
+            return [cls(model_name)]
+        registry, families = CollectorRegistry(), {}
+        return [cls(model_name, registry, str(i), families) for i in range(num_engines)]
 
     def record(self, sched: SchedulerStats | None, it: IterationStats | None) -> None:
         if sched is not None:

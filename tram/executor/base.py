@@ -16,8 +16,8 @@ class Executor(ABC):
     """Runs the ranks of one model replica.
 
     `collective_rpc` calls a Worker method on every rank and returns each rank's answer, in rank
-    order; `execute_model` runs one step on every rank and returns rank 0's output (all ranks sample
-    the same tokens). Both raise WorkerDiedError when a rank is gone; the executor is then unusable.
+    order; `execute_model` runs one step on every rank and returns the output of the last pipeline
+    stage's first rank (its tensor-parallel peers sample the same tokens). Both raise WorkerDiedError when a rank is gone; the executor is then unusable.
     """
 
     world_size: int
@@ -57,4 +57,8 @@ def make_executor(config: EngineConfig) -> Executor:
         from tram.executor.multiproc import MultiprocExecutor
 
         return MultiprocExecutor(config)
+    if backend == "ray":
+        from tram.executor.ray_executor import RayExecutor
+
+        return RayExecutor(config)
     raise ValueError(f"unknown executor backend {backend!r}")

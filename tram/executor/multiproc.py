@@ -43,19 +43,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_threads(environ: dict[str, str], cores: int, world_size: int) -> tuple[int, dict[str, str]]:
+def rank_threads(environ: dict[str, str], cores: int, world_size: int,
+                 replica_threads: int | None = None) -> tuple[int, dict[str, str]]:
     """Each rank's CPU threads and the variables added to its environment. TRAM_CPU_THREADS (or
-    OMP_NUM_THREADS) is per rank; by default the usable cores are split evenly, at least one each,
-    so ranks never oversubscribe the machine."""
+    OMP_NUM_THREADS) is per rank; by default the usable cores (or a data-parallel replica's share of
+    them) are split evenly, at least one each, so ranks never oversubscribe the machine."""
     policy = choose_cpu_threads(environ, cores)
     explicit = any(environ.get(k, "").strip() for k in ("TRAM_CPU_THREADS", "OMP_NUM_THREADS"))
-    threads = policy.threads if explicit else max(1, cores // world_size)
+    pool = cores if replica_threads is None else replica_threads
+    threads = policy.threads if explicit else max(1, pool // world_size)
     return threads, {**policy.env, "OMP_NUM_THREADS": str(threads)}
 
 
 class MultiprocExecutor(Executor):
     def __init__(self, config: EngineConfig) -> None:
         self.world_size = config.parallel_config.world_size
+        self._output_rank = config.parallel_config.output_rank
         self._dir = tempfile.mkdtemp(prefix="tram-mp-")
         self._ctx = zmq.Context()
         self._replies = self._ctx.socket(zmq.PULL)
@@ -64,7 +67,8 @@ class MultiprocExecutor(Executor):
         self._procs: list[subprocess.Popen] = []
         self._finalizer = weakref.finalize(self, _stop, self._procs, self._ctx, self._dir)
         self._dead: str | None = None
-        threads, env = rank_threads(dict(os.environ), usable_cores(), self.world_size)
+        threads, env = rank_threads(dict(os.environ), usable_cores(), self.world_size,
+                                    config.parallel_config.cpu_threads)
         init_method = f"tcp://127.0.0.1:{free_port()}"
         try:
             for rank in range(self.world_size):
@@ -98,7 +102,8 @@ class MultiprocExecutor(Executor):
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         self._broadcast(m.encode_sched(sched))
-        return m.decode_output(self._wait(m.OUTPUT, (0,), None)[0])
+        rank = self._output_rank
+        return m.decode_output(self._wait(m.OUTPUT, (rank,), None)[rank])
 
     def _broadcast(self, frames: list[bytes]) -> None:
         if self._dead is not None:

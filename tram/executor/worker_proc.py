@@ -90,7 +90,7 @@ def _serve(args: WorkerArgs, inbox: Any, out: Any, m: Any) -> None:
         kind = frames[0].bytes
         if kind == m.EXECUTE:
             output = worker.execute_model(m.decode_sched(frames[1].buffer))
-            if args.rank == 0:
+            if args.rank == args.config.parallel_config.output_rank:
                 out.send_multipart(m.encode_output(args.rank, output), copy=False)
         elif kind == m.RPC:
             method, call_args = pickle.loads(frames[1].buffer)

@@ -18,8 +18,10 @@ from torch import nn
 from tram.config import ModelConfig
 from tram.config import load_hf_config as get_hf_config  # noqa: F401 - the tests' entry point
 from tram.model.attention import get_attention_backend
+from tram.distributed import get_pp
 from tram.model.cpu_packed import pack_cpu_linears
 from tram.model.hub import INDEX_FILE, read_index, resolve_model_path
+from tram.model.pipeline import cut_to_stage
 from tram.model.registry import get_model_class
 from tram.model.weight_utils import WeightShapeError, get_weight_loader, materialize
 
@@ -55,12 +57,16 @@ def load_model(model_config: ModelConfig) -> nn.Module:
     backend = get_attention_backend(model_config.attention_backend)
     with torch.device("meta"):
         model = cls(model_config.hf_config, model_config.torch_dtype, backend)
+    pp = get_pp()
+    if pp.size > 1:
+        cut_to_stage(model, pp.rank, pp.size)
     materialize(model, model_config.torch_device)
     if model_config.load_format == "dummy":
         init_dummy_weights(model, model_config.seed)
     else:
         path = resolve_model_path(model_config.model, model_config.revision)
-        load_safetensors_weights(model, safetensors_files(path), tied=_is_tied(model_config.hf_config))
+        load_safetensors_weights(model, safetensors_files(path), tied=_is_tied(model_config.hf_config),
+                                 skip=getattr(model, "missing_prefixes", ()))
     model.eval()
     model.requires_grad_(False)
     if model_config.torch_device.type == "cpu":
@@ -76,7 +82,7 @@ def _is_tied(hf_config: Any) -> bool:
 
 
 @torch.no_grad()
-def load_safetensors_weights(model: nn.Module, files: list[str], tied: bool) -> None:
+def load_safetensors_weights(model: nn.Module, files: list[str], tied: bool, skip: tuple[str, ...] = ()) -> None:
     """Hand each checkpoint tensor to the weight loader of the parameter of the same name.
 
     Streams tensor by tensor so peak host memory is one tensor, not the checkpoint.
@@ -91,7 +97,7 @@ def load_safetensors_weights(model: nn.Module, files: list[str], tied: bool) -> 
     for file in files:
         with safe_open(file, framework="pt", device="cpu") as f:
             for name in f.keys():
-                if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
+                if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight") or name.startswith(skip):
                     continue
                 param = params.get(name)
                 if param is None:

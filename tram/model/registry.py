@@ -9,7 +9,8 @@ from tram.model.models.gemma3 import Gemma3ForCausalLM
 from tram.model.models.llama import LlamaForCausalLM, MistralForCausalLM
 from tram.model.models.qwen2 import Qwen2ForCausalLM
 from tram.model.models.qwen3 import Qwen3ForCausalLM
-from tram.distributed import get_tp
+from tram.distributed import get_pp, get_tp
+from tram.model.pipeline import layer_range
 from tram.distributed.parallel_state import kv_head_range
 from tram.model.spec import attention_dims
 
@@ -39,6 +40,7 @@ def kv_cache_shape_info(hf_config: Any) -> tuple[int, int, int]:
     """(num_layers, num_kv_heads, head_dim): what the worker needs to size the paged KV cache; the KV
     heads are this tensor-parallel rank's."""
     num_heads, num_kv_heads, head_dim = attention_dims(hf_config)
-    tp = get_tp()
+    tp, pp = get_tp(), get_pp()
     _, local_kv_heads = kv_head_range(num_heads, num_kv_heads, tp.rank, tp.size)
-    return int(hf_config.num_hidden_layers), local_kv_heads, head_dim
+    start, end = layer_range(int(hf_config.num_hidden_layers), pp.rank, pp.size)
+    return end - start, local_kv_heads, head_dim

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tram.core.sched_output import SchedulerOutput
+from tram.core.sched_output import CachedRequestData, SchedulerOutput
 from tram.worker.block_table import BlockTable
 from tram.worker.logits_processors import GrammarBitmaskProcessor, LogitsProcessor, SamplingRow
 from tram.worker.sampling_metadata import SamplingMetadata, build_sampling_metadata, make_logits_processors
@@ -140,9 +140,11 @@ class InputBatch:
         return self._prompt_logprobs_rows
 
 
-def apply_scheduler_output(batch: InputBatch, requests: dict[str, CachedRequestState], sched: SchedulerOutput) -> None:
+def apply_scheduler_output(batch: InputBatch, requests: dict[str, CachedRequestState], sched: SchedulerOutput,
+                           take_new_tokens: bool = False) -> None:
     """Apply the scheduler's diff to the worker's request states and batch: afterwards the batch
-    holds exactly this step's requests, condensed."""
+    holds exactly this step's requests, condensed. take_new_tokens: a pipeline stage that does not
+    sample appends the output tokens the scheduler sends (the sampling stage appends its own)."""
     for rid in sched.finished_req_ids:
         requests.pop(rid, None)
         batch.remove(rid)
@@ -160,6 +162,8 @@ def apply_scheduler_output(batch: InputBatch, requests: dict[str, CachedRequestS
         batch.add(state, new.num_computed_tokens)
     for cached in sched.scheduled_cached_reqs:
         state = requests[cached.req_id]
+        if take_new_tokens and cached.new_token_ids:
+            _take_tokens(batch, state, cached)
         if cached.resumed_from_preemption:
             state.block_ids = list(cached.new_block_ids)
         else:
@@ -170,6 +174,16 @@ def apply_scheduler_output(batch: InputBatch, requests: dict[str, CachedRequestS
             batch.remove(cached.req_id)
             batch.add(state, cached.num_computed_tokens)
     batch.condense()
+
+
+def _take_tokens(batch: InputBatch, state: CachedRequestState, cached: CachedRequestData) -> None:
+    row = batch.row_of.get(cached.req_id)
+    if row is None or cached.resumed_from_preemption:  # (re)added below from its state's outputs
+        state.sampling.output_token_ids.extend(cached.new_token_ids)
+        return
+    rows = np.array([row])
+    for token in cached.new_token_ids:
+        batch.append_sampled(rows, [token])
 
 
 def advance_computed(batch: InputBatch, sched: SchedulerOutput) -> None:

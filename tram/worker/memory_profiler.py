@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tram.distributed import get_pp
+
 from tram.model.attention.base import AttentionMetadata
 
 logger = logging.getLogger(__name__)
@@ -62,9 +64,14 @@ def run_dummy_step(runner: object, num_tokens: int, num_logit_rows: int) -> int:
     caches = [torch.zeros(shape, dtype=runner.dtype, device=runner.device) for _ in range(runner.num_layers)]
     ids = torch.randint(0, runner.vocab_size, (num_tokens,), device=runner.device)
     positions = torch.cat([torch.arange(n, device=runner.device) for n in meta.query_lens_list])
-    hidden = runner.model(ids, positions, caches, meta)
-    rows = hidden[-min(num_logit_rows, num_tokens):]
-    torch.softmax(runner.model.compute_logits(rows), dim=-1)  # the sampler's largest temporaries
+    pp = get_pp()
+    # A later pipeline stage runs on stand-in hidden states: no stage talks to another here.
+    received = None if pp.is_first else torch.zeros(num_tokens, runner.model_config.hf_config.hidden_size,
+                                                    dtype=runner.dtype, device=runner.device)
+    hidden = runner.model(ids, positions, caches, meta, received)
+    if pp.is_last:
+        rows = hidden[-min(num_logit_rows, num_tokens):]
+        torch.softmax(runner.model.compute_logits(rows), dim=-1)  # the sampler's largest temporaries
     return num_blocks * runner.bytes_per_block()
 
 

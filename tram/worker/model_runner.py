@@ -11,6 +11,7 @@ import torch
 
 from tram.config import ModelConfig
 from tram.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from tram.distributed import get_pp, pp_recv, pp_send
 from tram.engine.messages import LogprobsLists
 from tram.model.cpu_kernels import load_cpu_kernels
 from tram.model.loader import load_model
@@ -81,9 +82,11 @@ class ModelRunner:
         logger.info("Warmed up the model with a %d-token step in %.2f s", tokens, time.perf_counter() - start)
 
     def _use_cuda_graphs(self) -> bool:
-        # Graphs need a backend that plans nothing on the host; the PyTorch backend does.
+        # Graphs need a backend that plans nothing on the host; the PyTorch backend does. Pipeline
+        # stages talk between their layers, which a captured graph cannot.
         mc = self.model_config
-        return self.device.type == "cuda" and not mc.enforce_eager and mc.attention_backend == "triton"
+        return (self.device.type == "cuda" and not mc.enforce_eager and mc.attention_backend == "triton"
+                and get_pp().size == 1)
 
     def capture_cuda_graphs(self, use_graphs: bool = True) -> None:
         """Decode graphs for batch-size buckets up to max_num_seqs (capped at 512, as vLLM), over the
@@ -103,13 +106,20 @@ class ModelRunner:
     # ---- one step ------------------------------------------------------------------------
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        apply_scheduler_output(self.input_batch, self.requests, sched)
+        pp = get_pp()
+        # The stages that do not sample take the new tokens from the scheduler (CachedRequestData).
+        apply_scheduler_output(self.input_batch, self.requests, sched, take_new_tokens=not pp.is_last)
         self._set_grammar_bitmask(sched)
         if sched.is_empty:
             return ModelRunnerOutput()
         inputs = prepare_inputs(self.input_batch, sched, self.buffers, self.block_size)
         if self.graph_runner is not None and self.graph_runner.can_run(inputs.meta):
             hidden = self.graph_runner.run(inputs.input_ids, inputs.positions, inputs.meta)
+        elif pp.size > 1:
+            hidden = self._pipeline_stage(inputs)
+            if not pp.is_last:  # its part is done: the next stage has the hidden states
+                advance_computed(self.input_batch, sched)
+                return ModelRunnerOutput()
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         out = ModelRunnerOutput(sampled_token_ids={}, logprobs={}, prompt_logprobs={})
@@ -119,6 +129,19 @@ class ModelRunner:
             out.prompt_logprobs[job.req_id] = self._prompt_logprobs(hidden, job)
         advance_computed(self.input_batch, sched)
         return out
+
+    def _pipeline_stage(self, inputs: StepInputs) -> torch.Tensor:
+        """This stage's layers over the step: the previous stage's hidden states in, ours out (sent on
+        unless this is the last stage, which samples)."""
+        pp = get_pp()
+        received = None
+        if not pp.is_first:
+            shape = (inputs.input_ids.shape[0], self.model_config.hf_config.hidden_size)
+            received = pp_recv(shape, self.dtype, self.device)  # [T, hidden]
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, received)
+        if not pp.is_last:
+            pp_send(hidden)
+        return hidden
 
     def _set_grammar_bitmask(self, sched: SchedulerOutput) -> None:
         """Hand the step's grammar bitmask (filled by the engine core) to its logits processor,

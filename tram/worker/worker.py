@@ -9,7 +9,7 @@ import logging
 from tram.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
 from tram.config.model import device_type
 from tram.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from tram.distributed import get_tp, init_tensor_parallel
+from tram.distributed import get_pp, get_tp, init_parallel
 from tram.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -49,9 +49,17 @@ class Worker:
         self.rank = rank
         mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
         mc.resolve()
+        if world_size > 1 and mc.device_type == "cuda":
+            # One GPU per rank, in rank order (this process owns its copy of the config).
+            import torch
+
+            mc.device = f"cuda:{rank}"
+            torch.cuda.set_device(rank)
         if world_size > 1:
             assert init_method is not None
-            init_tensor_parallel(rank, world_size, init_method, mc.device_type)
+            pc = config.parallel_config
+            init_parallel(rank, pc.tensor_parallel_size, pc.pipeline_parallel_size, init_method, mc.device_type,
+                          shm_ok=pc.tp_group_on_one_node(rank))
         self.model_runner = ModelRunner(mc, cc.block_size, sc.max_num_seqs, sc.max_num_batched_tokens)
 
     def determine_num_blocks(self) -> int:
@@ -68,5 +76,5 @@ class Worker:
         return self.model_runner.execute_model(sched)
 
     def describe(self) -> str:
-        tp = get_tp()
-        return f"rank {tp.rank} of {tp.size} ({tp.backend})"
+        tp, pp = get_tp(), get_pp()
+        return f"TP rank {tp.rank} of {tp.size} ({tp.backend}), pipeline stage {pp.rank} of {pp.size}"

@@ -16,7 +16,7 @@ class CausalLM(nn.Module):
     """A decoder-only LM on a flattened variable-length batch with a paged KV cache.
 
     forward(input_ids [T], positions [T], kv_caches (one [2, num_blocks, block_size, Hkv, D] tensor per
-    layer), meta) -> hidden [T, hidden_size]; compute_logits(hidden [N, hidden_size]) -> [N, vocab] float32.
+    layer of this pipeline stage), meta, hidden) -> hidden [T, hidden_size] (normed on the last stage); compute_logits(hidden [N, hidden_size]) -> [N, vocab] float32.
 
     Families build `self.model` (a decoder whose forward has that signature and which owns
     `embed_tokens`) and `self.lm_head`, and are constructed as cls(hf_config, dtype, attention_backend).
@@ -25,9 +25,13 @@ class CausalLM(nn.Module):
     model: nn.Module
     lm_head: LMHead
 
+    # Checkpoint names of the modules another pipeline stage owns (pipeline.cut_to_stage); the loader skips them.
+    missing_prefixes: tuple[str, ...] = ()
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
-                meta: AttentionMetadata) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, meta)
+                meta: AttentionMetadata, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """`hidden`: the previous pipeline stage's output, on every stage but the first."""
+        return self.model(input_ids, positions, kv_caches, meta, hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab] float32
         embed_tokens: VocabEmbedding = self.model.embed_tokens

@@ -23,6 +23,7 @@ from torch import nn
 from tram.model.attention import AttentionBackend, AttentionMetadata
 from tram.model.layers import Attention, GatedMLP, GemmaRMSNorm, LMHead, VocabEmbedding
 from tram.model.models.base import CausalLM, resolve_backend
+from tram.model.pipeline import set_stage
 from tram.model.rope import LayerTypeRotaryEmbedding
 from tram.model.spec import DecoderSpec
 
@@ -73,14 +74,16 @@ class Gemma3TextModel(nn.Module):
         )
         self.norm = GemmaRMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype)
         self.rotary_emb = LayerTypeRotaryEmbedding(hf_config, spec.head_dim, spec.layer_types)  # no parameters
+        set_stage(self, 0, spec.num_layers, True, True)  # the whole model: one pipeline stage
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
-                meta: AttentionMetadata) -> torch.Tensor:  # input_ids, positions [T] -> [T, hidden]
-        h = self.embed_tokens(input_ids)  # [T, hidden]
+                meta: AttentionMetadata, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        # input_ids, positions [T] -> [T, hidden]; `hidden` is the previous pipeline stage's output
+        h = self.embed_tokens(input_ids) if self.pp_first else hidden  # [T, hidden]
         ropes = self.rotary_emb.cos_sin(positions, h.dtype)  # per layer type: [T, 1, rotary_dim] each
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        for layer, kv_cache in zip(self.local_layers, kv_caches, strict=True):
             h = layer(h, ropes, kv_cache, meta)
-        return self.norm(h)
+        return self.norm(h) if self.pp_last else h
 
 
 class Gemma3ForCausalLM(CausalLM):

@@ -14,6 +14,7 @@ from torch import nn
 from tram.model.attention import AttentionBackend, AttentionMetadata
 from tram.model.layers import Attention, GatedMLP, LMHead, RMSNorm, VocabEmbedding
 from tram.model.models.base import CausalLM, resolve_backend
+from tram.model.pipeline import set_stage
 from tram.model.rope import RotaryEmbedding
 from tram.model.spec import DecoderSpec
 
@@ -49,14 +50,16 @@ class LlamaModel(nn.Module):
         )
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype)
         self.rotary_emb = RotaryEmbedding(hf_config, spec.head_dim)  # no parameters: nothing to load
+        set_stage(self, 0, spec.num_layers, True, True)  # the whole model: one pipeline stage
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
-                meta: AttentionMetadata) -> torch.Tensor:  # input_ids, positions [T] -> [T, hidden]
-        h = self.embed_tokens(input_ids)  # [T, hidden]
+                meta: AttentionMetadata, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        # input_ids, positions [T] -> [T, hidden]; `hidden` is the previous pipeline stage's output
+        h = self.embed_tokens(input_ids) if self.pp_first else hidden  # [T, hidden]
         cos, sin = self.rotary_emb.cos_sin(positions, h.dtype)  # [T, 1, rotary_dim] each, shared by layers
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        for layer, kv_cache in zip(self.local_layers, kv_caches, strict=True):
             h = layer(h, cos, sin, kv_cache, meta)
-        return self.norm(h)
+        return self.norm(h) if self.pp_last else h
 
 
 class LlamaForCausalLM(CausalLM):

@@ -1,0 +1,155 @@
+"""The Ray executor: one Ray actor per rank, placed by a placement group on the user's Ray cluster
+(`ray start --head` / `ray start --address=...`), so ranks may sit on different machines.
+
+Ray places the ranks; torch.distributed still carries the model's collectives (rendezvous at rank
+0's node). A step is one Ray call per rank with the same encoded scheduler output; the last stage's
+first rank returns the output. A rank whose actor or node dies fails the step with WorkerDiedError
+and the executor stops every other rank. Ranks on one node that hold a whole TP group use the
+shared-memory all-reduce; across nodes, gloo (or NCCL).
+
+Ray is an optional dependency (`pip install 'tram[ray]'`), imported only here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any
+
+from tram.config import EngineConfig
+from tram.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from tram.executor import messages as m
+from tram.executor.base import Executor, WorkerDiedError
+
+logger = logging.getLogger(__name__)
+
+RAY_MISSING = ("distributed_executor_backend 'ray' needs Ray, which is not installed: pip install 'tram[ray]' "
+               "(or use mp on one machine)")
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ValueError(RAY_MISSING) from None
+    return ray
+
+
+class RankActor:
+    """One rank inside a Ray worker process (made a Ray actor class by RayExecutor)."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.worker: Any = None
+        self.rank = 0
+
+    def node_ip(self) -> str:
+        import ray
+
+        return ray.util.get_node_ip_address()
+
+    def free_port(self) -> int:
+        from tram.executor.multiproc import free_port
+
+        return free_port()
+
+    def start(self, config: EngineConfig, rank: int, world_size: int, init_method: str) -> None:
+        import torch
+
+        from tram.worker.worker import Worker
+
+        if config.model_config.device_type == "cpu":
+            torch.set_num_threads(self.threads)
+        torch.manual_seed(config.model_config.seed)  # every rank draws the same random numbers
+        self.rank = rank
+        self.worker = Worker(config, rank, world_size, init_method)
+
+    def execute(self, payload: bytes, reply: bool) -> bytes | None:
+        output = self.worker.execute_model(m.decode_sched(payload))
+        return m.encode_output(self.rank, output)[2] if reply else None
+
+    def call(self, method: str, args: tuple[Any, ...]) -> Any:
+        return getattr(self.worker, method)(*args)
+
+
+class RayExecutor(Executor):
+    def __init__(self, config: EngineConfig) -> None:
+        ray = import_ray()
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self._ray = ray
+        self._remove_pg = remove_placement_group
+        pc = config.parallel_config
+        self.world_size = pc.world_size
+        self._output_rank = pc.output_rank
+        if not ray.is_initialized():
+            ray.init(address=os.environ.get("RAY_ADDRESS"))  # the user's cluster, else a local one
+        cuda = config.model_config.device_type == "cuda"
+        threads = max(1, pc.cpu_threads or int(os.environ.get("TRAM_CPU_THREADS", "1") or 1))
+        bundle = {"GPU": 1, "CPU": 1} if cuda else {"CPU": threads}
+        self._pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK")
+        ray.get(self._pg.ready(), timeout=600)
+        actor_cls = ray.remote(RankActor)
+        self._actors = [
+            actor_cls.options(num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
+                              scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, i)).remote(threads)
+            for i in range(self.world_size)
+        ]
+        self._dead: str | None = None
+        try:
+            self._start(config)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start(self, config: EngineConfig) -> None:
+        ray = self._ray
+        ips = ray.get([a.node_ip.remote() for a in self._actors])
+        self.node_ips = ips
+        port = ray.get(self._actors[0].free_port.remote())
+        init_method = f"tcp://{ips[0]}:{port}"
+        # A TP group spread over machines cannot share memory: the workers check rank_nodes.
+        parallel = dataclasses.replace(config.parallel_config, rank_nodes=tuple(ips))
+        config = dataclasses.replace(config, parallel_config=parallel)
+        self._get([a.start.remote(config, rank, self.world_size, init_method)
+                   for rank, a in enumerate(self._actors)])
+        logger.info("Started %d Ray actors on nodes %s", self.world_size, ", ".join(ips))
+
+    def _get(self, refs: list[Any]) -> list[Any]:
+        if self._dead is not None:
+            raise WorkerDiedError(self._dead)
+        try:
+            return self._ray.get(refs)
+        except self._ray.exceptions.RayError as e:
+            self._dead = f"a Ray worker rank failed: {type(e).__name__}: {e}"
+            logger.error("%s; stopping every rank", self._dead)
+            self.shutdown()
+            raise WorkerDiedError(self._dead) from None
+
+    def collective_rpc(self, method: str, *args: Any) -> list[Any]:
+        return self._get([a.call.remote(method, args) for a in self._actors])
+
+    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        payload = m.encode_sched(sched)[1]
+        results = self._get([a.execute.remote(payload, rank == self._output_rank)
+                             for rank, a in enumerate(self._actors)])
+        return m.decode_output(results[self._output_rank])
+
+    def raise_if_failed(self) -> None:
+        if self._dead is not None:
+            raise WorkerDiedError(self._dead)
+
+    def shutdown(self) -> None:
+        for actor in getattr(self, "_actors", []):
+            try:
+                self._ray.kill(actor)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self._actors = []
+        if getattr(self, "_pg", None) is not None:
+            try:
+                self._remove_pg(self._pg)
+            except Exception:  # noqa: BLE001
+                pass
+            self._pg = None
