@@ -151,7 +151,10 @@ CONFIGS = {  # name -> (LLM keywords, environment); dp2 is two engines in two pr
     "tp2-shm": ({"tensor_parallel_size": 2}, {"TRAM_TP_SHM": "1"}),
     "tp2-gloo": ({"tensor_parallel_size": 2}, {"TRAM_TP_SHM": "0"}),
     "dp2": ({}, {}),
+    "pp2": ({"pipeline_parallel_size": 2}, {}),
+    "pp2-serial": ({"pipeline_parallel_size": 2}, {}),  # its batch queue cut to one step in flight
 }
+DEFAULT_CONFIGS = "tp1,tp2-shm,tp2-gloo,dp2"
 
 
 def _dp_replica(model: str, dtype: str, threads: int, requests: list, barrier: Any, out: Any, index: int) -> None:
@@ -195,6 +198,8 @@ def _run_config(name: str, model: str, args: argparse.Namespace, requests: list)
     kwargs, env = CONFIGS[name]
     os.environ.update(env)
     llm = LLM(model, dtype=args.dtype, max_num_seqs=256, max_model_len=1024, **kwargs)
+    if name == "pp2-serial":
+        llm.llm_engine.engine_core.batch_queue_size = 1
     params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
     prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
     llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up
@@ -253,7 +258,7 @@ def main() -> None:
     t.add_argument("--output-len", default="16:128")
     t.add_argument("--threads", type=int, default=2)
     t.add_argument("--rounds", type=int, default=1)
-    t.add_argument("--configs", default=",".join(CONFIGS))
+    t.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"comma-separated, of: {', '.join(CONFIGS)}")
     args = p.parse_args()
     print(machine_summary())
     {"collectives": collectives, "broadcast": broadcast, "throughput": throughput}[args.cmd](args)

@@ -39,15 +39,6 @@ def test_a_killed_rank_fails_the_step_and_stops_the_others(stories_path: str):
                 proc.kill()
 
 
-def test_shutdown_leaves_no_process(stories_path: str):
-    llm = LLM(stories_path, tensor_parallel_size=2, max_num_seqs=4, max_model_len=128)
-    procs = list(llm.llm_engine.engine_core.executor._procs)
-    llm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
-    llm.llm_engine.engine_core.shutdown()
-    assert all(proc.poll() is not None for proc in procs)
-    llm.llm_engine.engine_core.shutdown()  # twice is harmless
-
-
 @pytest.mark.parametrize("kwargs,message", [
     (dict(tensor_parallel_size=3), "does not divide the model's 8 attention heads"),
     (dict(tensor_parallel_size=0), "tensor_parallel_size must be positive"),

@@ -1,6 +1,7 @@
 """Pipeline parallelism on CPU, for real: stages in their own processes, hidden states sent between
-them; greedy output identical to transformers (PP=2 and TP=2 x PP=2), an uneven split (5 layers
-over 2 stages), and chunked prefill, preemption and seeded sampling unchanged against one rank."""
+them, two steps in flight at once; greedy output identical to transformers (PP=2 and TP=2 x PP=2),
+an uneven split (5 layers over 2 stages), and chunked prefill, preemption and seeded sampling
+unchanged against one rank."""
 from __future__ import annotations
 
 import random
@@ -60,10 +61,19 @@ def test_preemption_chunking_and_seeded_sampling_match_one_rank(stories_path: st
     # resumed requests must bring their earlier tokens to the first stage.
     llm = LLM(stories_path, pipeline_parallel_size=2, max_num_seqs=8, max_model_len=128, num_gpu_blocks_override=12,
               max_num_batched_tokens=24, enable_prefix_caching=False)
+    core = llm.llm_engine.engine_core
+    submit, in_flight = core.executor.submit_model, []
+
+    def watched_submit(sched):
+        in_flight.append(len(core.batch_queue))  # steps already in flight when this one is submitted
+        return submit(sched)
+
+    core.executor.submit_model = watched_submit
     try:
         for sp, want in zip(params, expected):
             assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)] == want
         assert llm.llm_engine.get_stats().num_preemptions > 0
+        assert max(in_flight) == 1  # two steps in flight at once (one per stage), never more
         assert_no_leak(llm.llm_engine)
     finally:
         llm.llm_engine.engine_core.shutdown()

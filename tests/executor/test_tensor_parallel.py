@@ -21,7 +21,10 @@ def tp_llm(stories_path: str) -> LLM:
     llm = LLM(stories_path, tensor_parallel_size=2, max_num_seqs=16, max_model_len=MAX_LEN,
               max_num_batched_tokens=16)
     yield llm
+    procs = list(llm.llm_engine.engine_core.executor._procs)
     llm.llm_engine.engine_core.shutdown()
+    assert all(proc.poll() is not None for proc in procs)  # shutdown leaves no worker behind
+    llm.llm_engine.engine_core.shutdown()  # and twice is harmless
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +140,19 @@ def test_random_models_greedy_match_transformers(tmp_path, kind: str, tp_size: i
                 row = ref[len(prompt) - 1 + i]
                 scale = max(1.0, row.abs().max().item())
                 assert comp.logprobs[i][tok].logprob == pytest.approx(row[tok].item(), abs=2e-4 * scale)
+        assert_no_leak(llm.llm_engine)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
+def test_one_rank_in_its_own_process_matches_in_process(stories_path: str, one_rank: LLM):
+    # What a GPU user gets with --distributed-executor-backend mp and one device.
+    llm = LLM(stories_path, distributed_executor_backend="mp", max_num_seqs=16, max_model_len=MAX_LEN)
+    try:
+        assert llm.llm_engine.engine_core.executor.world_size == 1
+        sp = SamplingParams(temperature=0, max_tokens=24)
+        ours = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, sp, use_tqdm=False)]
+        assert ours == [o.outputs[0].token_ids for o in one_rank.generate(PROMPTS, sp, use_tqdm=False)]
         assert_no_leak(llm.llm_engine)
     finally:
         llm.llm_engine.engine_core.shutdown()

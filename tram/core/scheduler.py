@@ -34,6 +34,9 @@ class Scheduler:
         # Ids finished since the last schedule(): the worker drops their state.
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
+        # Requests in a step whose output has not come back (pipeline parallelism keeps several
+        # steps in flight): they sit out later steps until it does, and are never preempted.
+        self.in_flight: set[str] = set()
 
     # ---- requests in and out -------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -77,6 +80,7 @@ class Scheduler:
             self._schedule_waiting(out, budget)
         for rid, n in out.num_scheduled_tokens.items():
             self.requests[rid].num_computed_tokens += n
+        self.in_flight.update(out.num_scheduled_tokens)
         out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens.values())
         return out
 
@@ -85,11 +89,16 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            if req.request_id in self.in_flight:
+                i += 1
+                continue
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
             assert num_new > 0, f"running request with nothing to compute: {req}"
             new_blocks = self.kv_cache_manager.allocate_slots(req, num_new)
             while new_blocks is None:
-                victim = self.running.pop()  # newest first; never one already scheduled
+                victim = self._pick_victim(i)  # newest first; never one already scheduled or in flight
+                if victim is None:
+                    break
                 self._preempt(victim)
                 preempted = True
                 if victim is req:
@@ -109,6 +118,13 @@ class Scheduler:
             data.new_token_ids = req.output_token_ids[req.num_output_sent:]
             req.num_output_sent = len(req.output_token_ids)
         return data
+
+    def _pick_victim(self, current: int) -> Request | None:
+        """The newest running request from `current` on that is not in flight (removed from running)."""
+        for j in range(len(self.running) - 1, current - 1, -1):
+            if self.running[j].request_id not in self.in_flight:
+                return self.running.pop(j)
+        return None
 
     def _preempt(self, req: Request) -> None:
         self.kv_cache_manager.free(req)
@@ -177,6 +193,7 @@ class Scheduler:
     # ---- after the step -------------------------------------------------------------------
     def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> EngineCoreOutputs:
         outputs: list[EngineCoreOutput] = []
+        self.in_flight.difference_update(sched.num_scheduled_tokens)
         for rid in sched.num_scheduled_tokens:
             req = self.requests.get(rid)
             if req is None:  # finished from outside while the step ran

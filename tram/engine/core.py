@@ -6,8 +6,11 @@ that is why its inputs and outputs are msgspec structs.
 from __future__ import annotations
 
 import logging
+from collections import deque
+from collections.abc import Callable
 
 from tram.core.request import Request, RequestStatus
+from tram.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from tram.core.scheduler import Scheduler
 from tram.config import EngineConfig
 from tram.engine.messages import EngineCoreOutputs, EngineCoreRequest, RequestError, SchedulerStats
@@ -33,7 +36,11 @@ class EngineCore:
             self.executor.shutdown()
             raise
         # Only the last pipeline stage samples: the scheduler sends the others each request's new tokens.
-        self.scheduler = Scheduler(sc, cc, send_token_ids=config.parallel_config.pipeline_parallel_size > 1)
+        pp = config.parallel_config.pipeline_parallel_size
+        self.scheduler = Scheduler(sc, cc, send_token_ids=pp > 1)
+        # Steps submitted and not yet collected, oldest first; up to one per pipeline stage.
+        self.batch_queue: deque[tuple[SchedulerOutput, Callable[[], ModelRunnerOutput]]] = deque()
+        self.batch_queue_size = pp
         self.structured_output = make_structured_output_manager(config)
 
     @property
@@ -79,16 +86,24 @@ class EngineCore:
         self.scheduler.finish_requests(request_ids, status)
 
     def step(self) -> EngineCoreOutputs:
+        """Schedule a step and run it. With a batch queue (pipeline parallelism) a step is submitted
+        and this returns at once while fewer than pipeline_parallel_size steps are in flight, else
+        it waits for the oldest one: the stages work on different steps at the same time."""
         self.executor.raise_if_failed()
         errors = self._fail_grammars()
         sched = self.scheduler.schedule()
         so = self.structured_output
         if so is not None:
             sched.grammar_bitmask = so.grammar_bitmask(sched, self.scheduler.requests)
-            if sched.is_empty and not errors:
+            if sched.is_empty and not errors and not self.batch_queue:
                 so.wait_for_compiles(GRAMMAR_POLL_S)
-        result = self.executor.execute_model(sched)
-        outputs = self.scheduler.update_from_output(sched, result)
+        if not sched.is_empty or not self.batch_queue:
+            self.batch_queue.append((sched, self.executor.submit_model(sched)))
+        if not sched.is_empty and len(self.batch_queue) < self.batch_queue_size:
+            outputs = EngineCoreOutputs([], self.scheduler.make_stats(sched.total_num_scheduled_tokens))
+        else:
+            done, collect = self.batch_queue.popleft()
+            outputs = self.scheduler.update_from_output(done, collect())
         outputs.request_errors = errors
         if so is not None and outputs.scheduler_stats is not None:
             add_structured_output_stats(outputs.scheduler_stats, so)

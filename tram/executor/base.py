@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 from tram.config import EngineConfig
@@ -31,6 +32,12 @@ class Executor(ABC):
     @abstractmethod
     def shutdown(self) -> None:
         """Stop every rank; safe to call twice."""
+
+    def submit_model(self, sched: SchedulerOutput) -> Callable[[], ModelRunnerOutput]:
+        """Start a step and return what waits for its output. Steps are collected in the order they
+        were submitted; executors that cannot overlap steps run it here."""
+        output = self.execute_model(sched)
+        return lambda: output
 
     def raise_if_failed(self) -> None:
         """WorkerDiedError once a rank has failed: the engine must not schedule on a broken replica."""

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -101,9 +102,14 @@ class MultiprocExecutor(Executor):
         return [pickle.loads(results[r]) for r in range(self.world_size)]
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        return self.submit_model(sched)()
+
+    def submit_model(self, sched: SchedulerOutput) -> Callable[[], ModelRunnerOutput]:
+        """Every rank queues the step at once; the output rank answers steps in order, so each
+        collector takes the next answer (collectors must be called in submission order)."""
         self._broadcast(m.encode_sched(sched))
         rank = self._output_rank
-        return m.decode_output(self._wait(m.OUTPUT, (rank,), None)[rank])
+        return lambda: m.decode_output(self._wait(m.OUTPUT, (rank,), None)[rank])
 
     def _broadcast(self, frames: list[bytes]) -> None:
         if self._dead is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from tram.config import EngineConfig
@@ -131,10 +132,15 @@ class RayExecutor(Executor):
         return self._get([a.call.remote(method, args) for a in self._actors])
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        return self.submit_model(sched)()
+
+    def submit_model(self, sched: SchedulerOutput) -> Callable[[], ModelRunnerOutput]:
+        """Each actor runs its calls in order, so steps submitted back to back overlap across stages."""
+        if self._dead is not None:
+            raise WorkerDiedError(self._dead)
         payload = m.encode_sched(sched)[1]
-        results = self._get([a.execute.remote(payload, rank == self._output_rank)
-                             for rank, a in enumerate(self._actors)])
-        return m.decode_output(results[self._output_rank])
+        refs = [a.execute.remote(payload, rank == self._output_rank) for rank, a in enumerate(self._actors)]
+        return lambda: m.decode_output(self._get(refs)[self._output_rank])
 
     def raise_if_failed(self) -> None:
         if self._dead is not None:
