@@ -148,6 +148,7 @@ def broadcast(args: argparse.Namespace) -> None:
 # ---- throughput --------------------------------------------------------------------------------
 CONFIGS = {  # name -> (LLM keywords, environment); dp2 is two engines in two processes
     "tp1": ({}, {"TRAM_TP_SHM": "1"}),
+    "tp1-1t": ({}, {}),  # one engine on one thread: what each DP replica is, so dp2 <= 2x this
     "tp2-shm": ({"tensor_parallel_size": 2}, {"TRAM_TP_SHM": "1"}),
     "tp2-gloo": ({"tensor_parallel_size": 2}, {"TRAM_TP_SHM": "0"}),
     "dp2": ({}, {}),
@@ -184,6 +185,7 @@ def _run_data_parallel(model: str, args: argparse.Namespace, requests: list, siz
     results = sorted(out.get(timeout=3600) for _ in procs)
     for p in procs:
         p.join()
+    print("  dp replicas took " + ", ".join(f"{seconds:.2f} s" for _, seconds, _ in results), flush=True)
     outputs: list = [None] * len(requests)
     for index, _, outs in results:
         outputs[index::size] = outs
@@ -197,6 +199,7 @@ def _run_config(name: str, model: str, args: argparse.Namespace, requests: list)
         return _run_data_parallel(model, args, requests)
     kwargs, env = CONFIGS[name]
     os.environ.update(env)
+    torch.set_num_threads(1 if name == "tp1-1t" else args.threads)
     llm = LLM(model, dtype=args.dtype, max_num_seqs=256, max_model_len=1024, **kwargs)
     if name == "pp2-serial":
         llm.llm_engine.engine_core.batch_queue_size = 1

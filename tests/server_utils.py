@@ -23,8 +23,9 @@ __all__ = ["REPO", "RemoteServer", "assert_idle", "child_pids", "free_port", "is
 class RemoteServer(TramServer):
     """Starts `python -m tram serve MODEL ARGS` and waits for /health; `stop()` checks a clean exit."""
 
-    def __init__(self, model: str | Path, args: list[str] | None = None, timeout: float = 90.0) -> None:
-        super().__init__(str(model), args, timeout, dev_mode=True)
+    def __init__(self, model: str | Path, args: list[str] | None = None, timeout: float = 90.0,
+                 env: dict[str, str] | None = None) -> None:
+        super().__init__(str(model), args, timeout, dev_mode=True, env=env)
 
 
 def is_idle(state: dict) -> bool:

@@ -15,6 +15,7 @@ from server_utils import RemoteServer, assert_idle, child_pids, openai_client, p
 from tram import LLM, SamplingParams
 from tram.engine.dp_client import PrefixRouter, combine_results, prefix_block_hashes, replica_threads
 from tram.engine.messages import EngineCoreRequest
+from tram.executor.ray_executor import ray_rank_threads
 
 
 def _req(rid: str, prompt: list[int], source: str | None = None) -> EngineCoreRequest:
@@ -51,6 +52,9 @@ def test_results_and_threads_combine():
     assert replica_threads({}, 2, 2) == 1  # 2 cores: one for the API server, at least one per replica
     assert replica_threads({}, 17, 4) == 4
     assert replica_threads({"TRAM_CPU_THREADS": "2"}, 16, 2) is None  # the user's, per replica
+    # Ray ranks: the replica's share split over its ranks, the user's per rank, else one.
+    assert ray_rank_threads({}, 8, 2) == 4 and ray_rank_threads({}, 1, 2) == 1 and ray_rank_threads({}, None, 4) == 1
+    assert ray_rank_threads({"TRAM_CPU_THREADS": "3"}, 8, 2) == 3
 
 
 def test_offline_data_parallel_is_refused(stories_path: str):

@@ -1,21 +1,25 @@
-"""The Ray executor, for real: a local Ray instance first, then two Ray nodes on one machine, each
-in its own network namespace joined by a veth pair, with one rank per namespace (TP=2, then PP=2).
-Greedy output must equal transformers'. Skips, saying why, where Ray, root or network namespaces
-are missing."""
+"""The Ray executor, for real: a local Ray instance first (TP=2, TP=2 x PP=2 in four actors, and
+`tram serve --data-parallel-size 2` with both replicas on one Ray cluster the server starts), then
+two Ray nodes on one machine, each in its own network namespace joined by a veth pair, with one
+rank per namespace (TP=2, then PP=2). Greedy output must equal transformers'. Skips, saying why,
+where Ray, root or network namespaces are missing."""
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
-from conftest import STORIES_EOS, assert_no_leak, hf_greedy
+from conftest import STORIES, STORIES_EOS, assert_no_leak, hf_greedy, hf_logprobs
+from server_utils import RemoteServer, assert_idle, pid_alive
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'tram[ray]')")
 
@@ -33,7 +37,8 @@ HEAD_PORT = 6391
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
     os.environ.update(RAY_ENV)
-    ray.init(num_cpus=2, object_store_memory=80 << 20, include_dashboard=False, log_to_driver=False)
+    # Four logical CPUs on two cores: TP=2 x PP=2 needs a bundle per rank (one thread each).
+    ray.init(num_cpus=4, object_store_memory=80 << 20, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -57,6 +62,60 @@ def test_tensor_parallel_on_local_ray_matches_transformers(local_ray, stories_pa
             llm.llm_engine.step()
     finally:
         llm.llm_engine.engine_core.shutdown()
+
+
+def test_tensor_and_pipeline_parallel_on_four_ray_actors(local_ray, stories_path: str):
+    llm = LLM(stories_path, tensor_parallel_size=2, pipeline_parallel_size=2, distributed_executor_backend="ray",
+              max_num_seqs=8, max_model_len=128, max_num_batched_tokens=16)  # longer prompts are chunked
+    try:
+        assert len(llm.llm_engine.engine_core.executor._actors) == 4
+        prompts = [p * 4 for p in PROMPT_IDS]  # 24 and 16 tokens: chunked at 16
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=24),
+                            use_tqdm=False)
+        for p, out in zip(prompts, outs):
+            assert out.outputs[0].token_ids == hf_greedy(stories_path, p, 24, STORIES_EOS)
+        out = llm.generate({"prompt_token_ids": PROMPT_IDS[0]}, SamplingParams(temperature=0, max_tokens=8, logprobs=3),
+                           use_tqdm=False)[0]
+        ref = hf_logprobs(stories_path, PROMPT_IDS[0] + out.outputs[0].token_ids)
+        for i, row in enumerate(out.outputs[0].logprobs):
+            for tid, lp in row.items():
+                assert lp.logprob == pytest.approx(ref[len(PROMPT_IDS[0]) - 1 + i, tid].item(), abs=1e-4)
+        assert_no_leak(llm.llm_engine)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
+def _descendants(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [d for c in map(int, out) for d in (c, *_descendants(c))]
+
+
+def test_serving_two_replicas_on_one_ray_cluster(stories_path: str):
+    """No RAY_ADDRESS: the API server starts one local Ray cluster and both replicas place their
+    rank there (racing replicas would otherwise each start their own); SIGTERM stops all of it."""
+    prompts = [[1, 403, 407, 263], [1, 320, 330, 340], [1, 263, 931 % 512, 29], [1, 407, 29, 340]]
+    reference = LLM(stories_path, max_num_seqs=8).generate([{"prompt_token_ids": p} for p in prompts],
+                                                           SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)
+    for p, out in zip(prompts, reference):
+        assert out.outputs[0].token_ids == hf_greedy(stories_path, p, 16, STORIES_EOS)
+    # "local": a new cluster even where an earlier `ray start` left its address behind on this machine.
+    s = RemoteServer(str(STORIES), ["--data-parallel-size", "2", "--distributed-executor-backend", "ray",
+                                    "--max-num-seqs", "8"], timeout=180, env={**RAY_ENV, "RAY_ADDRESS": "local"})
+    family = _descendants(s.proc.pid)
+    assert any(b"raylet" in Path(f"/proc/{p}/cmdline").read_bytes() for p in family if pid_alive(p))
+    try:
+        for p, out in zip(prompts, reference):  # one at a time: each goes to the idler replica
+            r = httpx.post(s.url + "/v1/completions", json={"prompt": p, "max_tokens": 16, "temperature": 0},
+                           timeout=60)
+            assert r.json()["choices"][0]["text"] == out.outputs[0].text
+        log = s.log()
+        assert log.count("Started 1 Ray actors") == 2, log[-3000:]  # one rank per replica, on Ray
+        assert "place their ranks on the Ray cluster at" in log
+        assert_idle(s)
+    finally:
+        code = s.stop(signal.SIGTERM)
+    assert code in (0, -signal.SIGTERM)
+    assert not any(pid_alive(p) for p in family)  # the engine cores, the Ray cluster and its actors
 
 
 def test_without_ray_the_backend_fails_with_one_line(monkeypatch, stories_path: str):

@@ -47,6 +47,9 @@ class ParallelConfig:
     # The node (IP) of each rank, where the executor knows it (Ray): a TP group spread over nodes
     # cannot use the shared-memory all-reduce. None: every rank on this machine.
     rank_nodes: tuple[str, ...] | None = None
+    # The Ray cluster for the ray backend; None: RAY_ADDRESS, else `ray start`'s cluster, else a new
+    # local one. Data-parallel replicas get the one cluster their API server joined.
+    ray_address: str | None = None
 
     def tp_group_on_one_node(self, rank: int) -> bool:
         if self.rank_nodes is None:

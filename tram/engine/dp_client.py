@@ -10,7 +10,9 @@ bounded LRU per replica; a replica may have evicted a block since, which costs a
 a wrong answer. Siblings of an n > 1 request go where their prefix source went.
 
 Every replica is one EngineCoreClient (its own process, sockets and death watch); the replicas'
-outputs reach the front end tagged with their index, so /metrics can label them.
+outputs reach the front end tagged with their index, so /metrics can label them. With the Ray
+backend the API server joins (or starts) the Ray cluster once and hands its address to every
+replica, so that all of them place their ranks on one cluster rather than each starting its own.
 """
 from __future__ import annotations
 
@@ -101,11 +103,22 @@ class DPEngineCoreClient:
         self.dead_reason: str | None = None
         slack = max(1, config.scheduler_config.max_num_seqs // 16)
         self.router = PrefixRouter(size, config.cache_config.block_size, slack)
+        self._ray_joined = False
+        if config.parallel_config.distributed_executor_backend == "ray":
+            config = self._join_ray(config)
         self.replicas = [
             EngineCoreClient(replica_config(config, i), self._outputs_of(i), self._request_error,
                              self._replica_dead(i))
             for i in range(size)
         ]
+
+    def _join_ray(self, config: EngineConfig) -> EngineConfig:
+        from tram.executor.ray_executor import join_ray
+
+        address, self._ray_joined = join_ray(config.parallel_config.ray_address)
+        logger.info("Data-parallel replicas place their ranks on the Ray cluster at %s", address)
+        parallel = dataclasses.replace(config.parallel_config, ray_address=address)
+        return dataclasses.replace(config, parallel_config=parallel)
 
     def _outputs_of(self, index: int) -> Callable[[EngineCoreOutputs], None]:
         def handle(outputs: EngineCoreOutputs) -> None:
@@ -168,6 +181,11 @@ class DPEngineCoreClient:
             self.dead_reason = "the engine is shutting down"
         for replica in self.replicas:
             replica.shutdown(timeout)
+        if self._ray_joined:  # after the replicas, whose ranks live on the cluster
+            import ray
+
+            ray.shutdown()
+            self._ray_joined = False
 
 
 def replica_threads(environ: dict[str, str], cores: int, size: int) -> int | None:

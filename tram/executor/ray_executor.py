@@ -11,10 +11,13 @@ Ray is an optional dependency (`pip install 'tram[ray]'`), imported only here.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tram.config import EngineConfig
@@ -34,6 +37,44 @@ def import_ray() -> Any:
     except ImportError:
         raise ValueError(RAY_MISSING) from None
     return ray
+
+
+def join_ray(address: str | None) -> tuple[str, bool]:
+    """Connect this process to a Ray cluster: `address`, else RAY_ADDRESS, else the one `ray start`
+    made on this machine, else a new local one. Returns the cluster's GCS address, which other
+    processes pass to join the same cluster, and whether this call connected."""
+    ray = import_ray()
+    joined = not ray.is_initialized()
+    if joined:
+        with _keep_signal_handlers():
+            ray.init(address=address or os.environ.get("RAY_ADDRESS"), log_to_driver=False)
+    return ray.get_runtime_context().gcs_address, joined
+
+
+@contextlib.contextmanager
+def _keep_signal_handlers() -> Iterator[None]:
+    """Ray's driver installs a failure handler for SIGTERM and SIGINT that aborts the process; the
+    API server and the engine core must keep their own, which shut down cleanly (and stop Ray)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
+def ray_rank_threads(environ: dict[str, str], replica_threads: int | None, world_size: int) -> int:
+    """A rank's CPU threads (and Ray CPUs): TRAM_CPU_THREADS per rank, else the data-parallel
+    replica's share split over its ranks, else one. Ray places ranks before we know their nodes,
+    so the default cannot be each node's cores."""
+    explicit = environ.get("TRAM_CPU_THREADS", "").strip()
+    if explicit:
+        return max(1, int(explicit))
+    return max(1, (replica_threads or 1) // world_size)
 
 
 class RankActor:
@@ -84,10 +125,9 @@ class RayExecutor(Executor):
         pc = config.parallel_config
         self.world_size = pc.world_size
         self._output_rank = pc.output_rank
-        if not ray.is_initialized():
-            ray.init(address=os.environ.get("RAY_ADDRESS"))  # the user's cluster, else a local one
+        join_ray(pc.ray_address)
         cuda = config.model_config.device_type == "cuda"
-        threads = max(1, pc.cpu_threads or int(os.environ.get("TRAM_CPU_THREADS", "1") or 1))
+        threads = ray_rank_threads(dict(os.environ), pc.cpu_threads, self.world_size)
         bundle = {"GPU": 1, "CPU": 1} if cuda else {"CPU": threads}
         self._pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK")
         ray.get(self._pg.ready(), timeout=600)
