@@ -193,7 +193,8 @@ def _run_data_parallel(model: str, args: argparse.Namespace, requests: list, siz
 
 
 def _run_config(name: str, model: str, args: argparse.Namespace, requests: list) -> tuple[float, list]:
-    from tram import LLM, SamplingParams
+    from tram import LLM
+    from tram.bench.throughput import timed_greedy
 
     if name == "dp2":
         return _run_data_parallel(model, args, requests)
@@ -203,16 +204,11 @@ def _run_config(name: str, model: str, args: argparse.Namespace, requests: list)
     llm = LLM(model, dtype=args.dtype, max_num_seqs=256, max_model_len=1024, **kwargs)
     if name == "pp2-serial":
         llm.llm_engine.engine_core.batch_queue_size = 1
-    params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
-    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
-    llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - start
+    seconds, outputs = timed_greedy(llm, requests)
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
-    return seconds, [o.outputs[0].token_ids for o in outs]
+    return seconds, outputs
 
 
 def throughput(args: argparse.Namespace) -> None:

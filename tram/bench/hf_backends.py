@@ -168,9 +168,10 @@ def collect_results(manager: Any, num: int, deadline: float = math.inf) -> tuple
 
 
 def hf_cb_backend(model_path: str, dtype: str, attn_implementation: str = "paged|sdpa",
-                  max_batch_tokens: int | None = None) -> GenerateFn:
+                  max_batch_tokens: int | None = None, num_blocks: int | None = None) -> GenerateFn:
     """transformers' continuous batching, each request with its own max_new_tokens."""
-    cb = HFContinuousBatching(load_hf_model(model_path, dtype, attn_implementation), max_batch_tokens=max_batch_tokens)
+    cb = HFContinuousBatching(load_hf_model(model_path, dtype, attn_implementation), max_batch_tokens=max_batch_tokens,
+                              num_blocks=num_blocks)
 
     def generate(requests: list[BenchRequest]) -> list[list[int]]:
         return cb.run(requests).outputs

@@ -18,6 +18,7 @@ import gc
 import os
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 
@@ -79,6 +80,8 @@ def add_throughput_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--hf-batch-size", type=int, default=16, help="batch size of hf-static")
     p.add_argument("--hf-cb-attn", default="paged|sdpa", help="attn_implementation of hf-cb")
+    p.add_argument("--hf-cb-num-blocks", type=int, default=None,
+                   help="KV cache blocks of hf-cb (default: transformers sizes its cache from free memory)")
     p.add_argument("--rounds", type=int, default=1, help="the backends take turns this many times; best run counts")
     p.add_argument("--vllm-python", default=None,
                    help="the Python of vLLM's own virtual environment (default: $TRAM_VLLM_VENV or "
@@ -92,6 +95,19 @@ def add_throughput_args(p: argparse.ArgumentParser) -> None:
 def model_checkpoint(args: argparse.Namespace) -> str:
     """The checkpoint every backend loads (see presets.checkpoint_for); --load-format dummy means random weights."""
     return checkpoint_for(args.model, args.dtype, args.seed, random_weights=args.load_format == "dummy")
+
+
+def timed_greedy(llm: Any, requests: list[BenchRequest]) -> tuple[float, list[list[int]]]:
+    """Greedy, `ignore_eos` generation of every request through an `LLM` after a two-request
+    warm-up: the seconds the timed run took, and each request's output token ids."""
+    from tram import SamplingParams
+
+    params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
+    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
+    llm.generate(prompts[:2], params[:2], use_tqdm=False)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return time.perf_counter() - start, [list(o.outputs[0].token_ids) for o in outs]
 
 
 def tram_backend(model: str, args: argparse.Namespace) -> GenerateFn:
@@ -116,7 +132,7 @@ def build_backend(name: str, model: str, args: argparse.Namespace) -> GenerateFn
     if name == "hf-static":
         return hf_static_backend(model, args.dtype, args.hf_batch_size)
     if name == "hf-cb":
-        return hf_cb_backend(model, args.dtype, args.hf_cb_attn)
+        return hf_cb_backend(model, args.dtype, args.hf_cb_attn, num_blocks=args.hf_cb_num_blocks)
     raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
 
 

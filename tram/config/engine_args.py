@@ -50,6 +50,9 @@ class EngineArgs(CliSettings):
     attention_backend: str | None = setting(None, "attention kernels (default: triton on CUDA, torch elsewhere)",
                                             choices=ATTENTION_BACKENDS)
     device: str = setting("auto", "cpu, cuda, cuda:N, or auto (CUDA when visible)")
+    quantization: str | None = setting(None, "quantize a float checkpoint's linear layers at load: int8 (per "
+                                       "output channel) or int4 (groups of 128 input channels); CPU only",
+                                       aliases=("-q",))
     skip_tokenizer_init: bool = setting(False, "no tokenizer: prompts must be token ids, outputs carry no text")
     max_logprobs: int = setting(20, "most logprobs a request may ask for")
     enforce_eager: bool = setting(False, "no CUDA graphs (GPU only)")
@@ -98,6 +101,10 @@ class EngineArgs(CliSettings):
             raise ValueError(f"structured_outputs_backend {self.structured_outputs_backend!r} is not supported: "
                              "choose xgrammar or guidance (llguidance)")
         self._validate_unsupported()
+        if self.quantization is not None:
+            from tram.model.quant.apply import check_quantization
+
+            check_quantization(self.quantization, "cuda" if self.device.startswith("cuda") else "cpu")
         if self.generation_config not in ("auto", "vllm") and not os.path.isfile(
                 os.path.join(self.generation_config, GENERATION_CONFIG_FILE)):
             raise ValueError(f"generation_config {self.generation_config!r} must be auto, vllm, or a folder "
@@ -155,6 +162,7 @@ class EngineArgs(CliSettings):
             model=model_path, dtype=self.dtype, device=self.device, load_format=self.load_format,
             revision=self.revision, trust_remote_code=self.trust_remote_code, seed=self.seed,
             attention_backend=self.attention_backend, enforce_eager=self.enforce_eager,
+            quantization=self.quantization,
         )
         derived_len = int(getattr(model_config.hf_config, "max_position_embeddings", 2048))
         max_model_len = self.max_model_len or derived_len

@@ -78,6 +78,7 @@ class ModelConfig:
     seed: int = 0
     attention_backend: str | None = None  # None: the device's default
     enforce_eager: bool = False  # no CUDA graphs
+    quantization: str | None = None  # weight-only, made at load from a float checkpoint (int8, int4)
 
     def __post_init__(self) -> None:
         self.dtype, self.device = _canonical(self.dtype), _canonical(self.device)

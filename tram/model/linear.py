@@ -19,6 +19,7 @@ from torch import nn
 
 from tram.model.cpu_kernels import kernels_for
 from tram.model.cpu_packed import packed_linear
+from tram.model.quant.weights import QuantizedWeight
 
 # Most rows of x the skinny kernel takes, per dtype; dtypes not listed never use it. Without a packed
 # weight the alternative is MKL (slower on few rows), with one it is oneDNN (faster from 2-3 rows).
@@ -59,6 +60,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def linear_n(x: torch.Tensor, layers: Sequence[Linear]) -> list[torch.Tensor]:
     """[layer(x) for layer in layers], in one kernel call when x is skinny (q/k/v, gate/up): one
     conversion of x and one parallel region instead of one per layer; each result is unchanged."""
+    if any(layer.quant is not None for layer in layers):
+        return [layer(x) for layer in layers]
     packed = all(layer.packed_weight is not None for layer in layers)
     kernels = _skinny_kernels(x, layers[0].weight, packed)
     if kernels is not None and all(layer.weight.dtype == x.dtype for layer in layers):
@@ -70,9 +73,18 @@ class Linear(nn.Linear):
     """nn.Linear (same parameters and names, so checkpoints load unchanged) routed through `linear`.
 
     `packed_weight` is a oneDNN-packed copy of `weight` that cpu_packed.pack_cpu_linears sets after
-    loading (CPU only); it is no parameter or buffer, so state_dict and loading never see it."""
+    loading (CPU only); it is no parameter or buffer, so state_dict and loading never see it.
+    `quant` is the weight in fewer bits where the model was quantized after loading (quant/apply.py);
+    `weight` is then empty."""
 
     packed_weight: torch.Tensor | None = None
+    quant: QuantizedWeight | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.packed_weight)
+        return self.matmul(x, self.bias)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x @ W.T + bias, on whichever form of W this layer holds."""
+        if self.quant is not None:
+            return self.quant.apply(x, bias)
+        return linear(x, self.weight, bias, self.packed_weight)

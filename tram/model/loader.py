@@ -20,6 +20,7 @@ from tram.config import load_hf_config as get_hf_config  # noqa: F401 - the test
 from tram.model.attention import get_attention_backend
 from tram.distributed import get_pp
 from tram.model.cpu_packed import pack_cpu_linears
+from tram.model.quant import check_quantization, quantize_linears
 from tram.model.hub import INDEX_FILE, read_index, resolve_model_path
 from tram.model.pipeline import cut_to_stage
 from tram.model.registry import get_model_class
@@ -69,9 +70,13 @@ def load_model(model_config: ModelConfig) -> nn.Module:
                                  skip=getattr(model, "missing_prefixes", ()))
     model.eval()
     model.requires_grad_(False)
+    if model_config.quantization is not None:
+        check_quantization(model_config.quantization, model_config.torch_device.type)
+        quantize_linears(model, model_config.quantization)
     if model_config.torch_device.type == "cpu":
         pack_cpu_linears(model)
-    num_params = sum(p.numel() for p in model.parameters())
+    num_params = sum(p.numel() for p in model.parameters()) + sum(
+        m.quant.out_features * m.quant.in_features for m in model.modules() if getattr(m, "quant", None) is not None)
     logger.info("Loaded %s (%s, %.1fM parameters, %s, %s) in %.2f s", model_config.model, cls.__name__,
                 num_params / 1e6, model_config.dtype, model_config.load_format, time.perf_counter() - start)
     return model

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from tram.distributed import get_tp, tp_all_reduce
-from tram.model.linear import Linear, linear
+from tram.model.linear import Linear
 from tram.model.weight_utils import WeightShapeError, WeightLoader, set_weight_loader
 
 
@@ -72,5 +72,5 @@ class RowParallelLinear(Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in / tp] -> [T, out]
         if self.tp_size == 1:
             return super().forward(x)
-        y = tp_all_reduce(linear(x, self.weight, None, self.packed_weight))
+        y = tp_all_reduce(self.matmul(x, None))
         return y if self.bias is None else y + self.bias

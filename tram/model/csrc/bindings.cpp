@@ -22,6 +22,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "skinny_linear for several weights sharing x (CPU): (x [M,K], [weight [N_i,K]], [bias [N_i] or None]) "
         "-> [[M,N_i]]",
         py::arg("x"), py::arg("weights"), py::arg("biases"));
+  m.def("quant_linear", &tram::quant_linear,
+        "y = x W^T + b for a few rows of x, W in int8 or int4 (CPU): (x [M,K], qweight [N,K] int8 or [N,K/2] "
+        "uint8, scale [N] or [N,K/group] float32, group (0: int8), bias [N] or None) -> [M,N]",
+        py::arg("x"), py::arg("qweight"), py::arg("scale"), py::arg("group"), py::arg("bias") = py::none());
+  m.def("quant_dequantize_", &tram::quant_dequantize_,
+        "quant_linear's W dequantized into out (CPU): (out [N,K] float32 or bfloat16, qweight, scale, group)",
+        py::arg("out"), py::arg("qweight"), py::arg("scale"), py::arg("group"));
   m.def("rms_norm", &tram::rms_norm, "transformers' RMSNorm (CPU): (x [T,N], weight [N], eps) -> [T,N]",
         py::arg("x"), py::arg("weight"), py::arg("eps"));
   m.def("add_rms_norm", &tram::add_rms_norm,

@@ -31,6 +31,13 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight, const c1
 std::vector<at::Tensor> skinny_linear_n(const at::Tensor& x, const std::vector<at::Tensor>& weights,
                                         const std::vector<c10::optional<at::Tensor>>& biases);
 
+// quant_linear.cpp: y = x W^T + b for few rows of x, W in int8 (group 0: a scale per row) or int4
+// (a scale per `group` k).
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale, int64_t group,
+                        const c10::optional<at::Tensor>& bias);
+// The same W dequantized into out ([N, K], float32 or bfloat16), for GEMMs of many rows.
+void quant_dequantize_(at::Tensor& out, const at::Tensor& qweight, const at::Tensor& scale, int64_t group);
+
 // rms_norm.cpp: transformers' RMSNorm, optionally after adding the residual.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,

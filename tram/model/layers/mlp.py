@@ -38,6 +38,8 @@ class GatedMLP(nn.Module):
 
     def pack_stacked(self, pack: PackFn) -> torch.Tensor | None:
         """Packs gate and up as one weight; returns the packed tensor (None where it cannot be)."""
+        if self.gate_proj.quant is not None:
+            return None
         self.packed_gate_up = pack(torch.cat([self.gate_proj.weight, self.up_proj.weight]))
         if self.packed_gate_up is not None and self.gate_proj.bias is not None:
             self.gate_up_bias = torch.cat([self.gate_proj.bias, self.up_proj.bias])

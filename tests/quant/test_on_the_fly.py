@@ -1,0 +1,143 @@
+"""On-the-fly weight-only quantization (`quantization="int8"` / `"int4"`): torch's CPU kernels
+against dequantize-then-matmul on random shapes, and whole models against transformers running
+the same dequantized weights (the oracle: what the quantized model means)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import assert_no_leak
+from hf_models import make_hf_model_dir
+from tram import LLM, SamplingParams
+from tram.model.quant import weights
+from tram.model.quant.apply import quantize_weight
+from tram.model.quant.weights import (SKINNY_MAX_ROWS, Int4Weight, Int8Weight, QuantizedWeight, int4_group_size,
+                                      pack_int4, reference_linear, unpack_int4)
+
+SHAPES = [(16, 32), (50, 100), (64, 256), (33, 384)]  # [N, K]: odd row counts, K not a multiple of 16
+
+
+def _weight(n: int, k: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, k, generator=g) * 0.05
+
+
+def _quantized(method: str, w: torch.Tensor) -> QuantizedWeight:
+    qw, used = quantize_weight(method, w)
+    assert used.startswith(method if int4_group_size(w.shape[1]) else "int8")
+    return qw
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_kernels_match_dequantize_then_matmul(n: int, k: int, dtype: torch.dtype, method: str):
+    qw = _quantized(method, _weight(n, k, n + k).to(dtype))
+    bias = torch.randn(n).to(dtype)
+    for rows in (1, 3, 5, SKINNY_MAX_ROWS, SKINNY_MAX_ROWS + 1, 40):  # the skinny kernel, then dequantize + GEMM
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).to(dtype)
+        with torch.inference_mode():
+            got, want = qw.apply(x, bias), reference_linear(x, qw, bias)
+        assert got.dtype == dtype and got.shape == (rows, n)
+        # float32: summation order only; bfloat16 past the skinny rows: the weight is rounded to bf16 first.
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_skinny_kernel_is_invariant_to_batch_and_threads(method: str):
+    qw = _quantized(method, _weight(96, 320, 5))
+    x = torch.randn(SKINNY_MAX_ROWS, 320)
+    threads = torch.get_num_threads()
+    with torch.inference_mode():
+        together = qw.apply(x, None)
+        for i in range(x.shape[0]):
+            assert torch.equal(qw.apply(x[i:i + 1], None), together[i:i + 1])
+        assert torch.equal(qw.apply(x[2:7], None), together[2:7])
+        torch.set_num_threads(1)
+        try:
+            assert torch.equal(qw.apply(x, None), together)
+        finally:
+            torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_dequantized_weights_are_the_rounding_of_the_originals(n: int, k: int):
+    w = _weight(n, k, 7)
+    w8 = Int8Weight(w)
+    assert w8.qweight.dtype == torch.int8 and w8.qweight.abs().max() <= 127
+    assert ((w8.dequantize() - w).abs() <= w8.scale[:, None] / 2 + 1e-7).all()
+    group = int4_group_size(k)
+    if group is None:
+        return
+    w4 = Int4Weight(w, group)
+    scale = w4.scale.repeat_interleave(group, dim=1)  # [N, K]
+    assert ((w4.dequantize() - w).abs() <= scale / 2 + 1e-7).all()
+    assert w4.nbytes < w8.nbytes < w.numel() * 4  # about 1/8 and 1/4 of float32, plus scales
+
+
+def test_int4_packing_round_trips_and_falls_back_to_int8_where_no_group_fits():
+    q = torch.randint(0, 16, (5, 64), dtype=torch.uint8)
+    assert torch.equal(unpack_int4(pack_int4(q)), q)
+    assert pack_int4(q)[0, 3] == q[0, 3] | (q[0, 19] << 4)  # byte j of a run: k = j and k = j + 16
+    assert int4_group_size(256) == 128 and int4_group_size(96) == 32
+    assert int4_group_size(172) is None
+    assert quantize_weight("int4", _weight(64, 172, 1))[1] == "int8"
+
+
+def test_without_the_kernels_the_reference_path_runs(monkeypatch):
+    qw = Int4Weight(_weight(64, 256, 3), 128)
+    x = torch.randn(2, 256)
+    monkeypatch.setattr(weights, "load_cpu_kernels", lambda: None)
+    with torch.inference_mode():
+        assert torch.equal(qw.apply(x, None), reference_linear(x, qw, None))
+
+
+# ---- whole models ------------------------------------------------------------------------------
+def _dequantized_hf_model(path: str, method: str) -> torch.nn.Module:
+    """transformers' model with every decoder linear replaced by its quantized-then-dequantized
+    weight: the same function of the checkpoint that Tram's quantized layers compute."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for module in model.model.layers.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.copy_(quantize_weight(method, module.weight)[0].dequantize())
+    return model
+
+
+PROMPTS = [[1, 17, 300, 45, 9], [1, 200, 201, 202, 203, 204, 205, 206], [1, 5], [1, 99, 98, 97, 96, 95, 94]]
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_greedy_and_logprobs_match_transformers_on_dequantized_weights(tmp_path, method: str):
+    # 256-wide rows, so that int4 uses groups of 128 everywhere; biases on every linear.
+    path = make_hf_model_dir(tmp_path, "llama_untied", hidden_size=256, intermediate_size=512,
+                             num_attention_heads=4, num_key_value_heads=2)
+    llm = LLM(path, quantization=method, max_num_seqs=4, max_model_len=256, max_num_batched_tokens=8)
+    oracle = _dequantized_hf_model(path, method)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
+                        SamplingParams(temperature=0, max_tokens=12, logprobs=1), use_tqdm=False)
+    for p, out in zip(PROMPTS, outs):
+        comp = out.outputs[0]
+        with torch.no_grad():
+            want = oracle.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                                   pad_token_id=0, attention_mask=torch.ones(1, len(p), dtype=torch.long))
+        assert comp.token_ids == want[0, len(p):].tolist()
+        with torch.no_grad():
+            ref = torch.log_softmax(oracle(torch.tensor([p + comp.token_ids])).logits[0].float(), dim=-1)
+        for i, (tid, row) in enumerate(zip(comp.token_ids, comp.logprobs)):
+            assert row[tid].logprob == pytest.approx(ref[len(p) - 1 + i, tid].item(), abs=1e-3)
+    assert_no_leak(llm.llm_engine)
+
+
+def test_quantized_model_is_smaller_and_unknown_methods_are_refused(stories_path: str):
+    llm = LLM(stories_path, quantization="int8", max_num_seqs=2, max_model_len=64)
+    runner = llm.llm_engine.engine_core.executor.model_runner
+    layers = [m for m in runner.model.modules() if getattr(m, "quant", None) is not None]
+    assert len(layers) == 5 * 7  # q, k, v, o, gate, up, down in each of the 5 layers
+    assert all(m.weight.numel() == 0 for m in layers)  # the float weights are gone
+    assert llm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)[0].outputs[0].text
+    with pytest.raises(ValueError, match="quantization 'fp6' is not supported: choose int8 or int4"):
+        LLM(stories_path, quantization="fp6")

@@ -1,0 +1,116 @@
+"""Weight-only quantized linear weights made from float ones on the fly (`quantization="int8"` or
+`"int4"`): what users with only the original checkpoint run to halve or quarter the bytes a decode
+step streams, which on a CPU is what a step's time mostly is.
+
+  * Int8Weight: symmetric per output channel, w ~ q * scale[n] with q in [-127, 127].
+  * Int4Weight: symmetric per group of `group_size` input channels, w ~ (q - 8) * scale[n, g] with q
+    in [0, 15] (-8..7 around zero), two to a byte in the layout csrc/quant_linear.cpp reads.
+
+A few rows (a decode step) go through csrc/quant_linear.cpp, which widens the weights in registers
+and reads each byte once per call. Past SKINNY_MAX_ROWS (a prefill) the weight is dequantized into
+x's dtype and multiplied by F.linear: the GEMM's compute then outweighs the one pass over W.
+`dequantize()` gives the float weight both compute with; `reference_linear` multiplies by it with
+F.linear, the pure-PyTorch path that TRAM_CPU_KERNELS=0 selects and the tests compare against.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tram.model.cpu_kernels import load_cpu_kernels
+
+INT4_GROUP_SIZES = (128, 64, 32)  # the largest that divides K is used; the kernel reads 32 k at a time
+SKINNY_MAX_ROWS = 12  # past this, dequantize + GEMM wins on the 0.5B shapes (docs/benchmarks.md)
+
+
+def _kernels(x: torch.Tensor):  # noqa: ANN202 - the extension module, or None
+    if x.device.type != "cpu" or x.dim() != 2 or x.dtype not in (torch.float32, torch.bfloat16) \
+            or torch.is_grad_enabled():
+        return None
+    return load_cpu_kernels()  # None where the kernels are switched off (TRAM_CPU_KERNELS=0) or failed to build
+
+
+class QuantizedWeight:
+    """A linear layer's weight [N, K] in fewer bits; `apply(x, bias)` is x @ W.T + bias."""
+
+    out_features: int
+    in_features: int
+    qweight: torch.Tensor
+    scale: torch.Tensor
+    group = 0  # int8: one scale per row
+
+    def apply(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        kernels = _kernels(x)
+        if kernels is None:
+            return reference_linear(x, self, bias)
+        if x.shape[0] <= SKINNY_MAX_ROWS:
+            return kernels.quant_linear(x, self.qweight, self.scale, self.group, bias)
+        weight = torch.empty(self.out_features, self.in_features, dtype=x.dtype)
+        kernels.quant_dequantize_(weight, self.qweight, self.scale, self.group)
+        return F.linear(x, weight, bias)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        raise NotImplementedError
+
+    @property
+    def nbytes(self) -> int:
+        raise NotImplementedError
+
+
+def reference_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """Dequantize, then F.linear in float32, rounded once to x's dtype."""
+    y = F.linear(x.float(), weight.dequantize(torch.float32), None if bias is None else bias.float())
+    return y.to(x.dtype)
+
+
+class Int8Weight(QuantizedWeight):
+    def __init__(self, weight: torch.Tensor) -> None:
+        w = weight.detach().float()
+        self.out_features, self.in_features = w.shape
+        self.scale = (w.abs().amax(dim=1) / 127.0).clamp(min=torch.finfo(torch.float32).tiny).contiguous()  # [N]
+        self.qweight = torch.round(w / self.scale[:, None]).clamp(-127, 127).to(torch.int8)  # [N, K]
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return (self.qweight.float() * self.scale[:, None]).to(dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.qweight.numel() + self.scale.numel() * 4
+
+
+def int4_group_size(in_features: int) -> int | None:
+    """The group size a weight with K = in_features gets in int4 (None: no supported size divides K)."""
+    return next((g for g in INT4_GROUP_SIZES if in_features % g == 0), None)
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """[N, K] values 0..15 -> [N, K / 2] bytes: in each run of 32 k, byte j holds k = j (low nibble)
+    and k = j + 16 (high nibble)."""
+    runs = q.to(torch.uint8).view(q.shape[0], -1, 2, 16)  # [N, K / 32, 2, 16]
+    return (runs[:, :, 0] | (runs[:, :, 1] << 4)).reshape(q.shape[0], -1).contiguous()
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """pack_int4's inverse: [N, K / 2] bytes -> [N, K] values 0..15 (uint8)."""
+    runs = packed.view(packed.shape[0], -1, 16)  # [N, K / 32, 16]
+    return torch.stack([runs & 15, runs >> 4], dim=2).reshape(packed.shape[0], -1)
+
+
+class Int4Weight(QuantizedWeight):
+    def __init__(self, weight: torch.Tensor, group_size: int) -> None:
+        w = weight.detach().float()
+        self.out_features, self.in_features = w.shape
+        self.group = group_size
+        groups = w.view(self.out_features, -1, group_size)  # [N, K / g, g]
+        scale = (groups.abs().amax(dim=2) / 7.0).clamp(min=torch.finfo(torch.float32).tiny)  # [N, K / g]
+        q = torch.round(groups / scale[..., None]).clamp(-8, 7) + 8  # [N, K / g, g] in 0..15
+        self.qweight = pack_int4(q.view(self.out_features, self.in_features))  # [N, K / 2]
+        self.scale = scale.contiguous()
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        q = unpack_int4(self.qweight).float().view(self.out_features, -1, self.group) - 8  # [N, K / g, g]
+        return (q * self.scale[..., None]).view(self.out_features, self.in_features).to(dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.qweight.numel() + self.scale.numel() * 4
