@@ -48,6 +48,9 @@ OVERSIZED = [
     ("/generate", {"prompt": "Once upon", "top_k": HUGE}, "top_k"),
     ("/generate", {"prompt": "Once upon", "min_tokens": HUGE}, "min_tokens"),
     ("/generate", {"prompt": "Once upon", "stream": True, "seed": -(2**64)}, "seed"),
+    # n samples are fanned out in the API process: a billion of them once took it to 23 GB and the OOM killer.
+    ("/generate", {"prompt": "f", "n": 1003811452}, "n"),
+    ("/v1/completions", {"prompt": "Once upon", "n": 5}, "n"),  # more than --max-num-seqs 4
 ]
 
 

@@ -32,7 +32,8 @@ class EngineFrontend:
         if not config.skip_tokenizer_init:
             self.tokenizer = load_tokenizer(config.tokenizer, config.revision, config.trust_remote_code)
         self.eos_token_ids = self._eos_token_ids()
-        self.input_processor = InputProcessor(self.tokenizer, mc.vocab_size, mc.max_model_len, config.max_logprobs)
+        self.input_processor = InputProcessor(self.tokenizer, mc.vocab_size, mc.max_model_len, config.max_logprobs,
+                                              config.scheduler_config.max_num_seqs)
         self.output_processor = OutputProcessor(self.tokenizer, log_stats)
 
     def _eos_token_ids(self) -> list[int]:

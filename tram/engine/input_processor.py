@@ -5,7 +5,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Union
 
-from tram.sampling_params import SamplingParams
+from tram.sampling_params import SamplingParamError, SamplingParams
 
 # A prompt: text, {"prompt": text}, or {"prompt_token_ids": [...] (, "prompt": text)}.
 PromptType = Union[str, dict[str, Any]]
@@ -36,11 +36,13 @@ OFFLINE_LENGTH_RULE = LengthRule()
 
 
 class InputProcessor:
-    def __init__(self, tokenizer: Any | None, vocab_size: int, max_model_len: int, max_logprobs: int) -> None:
+    def __init__(self, tokenizer: Any | None, vocab_size: int, max_model_len: int, max_logprobs: int,
+                 max_num_seqs: int | None = None) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.max_logprobs = max_logprobs
+        self.max_num_seqs = max_num_seqs
 
     def process(
         self, prompt: PromptType, params: SamplingParams, length_rule: LengthRule = OFFLINE_LENGTH_RULE,
@@ -136,6 +138,11 @@ class InputProcessor:
         if bad:
             raise ValueError(f"prompt_token_ids contains ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
         params.verify_token_ids(self.vocab_size)
+        # Each of n sequences is a request of its own; a billion of them would exhaust the memory of
+        # the process that fans them out before the engine saw one.
+        if self.max_num_seqs is not None and params.n > self.max_num_seqs:
+            raise SamplingParamError(
+                "n", f"n={params.n} is more sequences than one batch holds (max_num_seqs = {self.max_num_seqs})")
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(params, name)
             # As in vLLM, -1 asks for the whole vocabulary and counts as that many.

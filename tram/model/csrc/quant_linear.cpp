@@ -14,10 +14,12 @@
 // walks a contiguous range of W's rows once per call, widening each chunk of weights in registers and
 // using it for up to four rows of x.
 //
-// Arithmetic: x (widened to float32) times the integer weights, summed in float32 as two 16-lane
-// partial sums (even and odd chunks), times the scale per row (int8) or per group (int4, each group's
-// sums scaled then added), folded in a fixed order, plus the bias, rounded once to x's dtype. The
-// order depends on neither M nor the thread count.
+// Arithmetic: x (widened to float32) times the weights, summed in float32 as two 16-lane partial sums
+// per output (even and odd chunks of 16 k), folded in a fixed order; int8 sums are then scaled per
+// row, while int4 weights are scaled per group as they are widened (each is then exactly its
+// dequantized value); plus the bias, rounded once to x's dtype. Tiles of up to 4 rows of x and 1-4
+// rows of W share registers, but no output's order of additions depends on M, on the tiling or on
+// the thread count.
 #include "kernels.h"
 #include "simd.h"
 
@@ -70,57 +72,73 @@ TRAM_INLINE vf16 widen_i8_tail(const int8_t* p, int64_t count) {
   return widen_i8(buf);
 }
 
-// int8: output column n for rows m0 .. m0 + MB - 1; xf is [M, k_pad] float32, zero-padded.
-template <typename T, int64_t MB>
-TRAM_INLINE void tile_int8(const float* xf, int64_t m0, int64_t k_pad, const int8_t* row, float scale, float bias,
-                           T* y, int64_t N, int64_t K, int64_t n) {
+// Widened weights of one chunk of k: int8 as stored; int4 nibbles 0..15 -> -8..7 times their group's
+// scale, which makes them the dequantized weights themselves (the int8 scale comes after the sum).
+struct Int8Rows {
+  const int8_t* q;
+  int64_t K;
+  TRAM_INLINE vf16 chunk(int64_t j, int64_t k) const { return widen_i8(q + j * K + k); }
+  TRAM_INLINE vf16 tail(int64_t j, int64_t k) const { return widen_i8_tail(q + j * K + k, K - k); }
+};
+
+struct Int4Rows {
+  const uint8_t* q;  // row n0
+  const float* scale;  // row n0's group scales
+  int64_t K, group;
+  // Chunk c (16 k) of a run of 32: the run's low nibbles (c even) or high ones (c odd).
+  TRAM_INLINE vf16 chunk(int64_t j, int64_t k) const {
+    const vu8x16 bytes = vload<vu8x16>(q + j * (K / 2) + (k & ~int64_t{31}) / 2);
+    const vu8x16 nibbles = (k & 16) ? vu8x16(bytes >> 4) : vu8x16(bytes & 15);
+    return to_float(bitcast<vi8x16>(vu8x16(nibbles - 8))) * scale[j * (K / group) + k / group];
+  }
+  TRAM_INLINE vf16 tail(int64_t, int64_t) const { return vf16{}; }  // K is a multiple of 32: no tail
+};
+
+// Outputs n0 .. n0 + NB - 1 for rows m0 .. m0 + MB - 1 of x; xf is [M, k_pad] float32, zero-padded.
+// Each widened chunk of a weight row serves MB rows of x, each chunk of x NB weight rows; every
+// output keeps its own two partial sums (even and odd chunks of 16 k), so NB and MB change which
+// outputs share registers, never an output's order of additions.
+template <typename T, int64_t MB, int64_t NB, typename Rows>
+TRAM_INLINE void tile(const float* xf, int64_t m0, int64_t k_pad, const Rows& rows, const float* post_scale,
+                      const T* bias, T* y, int64_t N, int64_t K, int64_t n0) {
   const int64_t k_full = K - K % kLanes;
-  vf16 even[MB] = {}, odd[MB] = {};
+  vf16 even[MB][NB] = {}, odd[MB][NB] = {};
   int64_t k = 0;
   for (; k + 2 * kLanes <= k_full; k += 2 * kLanes) {
-    const vf16 w0 = widen_i8(row + k), w1 = widen_i8(row + k + kLanes);
+    vf16 w0[NB], w1[NB];
+    for (int64_t j = 0; j < NB; ++j) {
+      w0[j] = rows.chunk(j, k);
+      w1[j] = rows.chunk(j, k + kLanes);
+    }
     for (int64_t m = 0; m < MB; ++m) {
       const float* xm = xf + (m0 + m) * k_pad + k;
-      even[m] += w0 * vload<vf16>(xm);
-      odd[m] += w1 * vload<vf16>(xm + kLanes);
+      const vf16 x0 = vload<vf16>(xm), x1 = vload<vf16>(xm + kLanes);
+      for (int64_t j = 0; j < NB; ++j) {
+        even[m][j] += w0[j] * x0;
+        odd[m][j] += w1[j] * x1;
+      }
     }
   }
   if (k < k_full) {
-    const vf16 w0 = widen_i8(row + k);
-    for (int64_t m = 0; m < MB; ++m) even[m] += w0 * vload<vf16>(xf + (m0 + m) * k_pad + k);
+    for (int64_t j = 0; j < NB; ++j) {
+      const vf16 w0 = rows.chunk(j, k);
+      for (int64_t m = 0; m < MB; ++m) even[m][j] += w0 * vload<vf16>(xf + (m0 + m) * k_pad + k);
+    }
     k += kLanes;
   }
   if (k < K) {  // the odd partial sum takes the tail, so a chunk never moves between the two sums
-    const vf16 w1 = widen_i8_tail(row + k, K - k);
-    for (int64_t m = 0; m < MB; ++m) odd[m] += w1 * vload<vf16>(xf + (m0 + m) * k_pad + k);
-  }
-  for (int64_t m = 0; m < MB; ++m) store(hsum(even[m] + odd[m]) * scale + bias, y + (m0 + m) * N + n);
-}
-
-// int4: as tile_int8, over groups of `group` k (a multiple of 32), each group's sums scaled.
-template <typename T, int64_t MB>
-TRAM_INLINE void tile_int4(const float* xf, int64_t m0, int64_t k_pad, const uint8_t* row, const float* scales,
-                           int64_t group, float bias, T* y, int64_t N, int64_t K, int64_t n) {
-  vf16 even[MB] = {}, odd[MB] = {};
-  for (int64_t g0 = 0; g0 < K; g0 += group) {
-    vf16 ge[MB] = {}, go[MB] = {};
-    for (int64_t k = g0; k < g0 + group; k += 2 * kLanes) {
-      const vu8x16 bytes = vload<vu8x16>(row + k / 2);
-      const vf16 w0 = to_float(bitcast<vi8x16>(vu8x16((bytes & 15) - 8)));  // nibbles 0..15 -> -8..7
-      const vf16 w1 = to_float(bitcast<vi8x16>(vu8x16((bytes >> 4) - 8)));
-      for (int64_t m = 0; m < MB; ++m) {
-        const float* xm = xf + (m0 + m) * k_pad + k;
-        ge[m] += w0 * vload<vf16>(xm);
-        go[m] += w1 * vload<vf16>(xm + kLanes);
-      }
-    }
-    const float s = scales[g0 / group];
-    for (int64_t m = 0; m < MB; ++m) {
-      even[m] += ge[m] * s;
-      odd[m] += go[m] * s;
+    for (int64_t j = 0; j < NB; ++j) {
+      const vf16 w1 = rows.tail(j, k);
+      for (int64_t m = 0; m < MB; ++m) odd[m][j] += w1 * vload<vf16>(xf + (m0 + m) * k_pad + k);
     }
   }
-  for (int64_t m = 0; m < MB; ++m) store(hsum(even[m] + odd[m]) + bias, y + (m0 + m) * N + n);
+  for (int64_t m = 0; m < MB; ++m) {
+    for (int64_t j = 0; j < NB; ++j) {
+      const float b = bias != nullptr ? load1(bias + n0 + j) : 0.0f;
+      const float s = post_scale != nullptr ? post_scale[j] : 1.0f;
+      store(hsum(even[m][j] + odd[m][j]) * s + b, y + (m0 + m) * N + n0 + j);
+    }
+  }
 }
 
 struct Args {
@@ -133,35 +151,60 @@ struct Args {
   void* y;
 };
 
-template <typename T, int64_t MB>
-TRAM_INLINE void run_tile(const Args& a, int64_t m0, int64_t n) {
-  const float b = a.bias != nullptr ? load1(static_cast<const T*>(a.bias) + n) : 0.0f;
+template <typename T, int64_t MB, int64_t NB>
+TRAM_INLINE void run_tile(const Args& a, int64_t m0, int64_t n0) {
+  const T* bias = static_cast<const T*>(a.bias);
   T* y = static_cast<T*>(a.y);
   if (a.group == 0) {
-    tile_int8<T, MB>(a.xf, m0, a.k_pad, static_cast<const int8_t*>(a.q) + n * a.K, a.scale[n], b, y, a.N, a.K, n);
+    const Int8Rows rows{static_cast<const int8_t*>(a.q) + n0 * a.K, a.K};
+    tile<T, MB, NB>(a.xf, m0, a.k_pad, rows, a.scale + n0, bias, y, a.N, a.K, n0);
   } else {
-    tile_int4<T, MB>(a.xf, m0, a.k_pad, static_cast<const uint8_t*>(a.q) + n * (a.K / 2), a.scale + n * (a.K / a.group),
-                     a.group, b, y, a.N, a.K, n);
+    const Int4Rows rows{static_cast<const uint8_t*>(a.q) + n0 * (a.K / 2), a.scale + n0 * (a.K / a.group), a.K,
+                        a.group};
+    tile<T, MB, NB>(a.xf, m0, a.k_pad, rows, nullptr, bias, y, a.N, a.K, n0);
   }
+}
+
+// Every row of x for outputs n0 .. n0 + NB - 1, four rows of x at a time.
+template <typename T, int64_t NB>
+TRAM_INLINE void outputs(const Args& a, int64_t n0) {
+  int64_t m0 = 0;
+  for (; m0 + 4 <= a.M; m0 += 4) run_tile<T, 4, NB>(a, m0, n0);
+  switch (a.M - m0) {
+    case 3: run_tile<T, 3, NB>(a, m0, n0); break;
+    case 2: run_tile<T, 2, NB>(a, m0, n0); break;
+    case 1: run_tile<T, 1, NB>(a, m0, n0); break;
+    default: break;
+  }
+}
+
+// Weight rows per tile: enough independent sums to hide the FMA latency when x has one row, few
+// enough that the sums stay in registers (32 vector registers with AVX-512, 16 with AVX2).
+#if defined(__AVX512F__)
+constexpr int64_t kWideRows = 4, kNarrowRows = 2;
+#else
+constexpr int64_t kWideRows = 2, kNarrowRows = 1;
+#endif
+
+template <typename T, int64_t NB>
+void walk_rows(const Args& a, int64_t begin, int64_t end) {
+  int64_t n = begin;
+  for (; n + NB <= end; n += NB) outputs<T, NB>(a, n);
+  for (; n < end; ++n) outputs<T, 1>(a, n);
 }
 
 template <typename T>
 void quant_linear_impl(const Args& a) {
   at::parallel_for(0, a.N, kGrainRows, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      int64_t m0 = 0;
-      for (; m0 + 4 <= a.M; m0 += 4) run_tile<T, 4>(a, m0, n);
-      switch (a.M - m0) {
-        case 3: run_tile<T, 3>(a, m0, n); break;
-        case 2: run_tile<T, 2>(a, m0, n); break;
-        case 1: run_tile<T, 1>(a, m0, n); break;
-        default: break;
-      }
+    if (a.M == 1) {
+      walk_rows<T, kWideRows>(a, begin, end);
+    } else {
+      walk_rows<T, kNarrowRows>(a, begin, end);
     }
   });
 }
 
-// Row n of W, dequantized into out (float32 or bfloat16): the weight tile_int8 / tile_int4 multiply by.
+// Row n of W, dequantized into out (float32 or bfloat16): the weights the tiles compute with.
 template <typename T>
 void dequantize_row(const void* q, const float* scale, int64_t group, int64_t K, int64_t n, T* out) {
   if (group == 0) {

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from tram.model.cpu_kernels import load_cpu_kernels
 
 INT4_GROUP_SIZES = (128, 64, 32)  # the largest that divides K is used; the kernel reads 32 k at a time
-SKINNY_MAX_ROWS = 12  # past this, dequantize + GEMM wins on the 0.5B shapes (docs/benchmarks.md)
+SKINNY_MAX_ROWS = 16  # past this, dequantize + GEMM wins on the 0.5B shapes (docs/benchmarks.md)
 
 
 def _kernels(x: torch.Tensor):  # noqa: ANN202 - the extension module, or None
