@@ -51,6 +51,9 @@ OVERSIZED = [
     # n samples are fanned out in the API process: a billion of them once took it to 23 GB and the OOM killer.
     ("/generate", {"prompt": "f", "n": 1003811452}, "n"),
     ("/v1/completions", {"prompt": "Once upon", "n": 5}, "n"),  # more than --max-num-seqs 4
+    # A schema crosses to the engine core as msgpack (64-bit integers): once a 500 from an OverflowError.
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "guided_json": {"type": "array", "items": [2**77]}}, "guided_json"),
 ]
 
 

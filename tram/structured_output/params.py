@@ -16,6 +16,21 @@ CONSTRAINT_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "struc
 REPR_CHARS = 300
 
 
+def _has_huge_int(value: Any) -> bool:
+    """Whether a parsed JSON value holds an integer outside [-2**63, 2**64); iterative, so a deep
+    value cannot exhaust the stack."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+        elif isinstance(item, int) and not isinstance(item, bool) and not -(2**63) <= item < 2**64:
+            return True
+    return False
+
+
 class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Exactly one of `json` (a JSON schema, as a dict or its text), `regex`, `choice` (the output is
     one of these strings), `grammar` (EBNF / GBNF), `json_object` (any JSON object) or
@@ -56,6 +71,9 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
                 raise SamplingParamError(field, f"the JSON schema is not valid JSON: {e}") from e
             if not isinstance(parsed, (dict, bool)):
                 raise SamplingParamError(field, "a JSON schema must be an object")
+        elif self.json is not None and _has_huge_int(self.json):
+            # The schema crosses to the engine core as msgpack, which holds 64-bit integers only.
+            raise SamplingParamError(field, f"the JSON schema in {field} holds an integer beyond 64 bits")
         if self.choice is not None:
             if not self.choice or not all(isinstance(c, str) and c for c in self.choice):
                 raise SamplingParamError(field, "choice must be a non-empty list of non-empty strings")
