@@ -10,7 +10,7 @@
 //
 // Why: decode is bound by reading W, and W in int8 or int4 is a quarter or an eighth of float32's
 // bytes. torch's own weight-only CPU ops vectorise only bfloat16 activations; with float32 ones they
-// ran 10-40x slower than a float32 linear on this project's VM (docs/benchmarks.md). Here every thread
+// ran 5-12x slower than a float32 linear at 4096x4096 on this project's VM (docs/benchmarks.md). Here every thread
 // walks a contiguous range of W's rows once per call, widening each chunk of weights in registers and
 // using it for up to four rows of x.
 //
@@ -234,16 +234,21 @@ void quant_dequantize_(at::Tensor& out, const at::Tensor& qweight, const at::Ten
               "quant_dequantize_: contiguous out [N, K], qweight and float32 scale");
   const int64_t N = out.size(0), K = out.size(1);
   TORCH_CHECK(qweight.size(0) == N && qweight.size(1) == (group == 0 ? K : K / 2), "quant_dequantize_: shapes");
-  at::parallel_for(0, N, kGrainRows, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      if (out.scalar_type() == at::kFloat) {
-        dequantize_row(qweight.data_ptr(), scale.data_ptr<float>(), group, K, n, out.data_ptr<float>() + n * K);
-      } else {
-        dequantize_row(qweight.data_ptr(), scale.data_ptr<float>(), group, K, n,
-                       out.data_ptr<c10::BFloat16>() + n * K);
-      }
-    }
-  });
+  TORCH_CHECK(out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16,
+              "quant_dequantize_: out must be float32 or bfloat16");
+  const void* q = qweight.data_ptr();
+  const float* s = scale.data_ptr<float>();
+  if (out.scalar_type() == at::kFloat) {
+    float* o = out.data_ptr<float>();
+    at::parallel_for(0, N, kGrainRows, [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n) dequantize_row(q, s, group, K, n, o + n * K);
+    });
+  } else {
+    c10::BFloat16* o = out.data_ptr<c10::BFloat16>();
+    at::parallel_for(0, N, kGrainRows, [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n) dequantize_row(q, s, group, K, n, o + n * K);
+    });
+  }
 }
 
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale, int64_t group,

@@ -17,17 +17,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tram.model.cpu_kernels import load_cpu_kernels
+from tram.model.cpu_kernels import kernels_for
 
 INT4_GROUP_SIZES = (128, 64, 32)  # the largest that divides K is used; the kernel reads 32 k at a time
 SKINNY_MAX_ROWS = 16  # past this, dequantize + GEMM wins on the 0.5B shapes (docs/benchmarks.md)
 
 
 def _kernels(x: torch.Tensor):  # noqa: ANN202 - the extension module, or None
-    if x.device.type != "cpu" or x.dim() != 2 or x.dtype not in (torch.float32, torch.bfloat16) \
-            or torch.is_grad_enabled():
+    """The CPU kernels where csrc/quant_linear.cpp takes x (2-D, float32 or bfloat16); None also
+    where they are switched off (TRAM_CPU_KERNELS=0) or failed to build."""
+    if x.dim() != 2 or x.dtype not in (torch.float32, torch.bfloat16):
         return None
-    return load_cpu_kernels()  # None where the kernels are switched off (TRAM_CPU_KERNELS=0) or failed to build
+    return kernels_for(x)
 
 
 class QuantizedWeight:
@@ -54,7 +55,7 @@ class QuantizedWeight:
 
     @property
     def nbytes(self) -> int:
-        raise NotImplementedError
+        return self.qweight.numel() * self.qweight.element_size() + self.scale.numel() * self.scale.element_size()
 
 
 def reference_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
@@ -72,10 +73,6 @@ class Int8Weight(QuantizedWeight):
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return (self.qweight.float() * self.scale[:, None]).to(dtype)
-
-    @property
-    def nbytes(self) -> int:
-        return self.qweight.numel() + self.scale.numel() * 4
 
 
 def int4_group_size(in_features: int) -> int | None:
@@ -110,7 +107,3 @@ class Int4Weight(QuantizedWeight):
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         q = unpack_int4(self.qweight).float().view(self.out_features, -1, self.group) - 8  # [N, K / g, g]
         return (q * self.scale[..., None]).view(self.out_features, self.in_features).to(dtype)
-
-    @property
-    def nbytes(self) -> int:
-        return self.qweight.numel() + self.scale.numel() * 4
