@@ -4,9 +4,11 @@ Tram to `tram bench serve` with identical requests.
 One command does all of it (build and conversion are cached under ~/.cache/tram/llama.cpp):
 
     python3 benchmarks/llama_cpp_peer.py compare --model llama-15m --dtype float32 --concurrency 1,16,64
+    python3 benchmarks/llama_cpp_peer.py compare --model qwen2.5-0.5b --gguf-type Q4_K_M   # the same GGUF file
 
 Steps, each also runnable alone:
-    build    pip-download the llama-cpp-python sdist (it vendors llama.cpp) and build only llama-server
+    build    pip-download the llama-cpp-python sdist (it vendors llama.cpp) and build llama-server and
+             llama-quantize (the GGUF tests use it and the converter)
     convert  save the model (dummy weights are materialised with a fixed seed) and convert it to GGUF
     compare  serve the model with `tram serve` and llama-server and run `tram bench serve` against each,
              the two taking turns level by level
@@ -50,21 +52,37 @@ def source_dir() -> Path:
     return source_dir()
 
 
+TOOLS = ("llama-server", "llama-quantize")
+
+
+def tool_binary(name: str) -> Path:
+    return CACHE / "build" / "bin" / name
+
+
 def server_binary() -> Path:
-    return CACHE / "build" / "bin" / "llama-server"
+    return tool_binary("llama-server")
+
+
+# llama.cpp's AMX kernels (tinygemm_kernel_amx) died with SIGILL at the first step on this project's
+# Sapphire Rapids VMs (a tilezero on a worker thread; AMX itself runs here when configured), and
+# -march=native turns them on wherever cpuid reports AMX. Only its prefill of a few types uses them.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
 def build() -> Path:
+    """llama-server and llama-quantize (the GGUF tests' quantizer), built once; returns llama-server."""
     binary = server_binary()
-    if binary.exists():
+    cache = CACHE / "build" / "CMakeCache.txt"
+    if all(tool_binary(name).exists() for name in TOOLS) and NO_AMX in cache.read_text():
         return binary
     src = source_dir()
-    log(f"building llama-server from {src} (about 8 minutes on 2 cores)")
+    log(f"building {' and '.join(TOOLS)} from {src} (about 8 minutes on 2 cores)")
+    flags = ["-DCMAKE_C_FLAGS=" + NO_AMX, "-DCMAKE_CXX_FLAGS=" + NO_AMX]
     subprocess.run(["cmake", "-S", str(src), "-B", str(CACHE / "build"), "-G", "Ninja",
                     "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_CURL=OFF",
-                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DGGML_NATIVE=ON"],
+                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DGGML_NATIVE=ON", *flags],
                    check=True)
-    subprocess.run(["cmake", "--build", str(CACHE / "build"), "--target", "llama-server",
+    subprocess.run(["cmake", "--build", str(CACHE / "build"), "--target", *TOOLS,
                     "-j", str(os.cpu_count() or 2)], check=True)
     return binary
 
@@ -97,6 +115,36 @@ def convert(model: str, dtype: str, seed: int) -> tuple[str, Path]:
     return checkpoint, out
 
 
+def quantized(checkpoint: str, dtype: str, seed: int, gguf_type: str) -> Path:
+    """The model as a GGUF file of llama.cpp type `gguf_type` (Q8_0, Q4_K_M, ...): converted at
+    float32, then llama-quantize, as users make their files; cached."""
+    out = gguf_path(checkpoint, gguf_type)
+    if out.exists():
+        return out
+    _, base = convert(checkpoint, "float32", seed)
+    log(f"quantizing {base} to {gguf_type}")
+    tmp = out.with_suffix(".tmp")
+    subprocess.run([str(tool_binary("llama-quantize")), str(base), str(tmp), gguf_type], check=True)
+    tmp.rename(out)
+    return out
+
+
+def resident_mib(pid: int) -> float:
+    """Resident set (MiB) of a process and all its descendants: the server's whole footprint."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except (OSError, StopIteration):
+            continue
+    return total / 1024
+
+
 def start_llama_server(binary: Path, gguf: Path, slots: int, ctx_per_slot: int, port: int,
                        threads: int | None, log_dir: Path) -> ServerProcess:
     argv = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
@@ -106,9 +154,15 @@ def start_llama_server(binary: Path, gguf: Path, slots: int, ctx_per_slot: int, 
     return ServerProcess("llama-server", argv, port, log_path=log_dir / f"llama-server-np{slots}.log")
 
 
-def start_tram(checkpoint: str, dtype: str, port: int, max_model_len: int, log_dir: Path) -> TramServer:
+def start_tram(model: str, dtype: str, port: int, max_model_len: int, log_dir: Path,
+               tokenizer: str | None = None, threads: int | None = None) -> TramServer:
+    """Tram's server; `threads` sets the engine core's model threads (TRAM_CPU_THREADS), which
+    default to all cores but one, where llama-server takes them all."""
     args = ["--dtype", dtype, "--max-model-len", str(max_model_len), "--served-model-name", "tram"]
-    return TramServer(checkpoint, args, timeout=300, port=port, log_path=log_dir / "tram-serve.log")
+    if tokenizer:
+        args += ["--tokenizer", tokenizer]
+    env = {"TRAM_CPU_THREADS": str(threads)} if threads else None
+    return TramServer(model, args, timeout=300, port=port, log_path=log_dir / "tram-serve.log", env=env)
 
 
 def bench(server: ServerProcess, model: str, requests: list, concurrency: int, label: str, warmup: int) -> dict:
@@ -129,6 +183,11 @@ def compare(args: argparse.Namespace) -> None:
 
     binary = build()
     checkpoint, gguf = convert(args.model, args.dtype, args.seed)
+    # --gguf-type: both engines serve the same quantized file (Tram with the checkpoint's tokenizer).
+    tram_model, tram_tokenizer = checkpoint, None
+    if args.gguf_type:
+        gguf = quantized(checkpoint, args.dtype, args.seed, args.gguf_type)
+        tram_model, tram_tokenizer = str(gguf), checkpoint
     from transformers import AutoConfig
 
     vocab = AutoConfig.from_pretrained(checkpoint).vocab_size
@@ -140,7 +199,8 @@ def compare(args: argparse.Namespace) -> None:
     # The two engines take turns level by level (llama-server restarts with -np = concurrency; Tram,
     # idle meanwhile, stays up), so each pair is measured minutes apart at most: this shared VM's
     # speed drifts by 10-20% over minutes, which made the engines measured at different times differ.
-    tram = start_tram(checkpoint, args.dtype, args.port + 1, ctx, log_dir)
+    tram = start_tram(tram_model, args.dtype, args.port + 1, ctx, log_dir, tram_tokenizer, args.tram_threads)
+    memory = {"tram_idle_mib": resident_mib(tram.proc.pid), "file_mib": gguf.stat().st_size / 2**20}
     try:
         for conc in levels:
             requests = make_requests(args.num_prompts or max(4 * conc, MIN_PROMPTS), args.input_len,
@@ -151,12 +211,14 @@ def compare(args: argparse.Namespace) -> None:
             finally:
                 llama.stop(timeout=30, strict=False)  # a slow exit must not lose the measurements
             runs.append(bench(tram, "tram", requests, conc, "tram", args.warmup))
+            memory[f"tram_after_c{conc}_mib"] = resident_mib(tram.proc.pid)
     finally:
         tram.stop(timeout=30, strict=False)
     ratios = print_serve_comparison(runs, ("tram", "llama.cpp"), lambda by, conc: by.get(("llama.cpp", conc)))
     plot_sweep(runs, args.plot, title=f"{args.model} {args.dtype}: tram vs llama.cpp")
-    write_json(args.output_json, {"model": args.model, "dtype": args.dtype, "machine": machine_info(),
-                                  "ratios": ratios, "runs": runs})
+    print("resident set (MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in memory.items()))
+    write_json(args.output_json, {"model": args.model, "dtype": args.dtype, "gguf_type": args.gguf_type,
+                                  "machine": machine_info(), "memory": memory, "ratios": ratios, "runs": runs})
     print(f"wrote {args.output_json} and {args.plot}")
 
 
@@ -170,6 +232,8 @@ def main() -> None:
         p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
         p.add_argument("--seed", type=int, default=0)
     cmp = sub.choices["compare"]
+    cmp.add_argument("--gguf-type", help="serve this llama-quantize type (Q8_0, Q4_K_M, ...) on both sides: "
+                     "Tram loads the same GGUF file as llama-server")
     cmp.add_argument("--concurrency", default="1,16,64")
     cmp.add_argument("--num-prompts", type=int, help=f"per level (default: 4 x concurrency, at least {MIN_PROMPTS})")
     cmp.add_argument("--input-len", default="32:512")
@@ -177,6 +241,8 @@ def main() -> None:
     cmp.add_argument("--warmup", type=int, default=2)
     cmp.add_argument("--port", type=int, default=8411)
     cmp.add_argument("--llama-threads", type=int, help="llama-server -t/-tb (default: its own choice)")
+    cmp.add_argument("--tram-threads", type=int, help="the engine core's model threads (default: Tram's own "
+                     "choice, all cores but one; pass the core count to match llama-server's default)")
     cmp.add_argument("--log-dir", default=str(CACHE / "logs"))
     cmp.add_argument("--plot", default="llama_cpp_compare.png")
     cmp.add_argument("--output-json", default="llama_cpp_compare.json")

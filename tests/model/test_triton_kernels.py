@@ -1,70 +1,29 @@
 """Triton paged-attention kernels, run by Triton's interpreter on CPU tensors against a dense
 float64 PyTorch reference.
 
-Triton reads TRITON_INTERPRET when `@triton.jit` decorates a function (for triton.language's own
-functions: when triton is first imported) and again while launching. To be independent of whatever
-imported triton or tram's kernel module before this file (torch._dynamo imports triton, and a GPU
-run may set TRITON_INTERPRET=0), a private copy of the kernel module is executed here with the
-variable set, the variable is restored for the rest of the process, and each test here runs with
-it set and, if needed, with interpreted twins of triton.language's jit functions.
+The kernels run from a private copy of their module built for the interpreter, whatever imported
+triton before (tests/triton_interp.py says why that is needed).
 
 Cache entries that no request may read (unused blocks, table padding, slots past seq_len and, in
 the sliding-window tests, tiles wholly before the window) hold NaN: reading one poisons the output.
 """
-import importlib.util
 import os
 import sys
 from pathlib import Path
 
-_PREVIOUS_INTERPRET = os.environ.get("TRITON_INTERPRET")
-os.environ["TRITON_INTERPRET"] = "1"
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 pytest.importorskip("triton")
 
+from triton_interp import interpreter_on, load_interpreted  # noqa: E402
 
-def _load_interpreted_kernels():
-    name = "_tram_triton_kernels_interpreted"
-    if name in sys.modules:
-        return sys.modules[name]
-    path = Path(__file__).resolve().parents[2] / "tram" / "model" / "attention" / "triton_kernels.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-tk = _load_interpreted_kernels()
-if _PREVIOUS_INTERPRET is None:
-    del os.environ["TRITON_INTERPRET"]
-else:
-    os.environ["TRITON_INTERPRET"] = _PREVIOUS_INTERPRET
+tk = load_interpreted("_tram_triton_kernels_interpreted", "tram/model/attention/triton_kernels.py")
 
 
 @pytest.fixture(autouse=True)
 def _interpreter_on(monkeypatch):
-    # Triton also reads the variable while launching (e.g. when it first imports gluon).
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    _interpret_triton_language(monkeypatch)
-
-
-def _interpret_triton_language(monkeypatch) -> None:
-    """If triton was imported before this file set TRITON_INTERPRET (torch._dynamo imports it, for
-    one), the jit functions of triton.language (tl.max, tl.sum, their combine functions) were built
-    for the compiler and refuse to run inside interpreted kernels: swap in interpreted twins, one
-    per function so that the interpreter's identity checks on combine functions still hold."""
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    twins: dict[int, InterpretedFunction] = {}
-    for name, module in list(sys.modules.items()):
-        if module is not None and (name == "triton.language" or name.startswith("triton.language.")):
-            for attr, value in list(vars(module).items()):
-                if isinstance(value, JITFunction):
-                    monkeypatch.setattr(module, attr, twins.setdefault(id(value), InterpretedFunction(value.fn)))
+    interpreter_on(monkeypatch)
 
 
 FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -330,6 +289,53 @@ def test_write_then_attend():
     assert_close(batch.run(), ref, FP32)
 
 
+
+# --------------------------------------------------------------------------------------- fp8 cache
+
+FP8 = [pytest.param(torch.float8_e4m3fn, id="e4m3"), pytest.param(torch.float8_e5m2, id="e5m2")]
+
+
+@pytest.mark.parametrize("fmt", FP8)
+@pytest.mark.parametrize("dtype", [FP32, BF16])
+def test_write_kv_cache_fp8_rounds_like_torch(fmt, dtype):
+    """Saturated, scaled and rounded to nearest even, bit for bit as kv_quant.quantize_kv (torch's cast):
+    ties, values past the format's range, subnormals, zeros."""
+    from tram.model.attention.kv_quant import quantize_kv
+
+    torch.manual_seed(12)
+    num_tokens, num_kv_heads, head_dim = 40, 2, 16
+    magnitudes = torch.logspace(-14, 18, num_tokens, base=2).view(-1, 1, 1)  # fp8 subnormals to past 448
+    key = (torch.randn(num_tokens, num_kv_heads, head_dim) * magnitudes).to(dtype)
+    key[0, 0, :6] = torch.tensor([1.0625, 1.1875, -17.0, 1e6, 0.0, -0.0]).to(dtype)  # ties, saturation, zeros
+    value = (3 * torch.randn(num_tokens, num_kv_heads, head_dim)).to(dtype)
+    cache = torch.zeros(2, 6, 16, num_kv_heads, head_dim, dtype=fmt)
+    slots = torch.randperm(96)[:num_tokens]
+    slots[5] = -1  # a padding token
+    tk.write_kv_cache(key, value, cache, slots, 0.75, 2.0)
+    real = slots >= 0
+    for i, (x, scale) in enumerate(((key, 0.75), (value, 2.0))):
+        stored = cache[i].view(-1, num_kv_heads, head_dim)[slots[real]]
+        assert torch.equal(stored.view(torch.uint8), quantize_kv(x[real], fmt, scale).view(torch.uint8))
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("fmt,dtype", [(torch.float8_e4m3fn, FP32), (torch.float8_e5m2, FP32),
+                                       (torch.float8_e4m3fn, BF16)])
+def test_attention_over_fp8_cache(num_splits, fmt, dtype):
+    """Reads of an fp8 cache equal attention over the dequantized cache (stored * scale)."""
+    from tram.model.attention.kv_quant import quantize_kv
+
+    torch.manual_seed(13)
+    batch = Batch(MIXED, num_kv_heads=2, group=2, head_dim=16, block_size=16, dtype=dtype)
+    k_scale, v_scale = 0.5, 2.0
+    batch.kv_cache = torch.stack([quantize_kv(batch.kv_cache[0], fmt, k_scale),
+                                  quantize_kv(batch.kv_cache[1], fmt, v_scale)])  # NaN poison stays NaN
+    dequantized = torch.stack([batch.kv_cache[0].float() * k_scale, batch.kv_cache[1].float() * v_scale])
+    out = batch.run(num_splits=num_splits, k_scale=k_scale, v_scale=v_scale)
+    ref = reference_attention(batch.query, dequantized, batch.query_lens, batch.seq_lens_list, batch.block_tables,
+                              batch.scale, None)
+    assert_close(out, ref, dtype)
+
 # The interpreter cannot see what only the compiler checks (types of loop-carried values, constexpr
 # branches, dot shapes...): compile, without running, every kernel launch of a few configurations
 # for sm_90, with the arguments the public functions pass. It needs no GPU (ptxas ships with triton).
@@ -353,7 +359,8 @@ class Capture:
 for name in ("_attention_kernel", "_reduce_splits_kernel", "_write_kv_kernel"):
     setattr(tk, name, Capture(getattr(tk, name)))
 
-TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32", torch.int64: "i64"}
+TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32", torch.int64: "i64",
+         torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5"}
 
 def compile_launch(kernel, args, kwargs):
     """What triton's launcher would compile: ints equal to 1 and None/bools become constants."""
@@ -375,19 +382,20 @@ def compile_launch(kernel, args, kwargs):
     src = ASTSource(kernel, sig, constexprs=constexprs, attrs=attrs)
     triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
-for dtype, head_dim, group, max_q, window, splits in [
-    (torch.float16, 128, 4, 1, None, 1), (torch.bfloat16, 128, 1, 100, 64, 4),
-    (torch.float32, 64, 2, 3, None, 2), (torch.float16, 256, 8, 80, None, 1), (torch.float16, 80, 4, 1, None, 3),
-    (torch.float32, 8, 1, 20, None, 1),
+for dtype, head_dim, group, max_q, window, splits, cache_dtype in [
+    (torch.float16, 128, 4, 1, None, 1, None), (torch.bfloat16, 128, 1, 100, 64, 4, None),
+    (torch.float32, 64, 2, 3, None, 2, None), (torch.float16, 256, 8, 80, None, 1, None),
+    (torch.float16, 80, 4, 1, None, 3, None), (torch.float32, 8, 1, 20, None, 1, None),
+    (torch.bfloat16, 128, 4, 1, None, 1, torch.float8_e4m3fn), (torch.float16, 64, 2, 40, None, 3, torch.float8_e5m2),
 ]:
     T, hkv, bs = max_q + 2, 2, 16
     q = torch.empty(T, hkv * group, head_dim, dtype=dtype)
-    cache = torch.empty(2, 40, bs, hkv, head_dim, dtype=dtype)
+    cache = torch.empty(2, 40, bs, hkv, head_dim, dtype=cache_dtype or dtype)
     qsl = torch.tensor([0, max_q, max_q + 1, T], dtype=torch.int32)
-    tk.write_kv_cache(q[:, :hkv], q[:, :hkv], cache, torch.zeros(T, dtype=torch.int64))
+    tk.write_kv_cache(q[:, :hkv], q[:, :hkv], cache, torch.zeros(T, dtype=torch.int64), 0.5, 2.0)
     tk.paged_attention(q, cache, torch.empty_like(q), qsl, torch.zeros(3, dtype=torch.int32),
                        torch.zeros(3, 8, dtype=torch.int32), 0.1, num_reqs=3, max_query_len=max_q,
-                       sliding_window=window, num_splits=splits)
+                       sliding_window=window, num_splits=splits, k_scale=0.5, v_scale=2.0)
 for launch in launches:
     compile_launch(*launch)
 print("compiled", len(launches))
@@ -407,4 +415,4 @@ def test_kernels_compile_for_sm90():
     result = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], cwd=root, env=env, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
-    assert "compiled 15" in result.stdout
+    assert "compiled 20" in result.stdout

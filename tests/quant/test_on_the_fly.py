@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from conftest import assert_no_leak
+from kernel_checks import assert_batch_and_thread_invariant
 from hf_models import make_hf_model_dir
 from tram import LLM, SamplingParams
 from tram.model.quant import weights
@@ -15,6 +16,7 @@ from tram.model.quant.weights import (SKINNY_MAX_ROWS, Int4Weight, Int8Weight, Q
                                       pack_int4, reference_linear, unpack_int4)
 
 SHAPES = [(16, 32), (50, 100), (64, 256), (33, 384)]  # [N, K]: odd row counts, K not a multiple of 16
+GEMM_ROWS = (SKINNY_MAX_ROWS + 1, 40, 100)  # past the skinny kernel: quant_gemm
 
 
 def _weight(n: int, k: int, seed: int) -> torch.Tensor:
@@ -34,31 +36,63 @@ def _quantized(method: str, w: torch.Tensor) -> QuantizedWeight:
 def test_kernels_match_dequantize_then_matmul(n: int, k: int, dtype: torch.dtype, method: str):
     qw = _quantized(method, _weight(n, k, n + k).to(dtype))
     bias = torch.randn(n).to(dtype)
-    for rows in (1, 3, 5, SKINNY_MAX_ROWS, SKINNY_MAX_ROWS + 1, 40):  # the skinny kernel, then dequantize + GEMM
+    for rows in (1, 3, 5, SKINNY_MAX_ROWS) + GEMM_ROWS:  # the skinny kernel, then the tiled GEMM
         x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).to(dtype)
         with torch.inference_mode():
             got, want = qw.apply(x, bias), reference_linear(x, qw, bias)
         assert got.dtype == dtype and got.shape == (rows, n)
-        # float32: summation order only; bfloat16 past the skinny rows: the weight is rounded to bf16 first.
+        # float32: summation order only; bfloat16: one rounding of the output.
         tol = 1e-5 if dtype == torch.float32 else 2e-2
-        torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+        scale = want.float().abs().max().item()
+        torch.testing.assert_close(got.float(), want.float(), atol=tol * scale, rtol=tol)
+
+
+@pytest.mark.parametrize("n,k", [(131, 512), (70, 96)])  # N past a tile of 64 and odd; K not a multiple of 32
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("zero", [False, True])
+def test_int4_gemm_groups_and_zero_points(n: int, k: int, group: int, zero: bool):
+    from tram.model.quant.checkpoint_weight import CheckpointInt4Weight
+
+    if k % group:
+        pytest.skip("the group does not divide K")
+    g = torch.Generator().manual_seed(n * group)
+    q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    scale = torch.rand(n, k // group, generator=g) * 0.01 + 1e-3
+    zeros = torch.randint(0, 16, (n, k // group), generator=g, dtype=torch.uint8) if zero else None
+    qw = CheckpointInt4Weight(q, scale, group, zeros)
+    bias = torch.randn(n, generator=g)
+    for rows in GEMM_ROWS:
+        x = torch.randn(rows, k, generator=g)
+        with torch.inference_mode():
+            got, want = qw.apply(x, bias), reference_linear(x, qw, bias)
+        scale_out = want.abs().max().item()
+        torch.testing.assert_close(got, want, atol=1e-5 * scale_out, rtol=1e-5)
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
-def test_skinny_kernel_is_invariant_to_batch_and_threads(method: str):
-    qw = _quantized(method, _weight(96, 320, 5))
-    x = torch.randn(SKINNY_MAX_ROWS, 320)
+def test_gemm_is_invariant_to_batch_and_threads(method: str):
+    qw = _quantized(method, _weight(150, 320, 6))  # three tiles, the last partial
+    x = torch.randn(100, 320)
     threads = torch.get_num_threads()
     with torch.inference_mode():
         together = qw.apply(x, None)
-        for i in range(x.shape[0]):
-            assert torch.equal(qw.apply(x[i:i + 1], None), together[i:i + 1])
-        assert torch.equal(qw.apply(x[2:7], None), together[2:7])
+        assert torch.equal(qw.apply(x[3:3 + SKINNY_MAX_ROWS + 2], None), together[3:3 + SKINNY_MAX_ROWS + 2])
         torch.set_num_threads(1)
         try:
             assert torch.equal(qw.apply(x, None), together)
         finally:
             torch.set_num_threads(threads)
+        torch.set_num_threads(2)
+        try:
+            assert torch.equal(qw.apply(x, None), together)
+        finally:
+            torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_skinny_kernel_is_invariant_to_batch_and_threads(method: str):
+    qw = _quantized(method, _weight(96, 320, 5))
+    assert_batch_and_thread_invariant(lambda x: qw.apply(x, None), torch.randn(SKINNY_MAX_ROWS, 320))
 
 
 @pytest.mark.parametrize("n,k", SHAPES)

@@ -68,7 +68,8 @@ def run_latency(args: argparse.Namespace) -> dict:
     model = model_checkpoint(args)
     llm = LLM(model, dtype=args.dtype, seed=args.seed, max_num_seqs=max(args.max_num_seqs, args.batch_size),
               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-              kv_cache_memory_bytes=args.kv_cache_memory_bytes, enable_prefix_caching=False)
+              kv_cache_memory_bytes=args.kv_cache_memory_bytes, enable_prefix_caching=False,
+              kv_cache_dtype=args.kv_cache_dtype)
     engine = llm.llm_engine
     vocab = engine.engine_core.config.model_config.vocab_size
     e2e, prefill, decode = [], [], []

@@ -26,6 +26,7 @@ from tram.bench.datasets import BenchRequest, make_requests, workload_summary
 from tram.bench.hf_backends import GenerateFn, hf_cb_backend, hf_static_backend
 from tram.bench.presets import checkpoint_for
 from tram.bench.report import machine_info, machine_summary, thread_settings, write_json
+from tram.config.engine import KV_CACHE_DTYPES
 
 BACKENDS = ("tram", "hf-static", "hf-cb", "vllm-eager", "vllm-compile")
 ALIASES = {"vllm": ("vllm-eager", "vllm-compile")}
@@ -67,6 +68,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int)
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--kv-cache-memory-bytes", type=int)
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES, help="Tram's KV cache element type")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
 
 
@@ -115,7 +117,8 @@ def tram_backend(model: str, args: argparse.Namespace) -> GenerateFn:
 
     llm = LLM(model, dtype=args.dtype, seed=args.seed, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-              kv_cache_memory_bytes=args.kv_cache_memory_bytes, enable_prefix_caching=args.enable_prefix_caching)
+              kv_cache_memory_bytes=args.kv_cache_memory_bytes, enable_prefix_caching=args.enable_prefix_caching,
+              kv_cache_dtype=args.kv_cache_dtype)
 
     def generate(requests: list[BenchRequest]) -> list[list[int]]:
         params = [SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=args.ignore_eos)

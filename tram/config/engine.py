@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from tram.config.model import ModelConfig
 
 DEFAULT_CPU_KV_CACHE_BYTES = 4 << 30  # vLLM's CPU default (VLLM_CPU_KVCACHE_SPACE=4)
+# vLLM's --kv-cache-dtype values: auto = the model's dtype; fp8 = fp8_e4m3 (torch.float8_e4m3fn, with a
+# per-layer scale) or fp8_e5m2 (torch.float8_e5m2): one byte per element.
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
 @dataclass
@@ -16,6 +19,7 @@ class CacheConfig:
     block_size: int = 16
     num_blocks: int = 0  # set once the worker has sized the cache
     enable_prefix_caching: bool = True
+    cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
 
 
 @dataclass

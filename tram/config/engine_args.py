@@ -7,8 +7,10 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from tram.config.cli_args import CliSettings, setting
-from tram.config.engine import EXECUTOR_BACKENDS, CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
+from tram.config.engine import (EXECUTOR_BACKENDS, KV_CACHE_DTYPES, CacheConfig, EngineConfig, ParallelConfig,
+                                SchedulerConfig)
 from tram.config.model import DTYPES, LOAD_FORMATS, ModelConfig
+from tram.model.gguf_file import is_gguf
 
 ATTENTION_BACKENDS = ("torch", "triton")
 _POSITIVE = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks_override",
@@ -42,6 +44,9 @@ class EngineArgs(CliSettings):
                                            "(--no-enable-chunked-prefill is rejected)")
     block_size: int = setting(16, "tokens per KV cache block")
     enable_prefix_caching: bool = setting(True, "reuse the KV of prompt prefixes seen before")
+    kv_cache_dtype: str = setting("auto", "KV cache element type: auto = the model's dtype; fp8 (= fp8_e4m3) or "
+                                  "fp8_e5m2 store keys and values in one byte each, so the same memory holds 2x "
+                                  "(bfloat16) or 4x (float32) the blocks", choices=KV_CACHE_DTYPES)
     num_gpu_blocks_override: int | None = setting(None, "KV cache blocks to allocate, whatever the memory")
     gpu_memory_utilization: float = setting(0.9, "fraction of GPU memory the engine may use (GPU only)")
     kv_cache_memory_bytes: int | None = setting(None, "KV cache size in bytes (default on CPU: 4 GiB or less)")
@@ -51,7 +56,9 @@ class EngineArgs(CliSettings):
                                             choices=ATTENTION_BACKENDS)
     device: str = setting("auto", "cpu, cuda, cuda:N, or auto (CUDA when visible)")
     quantization: str | None = setting(None, "quantize a float checkpoint's linear layers at load: int8 (per "
-                                       "output channel) or int4 (groups of 128 input channels); CPU only",
+                                       "output channel) or int4 (groups of 128 input channels); CPU only. "
+                                       "A GPTQ, AWQ or compressed-tensors checkpoint sets it (gptq, awq, "
+                                       "compressed-tensors) from its quantization_config",
                                        aliases=("-q",))
     skip_tokenizer_init: bool = setting(False, "no tokenizer: prompts must be token ids, outputs carry no text")
     max_logprobs: int = setting(20, "most logprobs a request may ask for")
@@ -100,8 +107,15 @@ class EngineArgs(CliSettings):
         if self.structured_outputs_backend not in ("auto", "xgrammar", "guidance", "llguidance"):
             raise ValueError(f"structured_outputs_backend {self.structured_outputs_backend!r} is not supported: "
                              "choose xgrammar or guidance (llguidance)")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported: choose one of "
+                             f"{', '.join(KV_CACHE_DTYPES)}")
         self._validate_unsupported()
-        if self.quantization is not None:
+        if self.quantization is not None and is_gguf(self.model):
+            if self.quantization != "gguf":  # vLLM's name for what the file already is
+                raise ValueError(f"quantization {self.quantization!r} does not apply to a GGUF file, whose weights "
+                                 "are already quantized (leave it unset, or pass gguf)")
+        elif self.quantization is not None:
             from tram.model.quant.apply import check_quantization
 
             check_quantization(self.quantization, "cuda" if self.device.startswith("cuda") else "cpu")
@@ -149,7 +163,7 @@ class EngineArgs(CliSettings):
     def _generation_config_folder(self, model_path: str) -> str | None:
         """The folder whose generation_config.json gives the server's sampling defaults (None: none)."""
         if self.generation_config == "auto":
-            return model_path
+            return None if model_path.endswith(".gguf") else model_path  # a GGUF file carries none
         return None if self.generation_config == "vllm" else self.generation_config
 
     def create_engine_config(self) -> EngineConfig:
@@ -162,8 +176,13 @@ class EngineArgs(CliSettings):
             model=model_path, dtype=self.dtype, device=self.device, load_format=self.load_format,
             revision=self.revision, trust_remote_code=self.trust_remote_code, seed=self.seed,
             attention_backend=self.attention_backend, enforce_eager=self.enforce_eager,
-            quantization=self.quantization,
+            quantization=None if is_gguf(model_path) else self.quantization,
         )
+        if model_config.quantization is not None:  # a quantized checkpoint's scheme, checked at start
+            from tram.model.quant.apply import check_quantization
+
+            check_quantization(model_config.quantization, "cuda" if self.device.startswith("cuda") else "cpu",
+                               model_config.hf_config, self.tensor_parallel_size)
         derived_len = int(getattr(model_config.hf_config, "max_position_embeddings", 2048))
         max_model_len = self.max_model_len or derived_len
         if max_model_len > derived_len:
@@ -175,7 +194,7 @@ class EngineArgs(CliSettings):
         max_batched = self.max_num_batched_tokens or max(4096, self.max_num_seqs)
         return EngineConfig(
             model_config=model_config,
-            cache_config=CacheConfig(self.block_size, 0, self.enable_prefix_caching),
+            cache_config=CacheConfig(self.block_size, 0, self.enable_prefix_caching, self.kv_cache_dtype),
             scheduler_config=SchedulerConfig(self.max_num_seqs, max_batched, max_model_len),
             tokenizer=self.tokenizer or model_path,
             revision=self.revision,

@@ -17,6 +17,7 @@ DTYPES: dict[str, str] = {
     "float32": "float32", "float": "float32", "bfloat16": "bfloat16", "float16": "float16", "half": "float16",
 }
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
+CHECKPOINT_QUANTIZATION = ("gptq", "awq", "compressed-tensors")  # read from config.json, not made at load
 
 
 def _canonical(value: Any) -> str:
@@ -78,7 +79,9 @@ class ModelConfig:
     seed: int = 0
     attention_backend: str | None = None  # None: the device's default
     enforce_eager: bool = False  # no CUDA graphs
-    quantization: str | None = None  # weight-only, made at load from a float checkpoint (int8, int4)
+    # Weight-only: made at load from a float checkpoint (int8, int4), or read from a quantized one
+    # (gptq, awq, compressed-tensors: detected from config.json's quantization_config).
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         self.dtype, self.device = _canonical(self.dtype), _canonical(self.device)
@@ -88,6 +91,7 @@ class ModelConfig:
             raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         if self.hf_config is None:
             self.hf_config = load_hf_config(self.model, self.revision, self.trust_remote_code)
+        self.quantization = checkpoint_quantization(self.hf_config, self.quantization)
 
     def __getstate__(self) -> dict[str, Any]:
         # A transformers config object pickles with its class, which the receiving process may have
@@ -134,9 +138,35 @@ class ModelConfig:
         return int(self.hf_config.vocab_size)
 
 
+def checkpoint_quantization(hf_config: Any, requested: str | None) -> str | None:
+    """The quantization to run: the checkpoint's quant_method where its config has one (a requested
+    method must then agree), else the requested one. ValueError on a disagreement."""
+    config = getattr(hf_config, "quantization_config", None)
+    if config is None:
+        if requested in CHECKPOINT_QUANTIZATION:
+            raise ValueError(f"quantization {requested!r} reads a {requested} checkpoint, but this model's "
+                             "config.json has no quantization_config (for a float checkpoint choose int8 or int4)")
+        return requested
+    found = config.get("quant_method") if isinstance(config, dict) else getattr(config, "quant_method", None)
+    method = str(getattr(found, "value", found)).lower()  # transformers may hold an enum
+    if requested is None or requested == method:
+        return method
+    if requested in ("int8", "int4"):
+        raise ValueError(f"quantization {requested!r} quantizes a float checkpoint at load, but this checkpoint is "
+                         f"already quantized ({method}); drop the quantization setting to serve it as it is")
+    raise ValueError(f"quantization {requested!r} does not match the checkpoint's quantization_config "
+                     f"(quant_method {method!r})")
+
+
 def load_hf_config(model: str, revision: str | None = None, trust_remote_code: bool = False) -> Any:
-    """The transformers config of a local folder (or an already downloaded hub snapshot)."""
+    """The transformers config of a local folder (or an already downloaded hub snapshot), or the
+    config a GGUF file's metadata describes."""
     from transformers import AutoConfig
+
+    from tram.model.gguf_file import is_gguf, load_gguf_config
+
+    if is_gguf(model):
+        return load_gguf_config(model)
 
     try:
         return AutoConfig.from_pretrained(model, revision=revision, trust_remote_code=trust_remote_code)

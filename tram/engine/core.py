@@ -60,9 +60,10 @@ class EngineCore:
                 "room (num_gpu_blocks_override, kv_cache_memory_bytes or gpu_memory_utilization)."
             )
         self.executor.initialize_kv_cache(cc.num_blocks)
+        kv_dtype = config.model_config.dtype if cc.cache_dtype == "auto" else cc.cache_dtype
         logger.info(
-            "KV cache: %d blocks, %d tokens (%.1f MiB per rank); maximum concurrency at %d tokens per request: %.2fx",
-            cc.num_blocks, capacity, cc.num_blocks * self.executor.bytes_per_block() / 2**20,
+            "KV cache: %d blocks, %d tokens (%.1f MiB per rank, %s); maximum concurrency at %d tokens per request: "
+            "%.2fx", cc.num_blocks, capacity, cc.num_blocks * self.executor.bytes_per_block() / 2**20, kv_dtype,
             sc.max_model_len, capacity / sc.max_model_len,
         )
 

@@ -15,7 +15,7 @@ from tram.config import EngineConfig
 from tram.engine.input_processor import OFFLINE_LENGTH_RULE, InputProcessor, LengthRule, PromptType
 from tram.engine.messages import EngineCoreRequest
 from tram.engine.output_processor import OutputProcessor
-from tram.engine.tokenizer import get_stop_token_ids, load_tokenizer
+from tram.engine.tokenizer import check_tokenizer_fits, get_stop_token_ids, load_tokenizer
 from tram.sampling_params import SamplingParams
 
 
@@ -31,6 +31,7 @@ class EngineFrontend:
         self.tokenizer: Any | None = None
         if not config.skip_tokenizer_init:
             self.tokenizer = load_tokenizer(config.tokenizer, config.revision, config.trust_remote_code)
+            check_tokenizer_fits(self.tokenizer, mc.vocab_size, config.tokenizer)
         self.eos_token_ids = self._eos_token_ids()
         self.input_processor = InputProcessor(self.tokenizer, mc.vocab_size, mc.max_model_len, config.max_logprobs,
                                               config.scheduler_config.max_num_seqs)

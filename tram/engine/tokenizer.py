@@ -5,6 +5,7 @@ because the incremental detokenizer streams through that backend.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -14,11 +15,17 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBas
 def load_tokenizer(
     path_or_id: str, revision: str | None = None, trust_remote_code: bool = False
 ) -> PreTrainedTokenizerBase:
-    """Load the fast tokenizer of a model directory or hub id; ValueError if that is not possible."""
+    """Load the fast tokenizer of a model directory or hub id, or the one a GGUF file's vocabulary
+    describes (transformers converts it); ValueError if that is not possible."""
     try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            path_or_id, revision=revision, trust_remote_code=trust_remote_code, use_fast=True
-        )
+        if path_or_id.endswith(".gguf") and os.path.isfile(path_or_id):
+            from tram.engine.gguf_tokenizer import load_gguf_tokenizer
+
+            tokenizer = load_gguf_tokenizer(path_or_id)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(
+                path_or_id, revision=revision, trust_remote_code=trust_remote_code, use_fast=True
+            )
     except Exception as e:  # noqa: BLE001 - loaders raise many types; the user needs one clear message
         raise ValueError(
             f"could not load a tokenizer from {path_or_id!r}"
@@ -31,6 +38,21 @@ def load_tokenizer(
             "Tram needs a model that ships tokenizer.json"
         )
     return tokenizer
+
+
+# How many more tokens than embedding rows a tokenizer may have before it is taken for another
+# model's: a few added tokens beyond the rows occur in real checkpoints (never emitted by the model,
+# and prompts holding them are refused per request); a tokenizer 1% larger is a different vocabulary.
+_TOKENIZER_EXCESS = 0.01
+
+
+def check_tokenizer_fits(tokenizer: PreTrainedTokenizerBase, vocab_size: int, source: str) -> None:
+    """ValueError at start for a tokenizer that is plainly not the model's (one of another model,
+    e.g. beside a GGUF file): its ids would run past the embedding, so every prompt would fail.
+    Fewer tokens than rows is normal (vocabularies are padded)."""
+    if len(tokenizer) > vocab_size * (1 + _TOKENIZER_EXCESS):
+        raise ValueError(f"the tokenizer {source!r} has {len(tokenizer)} tokens but the model's vocabulary has "
+                         f"{vocab_size} rows: it is not this model's tokenizer (pass --tokenizer)")
 
 
 def _as_id_list(value: int | Iterable[int] | None) -> list[int]:

@@ -41,6 +41,7 @@ _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 _SOURCES = [os.path.join(_CSRC, name) for name in (
     "bindings.cpp", "paged_decode.cpp", "paged_prefill.cpp", "skinny_linear.cpp", "rms_norm.cpp", "rotary.cpp",
     "silu_and_mul.cpp", "argmax.cpp", "widen.cpp", "quant_linear.cpp",
+    "gguf_linear.cpp",
 )]
 # -fopenmp: at::parallel_for is header code that only runs in parallel when compiled with OpenMP
 # (the extension then shares the libgomp torch already loaded). No -ffast-math: the kernels' loops
@@ -146,11 +147,13 @@ def cpu_kernels_available() -> bool:
 
 def paged_decode_attention(
     query: torch.Tensor,  # [B, H, D], any strides
-    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D], contiguous, query's dtype
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D], contiguous, query's dtype or fp8
     block_tables: torch.Tensor,  # [B, >= ceil(max seq_len / block_size)] int32 or int64
     seq_lens: torch.Tensor,  # [B] int32 or int64
     scale: float,
     sliding_window: int | None = None,  # None or 0 = no window
+    k_scale: float = 1.0,  # an fp8 cache's keys are read as stored * k_scale
+    v_scale: float = 1.0,
 ) -> torch.Tensor:  # [B, H, D], contiguous, query's dtype
     """Decode attention: query i (at position seq_lens[i] - 1) over its context in the paged cache.
 
@@ -161,19 +164,21 @@ def paged_decode_attention(
     if module is None:
         raise RuntimeError(f"CPU kernels are not available (disabled by {ENV_SWITCH}=0 or failed to build)")
     return module.paged_decode_attention(query, kv_cache, block_tables, seq_lens, float(scale),
-                                         int(sliding_window or 0))
+                                         int(sliding_window or 0), float(k_scale), float(v_scale))
 
 
 def paged_prefill_attention_(
     out: torch.Tensor,  # [T, H, D], contiguous; the requests' rows are written
     query: torch.Tensor,  # [T, H, D], any strides, D % 16 == 0
-    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D], contiguous, with the chunks' K/V written
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D], contiguous, query's dtype or fp8, chunks' K/V in
     block_tables: torch.Tensor,  # [R, >= ceil(max seq_len / block_size)] int32
     query_starts: list[int],  # R first rows in query
     query_lens: list[int],  # R chunk lengths
     seq_lens: list[int],  # R context lengths (cached prefix + chunk)
     scale: float,
     sliding_window: int | None = None,  # None or 0 = no window
+    k_scale: float = 1.0,  # an fp8 cache's keys are read as stored * k_scale
+    v_scale: float = 1.0,
 ) -> None:
     """Prefill attention: request r's rows query_starts[r] .. + query_lens[r] sit at the last
     query_lens[r] positions of its seq_lens[r]-token context and attend to it causally (csrc/paged_prefill.cpp)."""
@@ -181,7 +186,7 @@ def paged_prefill_attention_(
     if module is None:
         raise RuntimeError(f"CPU kernels are not available (disabled by {ENV_SWITCH}=0 or failed to build)")
     module.paged_prefill_attention_(out, query, kv_cache, block_tables, query_starts, query_lens, seq_lens,
-                                    float(scale), int(sliding_window or 0))
+                                    float(scale), int(sliding_window or 0), float(k_scale), float(v_scale))
 
 
 def _reset_for_tests() -> None:

@@ -11,13 +11,14 @@ _METADATA_PATTERNS = ["*.json", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
 
 
 def resolve_model_path(model: str, revision: str | None = None, download_dir: str | None = None) -> str:
-    """A local folder holding the model's config, tokenizer and safetensors weights.
+    """A local folder holding the model's config, tokenizer and safetensors weights, or a local
+    GGUF file.
 
     A local folder is used as is. Otherwise the hub snapshot is downloaded (or found in the local
     cache, or `download_dir`): metadata first, then only the weight files the index names, so that
     repos that also ship a consolidated checkpoint are not downloaded twice.
     """
-    if os.path.isdir(model):
+    if os.path.isdir(model) or (model.endswith(".gguf") and os.path.isfile(model)):
         return model
     try:
         # Offline, snapshot_download itself falls back to a cached snapshot.

@@ -21,6 +21,9 @@ from tram.model.attention import get_attention_backend
 from tram.distributed import get_pp
 from tram.model.cpu_packed import pack_cpu_linears
 from tram.model.quant import check_quantization, quantize_linears
+from tram.model.quant.checkpoints import CHECKPOINT_METHODS, CheckpointLoader, checkpoint_loader
+from tram.model.gguf_file import is_gguf
+from tram.model.gguf_loader import check_gguf_placement, load_gguf_weights, plan_gguf_weights
 from tram.model.hub import INDEX_FILE, read_index, resolve_model_path
 from tram.model.pipeline import cut_to_stage
 from tram.model.registry import get_model_class
@@ -61,16 +64,25 @@ def load_model(model_config: ModelConfig) -> nn.Module:
     pp = get_pp()
     if pp.size > 1:
         cut_to_stage(model, pp.rank, pp.size)
+    gguf = model_config.load_format != "dummy" and is_gguf(model_config.model)
+    if gguf:
+        check_gguf_placement(model_config.torch_device.type)
+        plan_gguf_weights(model, model_config.model)
     materialize(model, model_config.torch_device)
     if model_config.load_format == "dummy":
         init_dummy_weights(model, model_config.seed)
+    elif gguf:
+        load_gguf_weights(model, model_config.model, model_config.hf_config)
     else:
         path = resolve_model_path(model_config.model, model_config.revision)
+        quant = checkpoint_loader(model_config.quantization, model_config.hf_config,
+                                  model_config.torch_device.type, model)
         load_safetensors_weights(model, safetensors_files(path), tied=_is_tied(model_config.hf_config),
-                                 skip=getattr(model, "missing_prefixes", ()))
+                                 skip=getattr(model, "missing_prefixes", ()), quant=quant)
     model.eval()
     model.requires_grad_(False)
-    if model_config.quantization is not None:
+    # A quantized checkpoint's layers were set while loading; on-the-fly methods quantize now.
+    if model_config.quantization not in (None, *CHECKPOINT_METHODS):
         check_quantization(model_config.quantization, model_config.torch_device.type)
         quantize_linears(model, model_config.quantization)
     if model_config.torch_device.type == "cpu":
@@ -87,8 +99,10 @@ def _is_tied(hf_config: Any) -> bool:
 
 
 @torch.no_grad()
-def load_safetensors_weights(model: nn.Module, files: list[str], tied: bool, skip: tuple[str, ...] = ()) -> None:
-    """Hand each checkpoint tensor to the weight loader of the parameter of the same name.
+def load_safetensors_weights(model: nn.Module, files: list[str], tied: bool, skip: tuple[str, ...] = (),
+                             quant: CheckpointLoader | None = None) -> None:
+    """Hand each checkpoint tensor to the weight loader of the parameter of the same name; with
+    `quant` (a quantized checkpoint), the quantized Linears' tensors go to it instead.
 
     Streams tensor by tensor so peak host memory is one tensor, not the checkpoint.
     ValueError names every missing or unexpected weight (a wrong architecture or a broken file),
@@ -99,10 +113,17 @@ def load_safetensors_weights(model: nn.Module, files: list[str], tied: bool, ski
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     unexpected: list[str] = []
+    if quant is not None:
+        for file in files:
+            with safe_open(file, framework="pt", device="cpu") as f:
+                quant.scan(list(f.keys()))
     for file in files:
         with safe_open(file, framework="pt", device="cpu") as f:
             for name in f.keys():
                 if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight") or name.startswith(skip):
+                    continue
+                if quant is not None and quant.claims(name):
+                    quant.add(name, f.get_tensor(name))
                     continue
                 param = params.get(name)
                 if param is None:
@@ -112,6 +133,8 @@ def load_safetensors_weights(model: nn.Module, files: list[str], tied: bool, ski
                 sliced = getattr(get_weight_loader(param), "reads_slices", False)
                 _load_one(name, param, f.get_slice(name) if sliced else f.get_tensor(name), file)
                 loaded.add(name)
+    if quant is not None:
+        loaded |= quant.finish()
     missing = sorted(set(params) - loaded)
     if missing or unexpected:
         raise ValueError(f"Checkpoint does not match the model: missing weights {_names(missing)}; "

@@ -61,7 +61,7 @@ def run_dummy_step(runner: object, num_tokens: int, num_logit_rows: int) -> int:
     mc = runner.model_config
     meta, num_blocks = dummy_prefill_meta(num_tokens, mc.max_model_len, runner.block_size, runner.device)
     shape = (2, num_blocks, runner.block_size, runner.num_kv_heads, runner.head_dim)
-    caches = [torch.zeros(shape, dtype=runner.dtype, device=runner.device) for _ in range(runner.num_layers)]
+    caches = [torch.zeros(shape, dtype=runner.kv_cache_dtype, device=runner.device) for _ in range(runner.num_layers)]
     ids = torch.randint(0, runner.vocab_size, (num_tokens,), device=runner.device)
     positions = torch.cat([torch.arange(n, device=runner.device) for n in meta.query_lens_list])
     pp = get_pp()

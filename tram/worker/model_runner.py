@@ -13,6 +13,7 @@ from tram.config import ModelConfig
 from tram.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from tram.distributed import get_pp, pp_recv, pp_send
 from tram.engine.messages import LogprobsLists
+from tram.model.attention.kv_quant import kv_cache_torch_dtype
 from tram.model.cpu_kernels import load_cpu_kernels
 from tram.model.loader import load_model
 from tram.model.registry import kv_cache_shape_info
@@ -31,7 +32,7 @@ CPU_WARMUP_TOKENS = 1024
 class ModelRunner:
     def __init__(
         self, model_config: ModelConfig, block_size: int, max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 4096,
+        max_num_batched_tokens: int = 4096, kv_cache_dtype: str = "auto",
     ) -> None:
         model_config.resolve()
         self.model_config = model_config
@@ -39,6 +40,7 @@ class ModelRunner:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.device = model_config.torch_device
         self.dtype = model_config.torch_dtype
+        self.kv_cache_dtype = kv_cache_torch_dtype(kv_cache_dtype, self.dtype)
         self.block_size = block_size
         self.vocab_size = model_config.vocab_size
         self.model = load_model(model_config)
@@ -59,13 +61,14 @@ class ModelRunner:
 
     # ---- KV cache ------------------------------------------------------------------------
     def bytes_per_block(self) -> int:
-        elem = torch.empty((), dtype=self.dtype).element_size()
+        elem = torch.empty((), dtype=self.kv_cache_dtype).element_size()
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         # Zeros, not empty: padded attention reads masked slots, and 0 * NaN would poison outputs.
         shape = (2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        self.kv_caches = [torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
+                          for _ in range(self.num_layers)]
         if self._use_cuda_graphs():
             self.capture_cuda_graphs()
         if self.device.type == "cpu":

@@ -60,7 +60,7 @@ class Worker:
             pc = config.parallel_config
             init_parallel(rank, pc.tensor_parallel_size, pc.pipeline_parallel_size, init_method, mc.device_type,
                           shm_ok=pc.tp_group_on_one_node(rank))
-        self.model_runner = ModelRunner(mc, cc.block_size, sc.max_num_seqs, sc.max_num_batched_tokens)
+        self.model_runner = ModelRunner(mc, cc.block_size, sc.max_num_seqs, sc.max_num_batched_tokens, cc.cache_dtype)
 
     def determine_num_blocks(self) -> int:
         """The blocks this rank's memory holds; the engine takes the smallest over ranks."""

@@ -8,7 +8,9 @@ token j of request i sits at absolute position seq_lens[i] - query_len_i + j and
 to every context position <= its own.
 
 KV cache layout, one tensor per layer: [2, num_blocks, block_size, num_kv_heads, head_dim]
-(index 0 = keys, 1 = values). A token's slot is block_id * block_size + offset.
+(index 0 = keys, 1 = values). A token's slot is block_id * block_size + offset. The cache holds the
+model's dtype, or fp8 (kv_quant.py): keys stored as k / k_scale, read back as stored * k_scale
+(values with v_scale); backends ignore the scales for any other cache dtype.
 """
 from __future__ import annotations
 
@@ -57,5 +59,8 @@ class AttentionBackend(Protocol):
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
+        *,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         ...

@@ -9,6 +9,10 @@ A step's flattened batch is split on the host (from meta's host lists, so no dev
     with an offset-causal mask over cached prefix + chunk (a plain causal SDPA on the step's own K/V
     when there is no prefix).
 The split and the masks are planned once per step and reused by every layer.
+
+An fp8 cache (kv_quant.py) is written quantized; the C++ kernels widen its bytes as they read them,
+and the PyTorch paths dequantize what they gather to the query's dtype. A prefill then reads its own
+chunk back from the cache too, so every path attends over the same (rounded) keys and values.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from tram.model.attention.base import AttentionMetadata
+from tram.model.attention.kv_quant import dequantize_kv, is_fp8, quantize_kv
 from tram.model.cpu_kernels import SUPPORTED_DTYPES as _CPU_KERNEL_DTYPES
 from tram.model.cpu_kernels import kernels_for, load_cpu_kernels, paged_decode_attention, paged_prefill_attention_
 
@@ -35,6 +40,7 @@ def _sdpa_supports_gqa() -> bool:
 _SDPA_HAS_GQA = _sdpa_supports_gqa()
 
 TokenIndex = slice | torch.Tensor
+KVScales = tuple[float, float]  # (k_scale, v_scale) of an fp8 cache
 
 
 @dataclass
@@ -141,36 +147,42 @@ class TorchAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
+        *,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         block_size = kv_cache.shape[2]
         plan = self._get_plan(meta, block_size, query.device)
         n = plan.num_real_tokens  # rows past n are batch padding (e.g. graph capture sizes)
-        write_kv_cache(key[:n], value[:n], kv_cache, meta.slot_mapping[:n])
+        scales = (k_scale, v_scale)
+        write_kv_cache(key[:n], value[:n], kv_cache, meta.slot_mapping[:n], scales)
         if n < query.shape[0]:
             out = torch.zeros(query.shape, dtype=query.dtype, device=query.device)
         elif not plan.prefills and plan.decode_tokens is not None:  # decode-only step: no scatter into an output buffer
-            return self._decode(query, kv_cache, plan, scale, sliding_window)
+            return self._decode(query, kv_cache, plan, scale, sliding_window, scales)
         else:
             out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         if plan.decode_tokens is not None:
-            out[plan.decode_tokens] = self._decode(query[plan.decode_tokens], kv_cache, plan, scale, sliding_window)
+            out[plan.decode_tokens] = self._decode(query[plan.decode_tokens], kv_cache, plan, scale, sliding_window,
+                                                   scales)
         if plan.prefills and query.shape[-1] % 16 == 0 and kernels_for(query) is not None:
-            self._cpu_prefills(out, query, kv_cache, meta, plan, scale, sliding_window)
+            self._cpu_prefills(out, query, kv_cache, meta, plan, scale, sliding_window, scales)
             return out
         for pre in plan.prefills:
-            out[pre.start:pre.end] = self._prefill(query, key, value, kv_cache, pre, scale, sliding_window)
+            out[pre.start:pre.end] = self._prefill(query, key, value, kv_cache, pre, scale, sliding_window, scales)
         return out
 
     @staticmethod
     def _cpu_prefills(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                      plan: _StepPlan, scale: float, sliding_window: int | None) -> None:
+                      plan: _StepPlan, scale: float, sliding_window: int | None,
+                      scales: KVScales = (1.0, 1.0)) -> None:
         """Every prefill chunk of the step in one C++ call (csrc/paged_prefill.cpp), K/V read from the cache."""
         if plan.cpu_prefill_args is None:  # once per step, not per layer
             pres = plan.prefills
             tables = meta.block_tables[_as_index(plan.prefill_reqs, query.device)].to(torch.int32)
             plan.cpu_prefill_args = (tables, [p.start for p in pres], [p.query_len for p in pres],
                                      [p.seq_len for p in pres])
-        paged_prefill_attention_(out, query, kv_cache, *plan.cpu_prefill_args, scale, sliding_window)
+        paged_prefill_attention_(out, query, kv_cache, *plan.cpu_prefill_args, scale, sliding_window, *scales)
 
     @staticmethod
     def _get_plan(meta: AttentionMetadata, block_size: int, device: torch.device) -> _StepPlan:
@@ -180,25 +192,26 @@ class TorchAttentionBackend:
         return meta.plan
 
     def _decode(self, query: torch.Tensor, kv_cache: torch.Tensor, plan: _StepPlan, scale: float,
-                sliding_window: int | None) -> torch.Tensor:
+                sliding_window: int | None, scales: KVScales = (1.0, 1.0)) -> torch.Tensor:
         """query [Bd, H, D] -> [Bd, H, D]: the C++ kernel on CPU, else `_decode_sdpa`."""
         if query.device.type == "cpu" and query.dtype in _CPU_KERNEL_DTYPES and load_cpu_kernels() is not None:
             # K/V read straight from the paged cache: no padded gather, no mask (csrc/paged_decode.cpp).
             return paged_decode_attention(query, kv_cache, plan.decode_block_tables, plan.decode_seq_lens,
-                                          scale, sliding_window)
-        return self._decode_sdpa(query, kv_cache, plan, scale, sliding_window)
+                                          scale, sliding_window, *scales)
+        return self._decode_sdpa(query, kv_cache, plan, scale, sliding_window, scales)
 
     @staticmethod
     def _decode_sdpa(query: torch.Tensor, kv_cache: torch.Tensor, plan: _StepPlan, scale: float,
-                     sliding_window: int | None) -> torch.Tensor:
+                     sliding_window: int | None, scales: KVScales = (1.0, 1.0)) -> torch.Tensor:
         """The PyTorch path of `_decode`: K/V gathered through the block tables, padded and masked."""
         num_kv_heads, head_dim = kv_cache.shape[-2:]
         bd, num_heads = query.shape[0], query.shape[1]
         groups = num_heads // num_kv_heads
         tables = plan.decode_block_tables
         length = plan.decode_max_len
-        k = kv_cache[0][tables].view(bd, length, num_kv_heads, head_dim).transpose(1, 2)  # [Bd, Hkv, L, D]
-        v = kv_cache[1][tables].view(bd, length, num_kv_heads, head_dim).transpose(1, 2)  # [Bd, Hkv, L, D]
+        k, v = (_read(kv_cache[i][tables], query.dtype, scales[i]) for i in (0, 1))  # [Bd, nblk, bs, Hkv, D]
+        k = k.view(bd, length, num_kv_heads, head_dim).transpose(1, 2)  # [Bd, Hkv, L, D]
+        v = v.view(bd, length, num_kv_heads, head_dim).transpose(1, 2)  # [Bd, Hkv, L, D]
         mask = plan.decode_masks.get(sliding_window)
         if mask is None:
             q_pos = (plan.decode_seq_lens - 1).view(bd, 1, 1, 1)
@@ -212,17 +225,18 @@ class TorchAttentionBackend:
         return out.reshape(bd, num_heads, head_dim)
 
     def _prefill(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                 pre: _Prefill, scale: float, sliding_window: int | None) -> torch.Tensor:
+                 pre: _Prefill, scale: float, sliding_window: int | None,
+                 scales: KVScales = (1.0, 1.0)) -> torch.Tensor:
         """One request's chunk: -> [q_len, H, D]."""
         q = query[pre.start:pre.end].transpose(0, 1)  # [H, q_len, D]
-        if pre.seq_len == pre.query_len:
+        if pre.seq_len == pre.query_len and not is_fp8(kv_cache.dtype):
             # No cached prefix: the step's own K/V are the whole context, no gather needed.
             k = key[pre.start:pre.end].transpose(0, 1)  # [Hkv, q_len, D]
             v = value[pre.start:pre.end].transpose(0, 1)  # [Hkv, q_len, D]
             if sliding_window is None:
                 return _sdpa(q, k, v, None, scale, causal=True).transpose(0, 1)
         else:
-            k, v = _gather_context(kv_cache, pre)  # [Hkv, seq_len, D] each
+            k, v = _gather_context(kv_cache, pre, query.dtype, scales)  # [Hkv, seq_len, D] each
         mask = pre.masks.get(sliding_window)
         if mask is None:
             device = query.device
@@ -233,19 +247,28 @@ class TorchAttentionBackend:
         return _sdpa(q, k, v, mask, scale).transpose(0, 1)
 
 
-def _gather_context(kv_cache: torch.Tensor, pre: _Prefill) -> tuple[torch.Tensor, torch.Tensor]:
-    """The request's first seq_len cached keys and values, each [Hkv, seq_len, D]."""
+def _gather_context(kv_cache: torch.Tensor, pre: _Prefill, dtype: torch.dtype,
+                    scales: KVScales = (1.0, 1.0)) -> tuple[torch.Tensor, torch.Tensor]:
+    """The request's first seq_len cached keys and values as `dtype`, each [Hkv, seq_len, D]."""
     block_size, num_kv_heads, head_dim = kv_cache.shape[2:]
     num_blocks = -(-pre.seq_len // block_size)
     blocks = pre.block_table[:num_blocks]
     k = kv_cache[0][blocks].view(-1, num_kv_heads, head_dim)[:pre.seq_len]  # [seq_len, Hkv, D]
     v = kv_cache[1][blocks].view(-1, num_kv_heads, head_dim)[:pre.seq_len]  # [seq_len, Hkv, D]
-    return k.transpose(0, 1), v.transpose(0, 1)
+    return _read(k, dtype, scales[0]).transpose(0, 1), _read(v, dtype, scales[1]).transpose(0, 1)
+
+
+def _read(cached: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """Gathered cache rows as the compute dtype: fp8 dequantized, anything else as it is."""
+    return dequantize_kv(cached, dtype, scale) if is_fp8(cached.dtype) else cached
 
 
 def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                   slot_mapping: torch.Tensor) -> None:
-    """Scatter key/value [T, Hkv, D] into their slots of kv_cache [2, num_blocks, block_size, Hkv, D]."""
+                   slot_mapping: torch.Tensor, scales: KVScales = (1.0, 1.0)) -> None:
+    """Scatter key/value [T, Hkv, D] into their slots of kv_cache [2, num_blocks, block_size, Hkv, D]
+    (quantized with scales = (k_scale, v_scale) when the cache is fp8)."""
     num_kv_heads, head_dim = kv_cache.shape[-2:]
+    if is_fp8(kv_cache.dtype):
+        key, value = quantize_kv(key, kv_cache.dtype, scales[0]), quantize_kv(value, kv_cache.dtype, scales[1])
     kv_cache[0].view(-1, num_kv_heads, head_dim)[slot_mapping] = key  # slots: [num_blocks*block_size, Hkv, D]
     kv_cache[1].view(-1, num_kv_heads, head_dim)[slot_mapping] = value

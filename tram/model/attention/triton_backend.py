@@ -41,11 +41,14 @@ class TritonAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
+        *,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         from tram.model.attention.triton_kernels import paged_attention, write_kv_cache
 
         num_tokens = query.shape[0]
-        write_kv_cache(key, value, kv_cache, meta.slot_mapping[:num_tokens])
+        write_kv_cache(key, value, kv_cache, meta.slot_mapping[:num_tokens], k_scale, v_scale)
         out = torch.empty_like(query)
         splits = meta.num_splits or choose_num_splits(
             meta.num_reqs, key.shape[1], meta.max_query_len, meta.max_seq_len
@@ -53,6 +56,6 @@ class TritonAttentionBackend:
         paged_attention(
             query, kv_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables, scale,
             num_reqs=meta.num_reqs, max_query_len=meta.max_query_len, sliding_window=sliding_window,
-            num_splits=splits,
+            num_splits=splits, k_scale=k_scale, v_scale=v_scale,
         )
         return out

@@ -20,14 +20,36 @@
 
 Contract: query_start_loc[num_reqs] <= T; out rows past it are left untouched. A request with
 seq_len 0 (CUDA-graph padding, query_len 1) reads no KV and gets zeros. Any head_dim works: tiles
-are padded to a power of two >= 16 (tl.dot's minimum) and masked. query/out/cache share one dtype
-(fp16, bf16 or fp32). No function here syncs with the device.
+are padded to a power of two >= 16 (tl.dot's minimum) and masked. query/out share one dtype (fp16,
+bf16 or fp32); the cache has that dtype or is fp8 (float8_e4m3fn / float8_e5m2, see kv_quant.py).
+No function here syncs with the device.
+
+fp8 cache: `write_kv_cache` stores saturate(k / k_scale) rounded to nearest even on the fp8 grid in
+float32 first (`_round_to_fp8`), so the final cast is exact on any GPU and in Triton's interpreter
+(whose own fp8 rounding is not nearest-even). `paged_attention` widens fp8 tiles to the query's dtype
+(exact: every fp8 value is a float16 and a bfloat16) and folds k_scale into the score scale and
+v_scale into the output, so a cache with scales of 1 costs no multiply per element.
 """
 import torch
 import triton
 import triton.language as tl
 
 _LOG2E = 1.4426950408889634
+# fp8 cache dtype -> (largest finite value, mantissa bits, exponent of the smallest normal)
+_FP8_FORMATS = {torch.float8_e4m3fn: (448.0, 3, -6), torch.float8_e5m2: (57344.0, 2, -14)}
+
+
+@triton.jit
+def _round_to_fp8(x, FP8_MAX: tl.constexpr, MANT_BITS: tl.constexpr, MIN_EXP: tl.constexpr):
+    """x (float32) saturated to +-FP8_MAX and rounded to nearest even on the fp8 grid, still float32."""
+    bits = x.to(tl.int32, bitcast=True)
+    a = tl.minimum(tl.abs(x), FP8_MAX)
+    # The fp8 spacing in a's binade (subnormals share the smallest normal binade's) is the float32 ulp
+    # of c = 2^(e - MANT_BITS + 23): adding c rounds a to that spacing in float32's nearest-even.
+    e = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, MIN_EXP)
+    c = ((e - MANT_BITS + 23 + 127) << 23).to(tl.float32, bitcast=True)
+    r = (a + c) - c
+    return (r.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
 
 
 # --------------------------------------------------------------------------------------- KV write
@@ -35,11 +57,13 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _write_kv_kernel(
     key_ptr, value_ptr, cache_ptr, slot_ptr,
+    k_scale, v_scale,  # fp8 only: stored = x / scale
     stride_kt, stride_kh, stride_kd,
     stride_vt, stride_vh, stride_vd,
     stride_c_kv, stride_c_blk, stride_c_off, stride_c_h, stride_c_d,
     num_kv_heads,
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+    FP8_MAX: tl.constexpr, MANT_BITS: tl.constexpr, MIN_EXP: tl.constexpr,  # FP8_MAX 0: not an fp8 cache
 ):
     tok = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
@@ -50,6 +74,9 @@ def _write_kv_kernel(
     mask = (h < num_kv_heads) & (d < HEAD_DIM)
     k = tl.load(key_ptr + tok * stride_kt + h * stride_kh + d * stride_kd, mask=mask)
     v = tl.load(value_ptr + tok * stride_vt + h * stride_vh + d * stride_vd, mask=mask)
+    if FP8_MAX > 0:
+        k = _round_to_fp8(k.to(tl.float32) / k_scale, FP8_MAX, MANT_BITS, MIN_EXP).to(cache_ptr.dtype.element_ty)
+        v = _round_to_fp8(v.to(tl.float32) / v_scale, FP8_MAX, MANT_BITS, MIN_EXP).to(cache_ptr.dtype.element_ty)
     dst = cache_ptr + (slot // BLOCK_SIZE) * stride_c_blk + (slot % BLOCK_SIZE) * stride_c_off
     dst += h * stride_c_h + d * stride_c_d
     tl.store(dst, k, mask=mask)
@@ -57,19 +84,22 @@ def _write_kv_kernel(
 
 
 def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                   slot_mapping: torch.Tensor) -> None:
-    """key/value [T, Hkv, D]; slot_mapping [T] int64; slot < 0 means a padding token: skip it."""
+                   slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """key/value [T, Hkv, D]; slot_mapping [T] int64; slot < 0 means a padding token: skip it. An
+    fp8 cache stores x / scale, saturated, rounded to nearest even."""
     num_tokens, num_kv_heads, head_dim = key.shape
     assert value.shape == key.shape and slot_mapping.shape == (num_tokens,), (key.shape, slot_mapping.shape)
     assert kv_cache.dim() == 5 and kv_cache.shape[0] == 2 and kv_cache.shape[3:] == (num_kv_heads, head_dim)
     if num_tokens == 0:
         return
+    fp8_max, mant_bits, min_exp = _FP8_FORMATS.get(kv_cache.dtype, (0.0, 0, 0))
     _write_kv_kernel[(num_tokens,)](
         key, value, kv_cache, slot_mapping,
+        float(k_scale), float(v_scale),
         *key.stride(), *value.stride(), *kv_cache.stride(),
         num_kv_heads,
         BLOCK_SIZE=kv_cache.shape[2], HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_H=triton.next_power_of_2(num_kv_heads),
+        BLOCK_H=triton.next_power_of_2(num_kv_heads), FP8_MAX=fp8_max, MANT_BITS=mant_bits, MIN_EXP=min_exp,
         num_warps=_write_num_warps(num_kv_heads * head_dim),
     )
 
@@ -99,7 +129,8 @@ def _find_request(qsl_ptr, q_block, num_reqs, BLOCK_Q: tl.constexpr):
 def _attention_kernel(
     q_ptr, cache_ptr, out_ptr, qsl_ptr, seq_lens_ptr, block_tables_ptr,
     ws_acc_ptr, ws_m_ptr, ws_l_ptr,  # split-K workspaces; unused when NUM_SPLITS == 1
-    qk_scale,  # softmax scale * log2(e): scores live in the log2 domain
+    qk_scale,  # softmax scale * log2(e) (* k_scale for an fp8 cache): scores live in the log2 domain
+    v_scale,  # fp8 cache only: multiplies the output
     num_reqs, num_tokens, num_heads, window,
     stride_qt, stride_qh, stride_qd,
     stride_ot, stride_oh, stride_od,
@@ -111,6 +142,7 @@ def _attention_kernel(
     BLOCK_SIZE: tl.constexpr,
     USE_WINDOW: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,  # multiply in fp32 (Triton's interpreter cannot tl.dot bfloat16)
+    KV_FP8: tl.constexpr,  # the cache holds fp8: widened to q's dtype as loaded
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -164,9 +196,9 @@ def _attention_kernel(
                       mask=k_valid[None, :] & d_ok[:, None], other=0.0)  # [BLOCK_D, TILE_N]
         v = tl.load(cache_ptr + stride_c_kv + kv_off[:, None] + d[None, :] * stride_c_d,
                     mask=k_valid[:, None] & d_ok[None, :], other=0.0)  # [TILE_N, BLOCK_D]
-        if DOT_F32:
-            k_t = k_t.to(tl.float32)
-            v = v.to(tl.float32)
+        if DOT_F32 or KV_FP8:
+            k_t = k_t.to(q.dtype)
+            v = v.to(q.dtype)
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE_N]
         seen = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
         if USE_WINDOW:
@@ -180,6 +212,8 @@ def _attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
+    if KV_FP8:
+        acc = acc * v_scale
     if NUM_SPLITS == 1:
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od,
@@ -242,6 +276,7 @@ def paged_attention(
     block_tables: torch.Tensor,     # [B, max_blocks] int32 (device)
     scale: float,
     *, num_reqs: int, max_query_len: int, sliding_window: int | None = None, num_splits: int = 1,
+    k_scale: float = 1.0, v_scale: float = 1.0,  # an fp8 cache's K/V are read as stored * scale
 ) -> None:
     """Causal attention of each request's query tokens over its paged context (see module doc)."""
     num_tokens, num_heads, head_dim = query.shape
@@ -249,7 +284,8 @@ def paged_attention(
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     assert kv_cache.shape[4] == head_dim and out.shape == query.shape, (query.shape, kv_cache.shape, out.shape)
     assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
-    assert query.dtype == kv_cache.dtype == out.dtype, (query.dtype, kv_cache.dtype, out.dtype)
+    kv_fp8 = kv_cache.dtype in _FP8_FORMATS
+    assert query.dtype == out.dtype and (kv_fp8 or kv_cache.dtype == query.dtype), (query.dtype, kv_cache.dtype)
     assert block_tables.dim() == 2 and block_tables.stride(1) == 1, block_tables.stride()
     assert num_splits >= 1 and (sliding_window is None or sliding_window >= 1), (num_splits, sliding_window)
     if num_tokens == 0 or num_reqs == 0:
@@ -269,14 +305,14 @@ def paged_attention(
     _attention_kernel[grid](
         query, kv_cache, out, query_start_loc, seq_lens, block_tables,
         ws_acc, ws_m, ws_l,
-        scale * _LOG2E,
+        scale * _LOG2E * (k_scale if kv_fp8 else 1.0), float(v_scale),
         num_reqs, num_tokens, num_heads, sliding_window or 0,
         *query.stride(), *out.stride(), *kv_cache.stride(), block_tables.stride(0),
         GROUP=group, BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=tile_n,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_SIZE=block_size,
         USE_WINDOW=sliding_window is not None, NUM_SPLITS=num_splits,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else None,  # exact fp32; default otherwise
-        DOT_F32=_INTERPRETED and query.dtype == torch.bfloat16,
+        DOT_F32=_INTERPRETED and query.dtype == torch.bfloat16, KV_FP8=kv_fp8,
         num_warps=num_warps,
     )
     if num_splits > 1:

@@ -6,15 +6,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Tram CPU kernels";
   m.def("paged_decode_attention", &tram::paged_decode_attention,
         "Decode attention over a paged KV cache (CPU): (query [B,H,D], kv_cache [2,N,bs,Hkv,D], "
-        "block_tables [B,M], seq_lens [B], scale, sliding_window (0 = none)) -> [B,H,D]",
+        "block_tables [B,M], seq_lens [B], scale, sliding_window (0 = none), k_scale, v_scale (an fp8 cache's "
+        "K/V are read as stored * scale)) -> [B,H,D]",
         py::arg("query"), py::arg("kv_cache"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("scale"),
-        py::arg("sliding_window") = 0);
+        py::arg("sliding_window") = 0, py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0);
   m.def("paged_prefill_attention_", &tram::paged_prefill_attention_,
         "Causal prefill attention over a paged KV cache, written into out (CPU): (out [T,H,D], query [T,H,D], "
         "kv_cache [2,N,bs,Hkv,D], block_tables [R,M] int32, query_starts [R], query_lens [R], seq_lens [R], "
-        "scale, sliding_window (0 = none))",
+        "scale, sliding_window (0 = none), k_scale, v_scale (an fp8 cache's K/V are read as stored * scale))",
         py::arg("out"), py::arg("query"), py::arg("kv_cache"), py::arg("block_tables"), py::arg("query_starts"),
-        py::arg("query_lens"), py::arg("seq_lens"), py::arg("scale"), py::arg("sliding_window") = 0);
+        py::arg("query_lens"), py::arg("seq_lens"), py::arg("scale"), py::arg("sliding_window") = 0,
+        py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0);
   m.def("skinny_linear", &tram::skinny_linear,
         "y = x W^T + b for a few rows of x (CPU): (x [M,K], weight [N,K], bias [N] or None) -> [M,N]",
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
@@ -24,11 +26,30 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("weights"), py::arg("biases"));
   m.def("quant_linear", &tram::quant_linear,
         "y = x W^T + b for a few rows of x, W in int8 or int4 (CPU): (x [M,K], qweight [N,K] int8 or [N,K/2] "
-        "uint8, scale [N] or [N,K/group] float32, group (0: int8), bias [N] or None) -> [M,N]",
-        py::arg("x"), py::arg("qweight"), py::arg("scale"), py::arg("group"), py::arg("bias") = py::none());
+        "uint8, scale [N] or [N,K/group] float32, group (0: int8), bias [N] or None, int4 zero points "
+        "[N,K/group] uint8 or None: all 8) -> [M,N]",
+        py::arg("x"), py::arg("qweight"), py::arg("scale"), py::arg("group"), py::arg("bias") = py::none(),
+        py::arg("zero") = py::none());
   m.def("quant_dequantize_", &tram::quant_dequantize_,
-        "quant_linear's W dequantized into out (CPU): (out [N,K] float32 or bfloat16, qweight, scale, group)",
-        py::arg("out"), py::arg("qweight"), py::arg("scale"), py::arg("group"));
+        "quant_linear's W dequantized into out (CPU): (out [N,K] float32 or bfloat16, qweight, scale, group, "
+        "zero or None)",
+        py::arg("out"), py::arg("qweight"), py::arg("scale"), py::arg("group"), py::arg("zero") = py::none());
+  m.def("gguf_linear", &tram::gguf_linear,
+        "y = x W^T + b for a few rows of x, W in a GGUF block layout (CPU): (x [M,K] float32 or bfloat16, "
+        "data [N,row_bytes] uint8, ggml_type (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K), bias [N] or None) -> [M,N]",
+        py::arg("x"), py::arg("data"), py::arg("ggml_type"), py::arg("bias") = py::none());
+  m.def("quant_gemm", &tram::quant_gemm,
+        "quant_linear for many rows of x (CPU): W decoded a tile at a time, not into an [N,K] copy; the same "
+        "arguments and bit for bit the same result",
+        py::arg("x"), py::arg("qweight"), py::arg("scale"), py::arg("group"), py::arg("bias") = py::none(),
+        py::arg("zero") = py::none());
+  m.def("gguf_gemm", &tram::gguf_gemm,
+        "gguf_linear for many rows of x (CPU): W decoded a tile at a time, not into an [N,K] copy; the same "
+        "arguments and bit for bit the same result",
+        py::arg("x"), py::arg("data"), py::arg("ggml_type"), py::arg("bias") = py::none());
+  m.def("gguf_dequantize_", &tram::gguf_dequantize_,
+        "gguf_linear's W dequantized into out (CPU): (out [N,K] float32 or bfloat16, data, ggml_type)",
+        py::arg("out"), py::arg("data"), py::arg("ggml_type"));
   m.def("rms_norm", &tram::rms_norm, "transformers' RMSNorm (CPU): (x [T,N], weight [N], eps) -> [T,N]",
         py::arg("x"), py::arg("weight"), py::arg("eps"));
   m.def("add_rms_norm", &tram::add_rms_norm,

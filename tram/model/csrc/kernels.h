@@ -14,16 +14,17 @@
 
 namespace tram {
 
-// paged_decode.cpp: decode attention straight from the paged KV cache.
+// paged_decode.cpp: decode attention straight from the paged KV cache (the query's dtype, or fp8 read as
+// stored * k_scale / v_scale).
 at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& kv_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
-                                  int64_t sliding_window);
+                                  int64_t sliding_window, double k_scale, double v_scale);
 
 // paged_prefill.cpp: causal prefill attention of query chunks over their paged context, into out.
 void paged_prefill_attention_(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                               const at::Tensor& block_tables, const std::vector<int64_t>& query_starts,
                               const std::vector<int64_t>& query_lens, const std::vector<int64_t>& seq_lens,
-                              double scale, int64_t sliding_window);
+                              double scale, int64_t sliding_window, double k_scale, double v_scale);
 
 // skinny_linear.cpp: y = x W^T + b for few rows of x.
 at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias);
@@ -32,11 +33,26 @@ std::vector<at::Tensor> skinny_linear_n(const at::Tensor& x, const std::vector<a
                                         const std::vector<c10::optional<at::Tensor>>& biases);
 
 // quant_linear.cpp: y = x W^T + b for few rows of x, W in int8 (group 0: a scale per row) or int4
-// (a scale per `group` k).
+// (a scale per `group` k, and optionally a zero point per group; else 8).
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale, int64_t group,
-                        const c10::optional<at::Tensor>& bias);
+                        const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& zero);
 // The same W dequantized into out ([N, K], float32 or bfloat16), for GEMMs of many rows.
-void quant_dequantize_(at::Tensor& out, const at::Tensor& qweight, const at::Tensor& scale, int64_t group);
+void quant_dequantize_(at::Tensor& out, const at::Tensor& qweight, const at::Tensor& scale, int64_t group,
+                       const c10::optional<at::Tensor>& zero);
+// quant_linear for many rows: W decoded a tile at a time into float32 and multiplied there
+// (tiled_gemm.h); bit for bit quant_linear's outputs.
+at::Tensor quant_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale, int64_t group,
+                      const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& zero);
+
+// gguf_linear.cpp: y = x W^T + b for few rows of x, W in a GGUF block layout ([N, row_bytes] uint8 of
+// ggml type Q8_0, Q4_0, Q4_K, Q5_K or Q6_K).
+at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& data, int64_t ggml_type,
+                       const c10::optional<at::Tensor>& bias);
+// The same W dequantized into out ([N, K], float32 or bfloat16), for GEMMs of many rows.
+void gguf_dequantize_(at::Tensor& out, const at::Tensor& data, int64_t ggml_type);
+// gguf_linear for many rows, tiled as quant_gemm; bit for bit gguf_linear's outputs.
+at::Tensor gguf_gemm(const at::Tensor& x, const at::Tensor& data, int64_t ggml_type,
+                     const c10::optional<at::Tensor>& bias);
 
 // rms_norm.cpp: transformers' RMSNorm, optionally after adding the residual.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);

@@ -2,7 +2,8 @@
 // from the paged KV cache (no gather into padded tensors, no mask).
 //
 //   query        [B, H, D]              any strides; float32 / bfloat16 / float16
-//   kv_cache     [2, N, bs, Hkv, D]     contiguous, query's dtype (index 0 = keys, 1 = values)
+//   kv_cache     [2, N, bs, Hkv, D]     contiguous, query's dtype or fp8 (e4m3fn / e5m2) (index 0 = keys,
+//                                       1 = values); fp8 keys are read as stored * k_scale, values * v_scale
 //   block_tables [B, M]                 int32 (int64 is narrowed), any strides; token t of request i
 //                                       lives in block block_tables[i, t / bs] at offset t % bs
 //   seq_lens     [B]                    int32 or int64; the query sits at position seq_lens[i] - 1
@@ -15,12 +16,14 @@
 // within a block, for each kv head, the G = H / Hkv query heads sharing it are processed together,
 // so each K/V row comes from memory once. Softmax is exact and two-pass: pass 1 writes the scores
 // of the whole context to a per-thread buffer, then max / exp / sum per head, then pass 2 adds the
-// weighted V rows. All arithmetic is float32; 16-bit K/V are widened as they are loaded.
+// weighted V rows. All arithmetic is float32; 16-bit and fp8 K/V are widened as they are loaded (fp8.h),
+// k_scale folded into the scaled query and v_scale into the final 1 / sum (both 1 unless fp8).
 //
 // SIMD comes from GCC/Clang vector extensions (lowered to AVX-512, AVX2, SSE or NEON by -march;
 // x86 intrinsics only widen 16-bit floats where AVX2 / F16C exist) and needs no -ffast-math. Every
 // sum has a fixed order, so a request's result does not depend on the batch it is in or on the
 // number of threads.
+#include "fp8.h"
 #include "kernels.h"
 #include "simd.h"
 
@@ -37,6 +40,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -69,6 +73,10 @@ TRAM_INLINE vf8 load8(const c10::Half* p) {
   return r;
 #endif
 }
+
+// fp8: the value / kReadFactor (2^8 for e4m3), the factor folded into the query's and the output's scales.
+TRAM_INLINE vf8 load8(const c10::Float8_e4m3fn* p) { return tram::fp8::widen8_raw(p); }
+TRAM_INLINE vf8 load8(const c10::Float8_e5m2* p) { return tram::fp8::widen8_raw(p); }
 
 
 // Horizontal sums, both in the order ((0+1)+(2+3))+((4+5)+(6+7)).
@@ -212,20 +220,25 @@ TRAM_INLINE void for_each_segment(const scalar_t* cache, const int32_t* table, i
   }
 }
 
-template <typename scalar_t, int NV>
+// scalar_t: the query's and the output's type; cache_t: the cache's (scalar_t, or an fp8 type).
+template <typename scalar_t, typename cache_t, int NV>
 void paged_decode_impl(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_tables,
-                       const std::vector<int64_t>& lens, float scale, int64_t window, at::Tensor& out) {
+                       const std::vector<int64_t>& lens, float scale, float v_scale, int64_t window, at::Tensor& out) {
   const int64_t B = query.size(0), H = query.size(1);
   const int64_t D = NV > 0 ? NV * kLanes : query.size(2);
   const int64_t N = kv_cache.size(1), bs = kv_cache.size(2), Hkv = kv_cache.size(3);
   const int64_t G = H / Hkv;
+  // Vector loads of an fp8 cache return value / read_factor; scaling q and the output by it instead is
+  // exact (a power of two), so the result is bit for bit that of a float cache holding the values.
+  constexpr float read_factor = std::is_same_v<cache_t, scalar_t> ? 1.f : tram::fp8::kReadFactor<cache_t>;
+  const float q_scale = NV < 0 ? scale : scale * read_factor, out_scale = NV < 0 ? v_scale : v_scale * read_factor;
   const int64_t qs0 = query.stride(0), qs1 = query.stride(1), qs2 = query.stride(2);
   const int64_t ts0 = block_tables.stride(0), ts1 = block_tables.stride(1);
   const int64_t row_stride = Hkv * D;  // between consecutive tokens (all kv heads of a token are one row)
-  const int64_t head_bytes = D * static_cast<int64_t>(sizeof(scalar_t));
+  const int64_t head_bytes = D * static_cast<int64_t>(sizeof(cache_t));
   const scalar_t* q_ptr = query.data_ptr<scalar_t>();
-  const scalar_t* k_cache = kv_cache.data_ptr<scalar_t>();
-  const scalar_t* v_cache = k_cache + N * bs * Hkv * D;
+  const cache_t* k_cache = kv_cache.data_ptr<cache_t>();
+  const cache_t* v_cache = k_cache + N * bs * Hkv * D;
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   scalar_t* o_ptr = out.data_ptr<scalar_t>();
 
@@ -261,7 +274,7 @@ void paged_decode_impl(const at::Tensor& query, const at::Tensor& kv_cache, cons
       float* qb = qbuf.data();
       for (int64_t h = 0; h < nh; ++h) {
         const scalar_t* q = q_ptr + b * qs0 + (h0 * G + h) * qs1;
-        for (int64_t d = 0; d < D; ++d) qb[h * D + d] = static_cast<float>(q[d * qs2]) * scale;
+        for (int64_t d = 0; d < D; ++d) qb[h * D + d] = static_cast<float>(q[d * qs2]) * q_scale;
       }
       const int32_t* table = tables + b * ts0;
       float* sc = scores.data();
@@ -269,9 +282,9 @@ void paged_decode_impl(const at::Tensor& query, const at::Tensor& kv_cache, cons
 
       // op(h, j, count, rows) for every query head of the item and each stretch of the context that
       // lies in one block; blocks sit anywhere in memory, so the next one's rows are fetched ahead.
-      const auto over_context = [&](const scalar_t* cache, const auto& op) {
+      const auto over_context = [&](const cache_t* cache, const auto& op) {
         for_each_segment(cache, table, ts1, start, len, bs, N, row_stride, h0 * D,
-                         [&](int64_t j, int64_t count, const scalar_t* rows, const scalar_t* next_rows,
+                         [&](int64_t j, int64_t count, const cache_t* rows, const cache_t* next_rows,
                              int64_t next_count) {
                            for (int64_t kv = 0; kv < nkv; ++kv) {
                              for (int64_t o = 0; o < next_count; ++o)
@@ -281,17 +294,17 @@ void paged_decode_impl(const at::Tensor& query, const at::Tensor& kv_cache, cons
                          });
       };
       // Pass 1: sc[h, j] = q_h . k_j (q already scaled).
-      over_context(k_cache, [&](int64_t h, int64_t j, int64_t count, const scalar_t* rows) {
+      over_context(k_cache, [&](int64_t h, int64_t j, int64_t count, const cache_t* rows) {
         scores_segment<NV>(qb + h * D, rows, row_stride, count, D, sc + h * n_pad + j);
       });
       for (int64_t h = 0; h < nh; ++h) {
         float* s = sc + h * n_pad;
         std::fill(s + n, s + n_pad, -std::numeric_limits<float>::infinity());
-        inv[h] = softmax_numerators(s, n_pad);
+        inv[h] = softmax_numerators(s, n_pad) * out_scale;
       }
       // Pass 2: acc[h] = sum_j p[h, j] * v_j.
       std::fill(ab, ab + nh * D, 0.f);
-      over_context(v_cache, [&](int64_t h, int64_t j, int64_t count, const scalar_t* rows) {
+      over_context(v_cache, [&](int64_t h, int64_t j, int64_t count, const cache_t* rows) {
         values_segment<NV>(sc + h * n_pad + j, rows, row_stride, count, D, ab + h * D);
       });
       for (int64_t h = 0; h < nh; ++h)
@@ -300,16 +313,25 @@ void paged_decode_impl(const at::Tensor& query, const at::Tensor& kv_cache, cons
   });
 }
 
-template <typename scalar_t>
+template <typename scalar_t, typename cache_t>
 void dispatch_head_dim(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_tables,
-                       const std::vector<int64_t>& lens, float scale, int64_t window, at::Tensor& out) {
+                       const std::vector<int64_t>& lens, float scale, float v_scale, int64_t window,
+                       at::Tensor& out) {
   const int64_t D = query.size(2);
   if (D % kLanes != 0)
-    return paged_decode_impl<scalar_t, -1>(query, kv_cache, block_tables, lens, scale, window, out);
+    return paged_decode_impl<scalar_t, cache_t, -1>(query, kv_cache, block_tables, lens, scale, v_scale, window, out);
+  if constexpr (!std::is_same_v<scalar_t, cache_t>) {  // fp8: the usual head dims only, to keep the build short
+    if (D == 64)
+      return paged_decode_impl<scalar_t, cache_t, 8>(query, kv_cache, block_tables, lens, scale, v_scale, window, out);
+    if (D == 128)
+      return paged_decode_impl<scalar_t, cache_t, 16>(query, kv_cache, block_tables, lens, scale, v_scale, window,
+                                                      out);
+    return paged_decode_impl<scalar_t, cache_t, 0>(query, kv_cache, block_tables, lens, scale, v_scale, window, out);
+  }
   switch (D / kLanes) {
 #define TRAM_HEAD_DIM_CASE(NV) \
   case NV:                     \
-    return paged_decode_impl<scalar_t, NV>(query, kv_cache, block_tables, lens, scale, window, out);
+    return paged_decode_impl<scalar_t, cache_t, NV>(query, kv_cache, block_tables, lens, scale, v_scale, window, out);
     TRAM_HEAD_DIM_CASE(4)   // 32
     TRAM_HEAD_DIM_CASE(6)   // 48
     TRAM_HEAD_DIM_CASE(8)   // 64
@@ -318,7 +340,23 @@ void dispatch_head_dim(const at::Tensor& query, const at::Tensor& kv_cache, cons
     TRAM_HEAD_DIM_CASE(16)  // 128
 #undef TRAM_HEAD_DIM_CASE
     default:
-      return paged_decode_impl<scalar_t, 0>(query, kv_cache, block_tables, lens, scale, window, out);
+      return paged_decode_impl<scalar_t, cache_t, 0>(query, kv_cache, block_tables, lens, scale, v_scale, window, out);
+  }
+}
+
+// The cache is the query's type (checked by the caller) or fp8.
+template <typename scalar_t>
+void dispatch_cache(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_tables,
+                    const std::vector<int64_t>& lens, float scale, float v_scale, int64_t window, at::Tensor& out) {
+  switch (kv_cache.scalar_type()) {
+    case at::kFloat8_e4m3fn:
+      return dispatch_head_dim<scalar_t, c10::Float8_e4m3fn>(query, kv_cache, block_tables, lens, scale, v_scale,
+                                                             window, out);
+    case at::kFloat8_e5m2:
+      return dispatch_head_dim<scalar_t, c10::Float8_e5m2>(query, kv_cache, block_tables, lens, scale, v_scale,
+                                                           window, out);
+    default:
+      return dispatch_head_dim<scalar_t, scalar_t>(query, kv_cache, block_tables, lens, scale, v_scale, window, out);
   }
 }
 
@@ -328,15 +366,16 @@ namespace tram {
 
 at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& kv_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
-                                  int64_t sliding_window) {
+                                  int64_t sliding_window, double k_scale, double v_scale) {
   TORCH_CHECK(query.device().is_cpu() && kv_cache.device().is_cpu() && block_tables.device().is_cpu() &&
                   seq_lens.device().is_cpu(),
               "paged_decode_attention: CPU tensors only");
   TORCH_CHECK(query.dim() == 3, "query must be [B, H, D]");
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2, "kv_cache must be [2, num_blocks, block_size, Hkv, D]");
   TORCH_CHECK(kv_cache.is_contiguous(), "kv_cache must be contiguous");
-  TORCH_CHECK(kv_cache.scalar_type() == query.scalar_type(), "kv_cache dtype ", kv_cache.scalar_type(),
-              " != query dtype ", query.scalar_type());
+  const bool fp8 = kv_cache.scalar_type() == at::kFloat8_e4m3fn || kv_cache.scalar_type() == at::kFloat8_e5m2;
+  TORCH_CHECK(fp8 || kv_cache.scalar_type() == query.scalar_type(), "kv_cache dtype ", kv_cache.scalar_type(),
+              " is neither the query's (", query.scalar_type(), ") nor fp8");
   const int64_t B = query.size(0), H = query.size(1), D = query.size(2);
   const int64_t Hkv = kv_cache.size(3);
   TORCH_CHECK(kv_cache.size(4) == D, "head_dim mismatch: query ", D, ", kv_cache ", kv_cache.size(4));
@@ -358,18 +397,20 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& kv_
 
   at::Tensor out = at::empty({B, H, D}, query.options().memory_format(at::MemoryFormat::Contiguous));
   if (B == 0 || H == 0 || D == 0) return out;
-  const float fscale = static_cast<float>(scale);
+  // k_scale multiplies every score: folded into the query's scale (x 1 is exact, so a 16/32-bit cache's
+  // results are bit for bit what they were without it).
+  const float fscale = static_cast<float>(scale * k_scale), fv_scale = static_cast<float>(v_scale);
   // Tables are tiny ([B, M]); int64 ones are narrowed rather than doubling the instantiations.
   const at::Tensor tables = block_tables.scalar_type() == at::kInt ? block_tables : block_tables.to(at::kInt);
   switch (query.scalar_type()) {
     case at::kFloat:
-      dispatch_head_dim<float>(query, kv_cache, tables, lens, fscale, sliding_window, out);
+      dispatch_cache<float>(query, kv_cache, tables, lens, fscale, fv_scale, sliding_window, out);
       break;
     case at::kBFloat16:
-      dispatch_head_dim<c10::BFloat16>(query, kv_cache, tables, lens, fscale, sliding_window, out);
+      dispatch_cache<c10::BFloat16>(query, kv_cache, tables, lens, fscale, fv_scale, sliding_window, out);
       break;
     case at::kHalf:
-      dispatch_head_dim<c10::Half>(query, kv_cache, tables, lens, fscale, sliding_window, out);
+      dispatch_cache<c10::Half>(query, kv_cache, tables, lens, fscale, fv_scale, sliding_window, out);
       break;
     default:
       TORCH_CHECK(false, "paged_decode_attention: unsupported dtype ", query.scalar_type());

@@ -3,7 +3,8 @@
 //
 //   out          [T, H, D]          contiguous, query's dtype; only the requests' rows are written
 //   query        [T, H, D]          any strides; float32 / bfloat16 / float16; D % 16 == 0
-//   kv_cache     [2, N, bs, Hkv, D] contiguous, query's dtype, the chunk's own K/V already written
+//   kv_cache     [2, N, bs, Hkv, D] contiguous, query's dtype or fp8 (e4m3fn / e5m2, keys read as
+//                                   stored * k_scale, values * v_scale), the chunk's own K/V already written
 //   block_tables [R, M]             int32; token t of request r lives in block block_tables[r, t / bs]
 //   query_starts, query_lens, seq_lens  (host lists, R each): request r's rows are
 //                                   query_starts[r] .. + query_lens[r], at context positions
@@ -16,11 +17,13 @@
 // the G query heads that share the kv head. For each segment of 256 keys the item widens K (transposed,
 // so a score row is a run of 16-lane FMAs over D) and V to float32 once, then for 4 query rows at a
 // time computes the scores, an online-softmax update (a max and a rescale per segment, not per key)
-// and the weighted V sum. All arithmetic is float32.
+// and the weighted V sum. All arithmetic is float32; k_scale is folded into the score scale and v_scale
+// into the final 1 / sum (both exactly 1 unless the cache is fp8).
 //
 // Keys are visited in segments and chunks of 16 at fixed absolute positions, and a chunk or segment a
 // row cannot see adds exactly nothing, so a query row's result depends only on its position and
 // context: not on how the prompt was chunked, on a cached prefix, on the batch or on the thread count.
+#include "fp8.h"
 #include "kernels.h"
 #include "simd.h"
 
@@ -33,6 +36,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -44,6 +48,7 @@ constexpr int64_t kSegment = 256;  // keys per online-softmax step
 constexpr int64_t kTile = 64;      // query rows per work item
 constexpr int64_t kRows = 4;       // query rows computed together
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int64_t kMaxHeadDim = 512;  // an fp8 key row is widened on the stack
 
 struct Request {
   int64_t q_start, q_len, seq_len;
@@ -68,11 +73,20 @@ TRAM_INLINE void key_range(int64_t p_first, int64_t p_last, int64_t window, int6
   *hi = p_last + 1;
 }
 
+// An fp8 cache row of D (a multiple of 16) elements widened to float32.
+TRAM_INLINE void widen_row(const c10::Float8_e4m3fn* src, int64_t D, float* dst) {
+  for (int64_t d = 0; d < D; d += 16) vstore(dst + d, tram::fp8::widen16(src + d));
+}
+
+TRAM_INLINE void widen_row(const c10::Float8_e5m2* src, int64_t D, float* dst) {
+  for (int64_t d = 0; d < D; d += 16) vstore(dst + d, tram::fp8::widen16(src + d));
+}
+
 // Widen keys [first, end) of one kv head, a stretch of the segment that starts at key k0, into kt
 // (chunk-major: [chunk][d][16]) and v ([key][d]), each key at its index from k0; the tail of the last
-// chunk is zeros (finite, and masked anyway).
-template <typename T>
-void load_segment(const T* k_cache, const T* v_cache, const Request& rq, int64_t kv_head, int64_t k0, int64_t first,
+// chunk is zeros (finite, and masked anyway). C: the cache's element type.
+template <typename C>
+void load_segment(const C* k_cache, const C* v_cache, const Request& rq, int64_t kv_head, int64_t k0, int64_t first,
                   int64_t end, int64_t bs, int64_t row_stride, int64_t D, float* kt, float* v) {
   const int64_t j_end = (end - k0 + kChunk - 1) / kChunk * kChunk;
   for (int64_t j = first - k0; j < j_end; ++j) {
@@ -84,10 +98,18 @@ void load_segment(const T* k_cache, const T* v_cache, const Request& rq, int64_t
       continue;
     }
     const int64_t offset = (static_cast<int64_t>(rq.table[t / bs]) * bs + t % bs) * row_stride + kv_head * D;
-    const T* k_row = k_cache + offset;
-    const T* v_src = v_cache + offset;
-    for (int64_t d = 0; d < D; ++d) kt_chunk[d * kChunk] = load1(k_row + d);
-    for (int64_t d = 0; d < D; ++d) v_row[d] = load1(v_src + d);
+    const C* k_row = k_cache + offset;
+    const C* v_src = v_cache + offset;
+    if constexpr (std::is_same_v<C, c10::Float8_e4m3fn> || std::is_same_v<C, c10::Float8_e5m2>) {
+      // Whole vectors widened, then the key scattered into its transposed column.
+      float k_wide[kMaxHeadDim];
+      widen_row(k_row, D, k_wide);
+      for (int64_t d = 0; d < D; ++d) kt_chunk[d * kChunk] = k_wide[d];
+      widen_row(v_src, D, v_row);
+    } else {
+      for (int64_t d = 0; d < D; ++d) kt_chunk[d * kChunk] = load1(k_row + d);
+      for (int64_t d = 0; d < D; ++d) v_row[d] = load1(v_src + d);
+    }
   }
 }
 
@@ -158,10 +180,10 @@ TRAM_INLINE void accumulate_rows(float* s, const float* v, int64_t D, int64_t c0
   }
 }
 
-template <typename T>
+template <typename T, typename C>
 void run_item(const Item& it, const Request& rq, const T* q_ptr, int64_t qs0, int64_t qs1, int64_t qs2,
-              const T* k_cache, const T* v_cache, int64_t bs, int64_t Hkv, int64_t G, int64_t D, float scale,
-              int64_t window, T* out, int64_t H, Scratch& sc) {
+              const C* k_cache, const C* v_cache, int64_t bs, int64_t Hkv, int64_t G, int64_t D, float scale,
+              float v_scale, int64_t window, T* out, int64_t H, Scratch& sc) {
   const int64_t i0 = it.tile * kTile, rows = std::min(kTile, rq.q_len - i0);
   const int64_t ctx0 = rq.seq_len - rq.q_len;  // position of the chunk's first query row
   const int64_t padded = (rows + kRows - 1) / kRows * kRows;
@@ -207,20 +229,21 @@ void run_item(const Item& it, const Request& rq, const T* q_ptr, int64_t qs0, in
     const int64_t h = it.kv_head * G + g;
     for (int64_t i = 0; i < rows; ++i) {
       const float* o = sc.o.data() + (g * kTile + i) * D;
-      const float inv = 1.f / sc.l[g * kTile + i];
+      const float inv = v_scale / sc.l[g * kTile + i];
       T* dst = out + ((rq.q_start + i0 + i) * H + h) * D;
       for (int64_t d = 0; d < D; ++d) store(o[d] * inv, dst + d);
     }
   }
 }
 
-template <typename T>
+// T: the query's and the output's type; C: the cache's (T, or an fp8 type).
+template <typename T, typename C>
 void prefill_impl(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache, const std::vector<Request>& reqs,
-                  float scale, int64_t window) {
+                  float scale, float v_scale, int64_t window) {
   const int64_t H = query.size(1), D = query.size(2);
   const int64_t N = kv_cache.size(1), bs = kv_cache.size(2), Hkv = kv_cache.size(3), G = H / Hkv;
-  const T* k_cache = kv_cache.data_ptr<T>();
-  const T* v_cache = k_cache + N * bs * Hkv * D;
+  const C* k_cache = kv_cache.data_ptr<C>();
+  const C* v_cache = k_cache + N * bs * Hkv * D;
   // Later tiles see more keys: hand them out first so the threads finish together.
   std::vector<Item> items;
   int64_t max_tiles = 0;
@@ -236,10 +259,25 @@ void prefill_impl(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv
     Scratch sc(G, D);
     for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < num_items;
          i = next.fetch_add(1, std::memory_order_relaxed)) {
-      run_item<T>(items[i], reqs[items[i].req], query.data_ptr<T>(), query.stride(0), query.stride(1),
-                  query.stride(2), k_cache, v_cache, bs, Hkv, G, D, scale, window, out.data_ptr<T>(), H, sc);
+      run_item<T, C>(items[i], reqs[items[i].req], query.data_ptr<T>(), query.stride(0), query.stride(1),
+                     query.stride(2), k_cache, v_cache, bs, Hkv, G, D, scale, v_scale, window, out.data_ptr<T>(), H,
+                     sc);
     }
   });
+}
+
+// The cache is the query's type (checked by the caller) or fp8.
+template <typename T>
+void dispatch_cache(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+                    const std::vector<Request>& reqs, float scale, float v_scale, int64_t window) {
+  switch (kv_cache.scalar_type()) {
+    case at::kFloat8_e4m3fn:
+      return prefill_impl<T, c10::Float8_e4m3fn>(out, query, kv_cache, reqs, scale, v_scale, window);
+    case at::kFloat8_e5m2:
+      return prefill_impl<T, c10::Float8_e5m2>(out, query, kv_cache, reqs, scale, v_scale, window);
+    default:
+      return prefill_impl<T, T>(out, query, kv_cache, reqs, scale, v_scale, window);
+  }
 }
 
 }  // namespace
@@ -249,7 +287,7 @@ namespace tram {
 void paged_prefill_attention_(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                               const at::Tensor& block_tables, const std::vector<int64_t>& query_starts,
                               const std::vector<int64_t>& query_lens, const std::vector<int64_t>& seq_lens,
-                              double scale, int64_t sliding_window) {
+                              double scale, int64_t sliding_window, double k_scale, double v_scale) {
   TORCH_CHECK(out.device().is_cpu() && query.device().is_cpu() && kv_cache.device().is_cpu() &&
                   block_tables.device().is_cpu(),
               "paged_prefill_attention_: CPU tensors only");
@@ -257,10 +295,12 @@ void paged_prefill_attention_(at::Tensor& out, const at::Tensor& query, const at
               "query must be [T, H, D] and out a contiguous tensor of the same shape");
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
               "kv_cache must be a contiguous [2, num_blocks, block_size, Hkv, D]");
-  TORCH_CHECK(query.scalar_type() == kv_cache.scalar_type() && out.scalar_type() == query.scalar_type(),
-              "query, kv_cache and out must have one dtype");
+  const bool fp8 = kv_cache.scalar_type() == at::kFloat8_e4m3fn || kv_cache.scalar_type() == at::kFloat8_e5m2;
+  TORCH_CHECK((fp8 || query.scalar_type() == kv_cache.scalar_type()) && out.scalar_type() == query.scalar_type(),
+              "query and out must have one dtype, and kv_cache that dtype or fp8");
   const int64_t T = query.size(0), H = query.size(1), D = query.size(2), Hkv = kv_cache.size(3);
   TORCH_CHECK(kv_cache.size(4) == D && D % 16 == 0 && D > 0, "head_dim must match the cache and be a multiple of 16");
+  TORCH_CHECK(!fp8 || D <= kMaxHeadDim, "head_dim ", D, " is over ", kMaxHeadDim, " for an fp8 cache");
   TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "num_heads ", H, " is not a multiple of num_kv_heads ", Hkv);
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.scalar_type() == at::kInt,
               "block_tables must be an int32 [R, max_blocks]");
@@ -283,14 +323,15 @@ void paged_prefill_attention_(at::Tensor& out, const at::Tensor& query, const at
     reqs.push_back({qs, ql, sl, table});
   }
   if (reqs.empty()) return;
-  const float fscale = static_cast<float>(scale);
+  // x 1 is exact: a 16/32-bit cache's results are bit for bit what they were without the scales.
+  const float fscale = static_cast<float>(scale * k_scale), fv_scale = static_cast<float>(v_scale);
   switch (query.scalar_type()) {
     case at::kFloat:
-      return prefill_impl<float>(out, query, kv_cache, reqs, fscale, sliding_window);
+      return dispatch_cache<float>(out, query, kv_cache, reqs, fscale, fv_scale, sliding_window);
     case at::kBFloat16:
-      return prefill_impl<c10::BFloat16>(out, query, kv_cache, reqs, fscale, sliding_window);
+      return dispatch_cache<c10::BFloat16>(out, query, kv_cache, reqs, fscale, fv_scale, sliding_window);
     case at::kHalf:
-      return prefill_impl<c10::Half>(out, query, kv_cache, reqs, fscale, sliding_window);
+      return dispatch_cache<c10::Half>(out, query, kv_cache, reqs, fscale, fv_scale, sliding_window);
     default:
       TORCH_CHECK(false, "paged_prefill_attention_: unsupported dtype ", query.scalar_type());
   }

@@ -5,6 +5,8 @@
 //   int4:  qweight [N, K / 2] uint8, w[n, k] = (q[n, k] - 8) * scale[n, k / group]   (scale [N, K / group])
 //          Each 32 consecutive k of a row are 16 bytes: byte j holds k = j in its low nibble and
 //          k = j + 16 in its high one, so one 16-byte load unpacks into two runs of 16 consecutive k.
+//   zero   [N, K / group] uint8, optional (int4 only): w[n, k] = (q[n, k] - zero[n, k / group]) * scale[n, k / group],
+//          the asymmetric checkpoints' (GPTQ, AWQ) form; without it every group's zero is 8.
 //   bias   [N]         optional, x's dtype
 //   -> y   [M, N]      x's dtype
 //
@@ -22,6 +24,8 @@
 // the thread count.
 #include "kernels.h"
 #include "simd.h"
+#include "widen_int8.h"
+#include "tiled_gemm.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -39,29 +43,10 @@ namespace {
 
 using namespace tram::simd;
 
-typedef int8_t vi8x16 __attribute__((vector_size(16)));
-typedef uint8_t vu8x16 __attribute__((vector_size(16)));
 
 constexpr int64_t kLanes = 16;
 constexpr int64_t kGrainRows = 32;
 
-// 16 int8 lanes to float32. GCC scalarises __builtin_convertvector from int8 (16 cvtsi2ss), so the
-// x86 paths say it: vpmovsxbd + vcvtdq2ps, once on AVX-512, twice on AVX2.
-TRAM_INLINE vf16 to_float(vi8x16 v) {
-#if defined(__AVX512F__)
-  return bitcast<vf16>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bitcast<__m128i>(v))));
-#elif defined(__AVX2__)
-  const __m128i b = bitcast<__m128i>(v);
-  const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-  const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(b, b)));
-  vf16 out;
-  std::memcpy(&out, &lo, sizeof(lo));
-  std::memcpy(reinterpret_cast<char*>(&out) + sizeof(lo), &hi, sizeof(hi));
-  return out;
-#else
-  return __builtin_convertvector(v, vf16);
-#endif
-}
 
 TRAM_INLINE vf16 widen_i8(const int8_t* p) { return to_float(vload<vi8x16>(p)); }
 
@@ -72,8 +57,9 @@ TRAM_INLINE vf16 widen_i8_tail(const int8_t* p, int64_t count) {
   return widen_i8(buf);
 }
 
-// Widened weights of one chunk of k: int8 as stored; int4 nibbles 0..15 -> -8..7 times their group's
-// scale, which makes them the dequantized weights themselves (the int8 scale comes after the sum).
+// Widened weights of one chunk of k: int8 as stored; int4 nibbles 0..15 minus their group's zero (8, or
+// the stored zero point: -15..15, still exact in int8) times its scale, which makes them the
+// dequantized weights themselves (the int8 scale comes after the sum).
 struct Int8Rows {
   const int8_t* q;
   int64_t K;
@@ -81,15 +67,20 @@ struct Int8Rows {
   TRAM_INLINE vf16 tail(int64_t j, int64_t k) const { return widen_i8_tail(q + j * K + k, K - k); }
 };
 
+// kZero: a zero point per group (zero is row n0's); else every zero is 8, as symmetric int4 stores it.
+template <bool kZero>
 struct Int4Rows {
   const uint8_t* q;  // row n0
   const float* scale;  // row n0's group scales
+  const uint8_t* zero;  // row n0's group zero points (kZero only)
   int64_t K, group;
   // Chunk c (16 k) of a run of 32: the run's low nibbles (c even) or high ones (c odd).
   TRAM_INLINE vf16 chunk(int64_t j, int64_t k) const {
     const vu8x16 bytes = vload<vu8x16>(q + j * (K / 2) + (k & ~int64_t{31}) / 2);
     const vu8x16 nibbles = (k & 16) ? vu8x16(bytes >> 4) : vu8x16(bytes & 15);
-    return to_float(bitcast<vi8x16>(vu8x16(nibbles - 8))) * scale[j * (K / group) + k / group];
+    const int64_t g = j * (K / group) + k / group;
+    const uint8_t z = kZero ? zero[g] : uint8_t{8};
+    return to_float(bitcast<vi8x16>(vu8x16(nibbles - z))) * scale[g];
   }
   TRAM_INLINE vf16 tail(int64_t, int64_t) const { return vf16{}; }  // K is a multiple of 32: no tail
 };
@@ -146,6 +137,7 @@ struct Args {
   int64_t M, K, k_pad, N;
   const void* q;
   const float* scale;
+  const uint8_t* zero;  // int4 zero points, or nullptr (all 8)
   int64_t group;  // 0: int8, per row
   const void* bias;
   void* y;
@@ -158,9 +150,14 @@ TRAM_INLINE void run_tile(const Args& a, int64_t m0, int64_t n0) {
   if (a.group == 0) {
     const Int8Rows rows{static_cast<const int8_t*>(a.q) + n0 * a.K, a.K};
     tile<T, MB, NB>(a.xf, m0, a.k_pad, rows, a.scale + n0, bias, y, a.N, a.K, n0);
+  } else if (a.zero == nullptr) {
+    const Int4Rows<false> rows{static_cast<const uint8_t*>(a.q) + n0 * (a.K / 2), a.scale + n0 * (a.K / a.group),
+                               nullptr, a.K, a.group};
+    tile<T, MB, NB>(a.xf, m0, a.k_pad, rows, nullptr, bias, y, a.N, a.K, n0);
   } else {
-    const Int4Rows rows{static_cast<const uint8_t*>(a.q) + n0 * (a.K / 2), a.scale + n0 * (a.K / a.group), a.K,
-                        a.group};
+    const int64_t groups = a.K / a.group;
+    const Int4Rows<true> rows{static_cast<const uint8_t*>(a.q) + n0 * (a.K / 2), a.scale + n0 * groups,
+                              a.zero + n0 * groups, a.K, a.group};
     tile<T, MB, NB>(a.xf, m0, a.k_pad, rows, nullptr, bias, y, a.N, a.K, n0);
   }
 }
@@ -177,14 +174,6 @@ TRAM_INLINE void outputs(const Args& a, int64_t n0) {
     default: break;
   }
 }
-
-// Weight rows per tile: enough independent sums to hide the FMA latency when x has one row, few
-// enough that the sums stay in registers (32 vector registers with AVX-512, 16 with AVX2).
-#if defined(__AVX512F__)
-constexpr int64_t kWideRows = 4, kNarrowRows = 2;
-#else
-constexpr int64_t kWideRows = 2, kNarrowRows = 1;
-#endif
 
 template <typename T, int64_t NB>
 void walk_rows(const Args& a, int64_t begin, int64_t end) {
@@ -204,9 +193,52 @@ void quant_linear_impl(const Args& a) {
   });
 }
 
+// ---- many rows of x (quant_gemm): W decoded a tile at a time (tiled_gemm.h) --------------------
+
+// Rows 0 .. count - 1 of `rows` as float32 into buf [count, ld], zeros past K: widened as the skinny
+// kernel widens them, times the row's scale for int8 (row_scale; int4's chunks come scaled), which
+// is each weight's dequantized value, the one rounding quant_dequantize_ makes.
+template <typename Rows>
+void fill_rows(const Rows& rows, const float* row_scale, int64_t count, int64_t K, int64_t ld, float* buf) {
+  for (int64_t j = 0; j < count; ++j) {
+    float* out = buf + j * ld;
+    const float s = row_scale != nullptr ? row_scale[j] : 1.0f;
+    int64_t k = 0;
+    for (; k + kLanes <= K; k += kLanes) vstore(out + k, row_scale != nullptr ? rows.chunk(j, k) * s : rows.chunk(j, k));
+    if (k < K) {
+      vstore(out + k, row_scale != nullptr ? rows.tail(j, k) * s : rows.tail(j, k));
+      k += kLanes;
+    }
+    std::fill(out + k, out + ld, 0.0f);
+  }
+}
+
+// Rows n0 .. n0 + count - 1 of W into buf [count, k_pad].
+void fill_tile(const Args& a, int64_t n0, int64_t count, float* buf) {
+  if (a.group == 0) {
+    fill_rows(Int8Rows{static_cast<const int8_t*>(a.q) + n0 * a.K, a.K}, a.scale + n0, count, a.K, a.k_pad, buf);
+    return;
+  }
+  const int64_t groups = a.K / a.group;
+  const uint8_t* q = static_cast<const uint8_t*>(a.q) + n0 * (a.K / 2);
+  if (a.zero == nullptr) {
+    fill_rows(Int4Rows<false>{q, a.scale + n0 * groups, nullptr, a.K, a.group}, nullptr, count, a.K, a.k_pad, buf);
+  } else {
+    fill_rows(Int4Rows<true>{q, a.scale + n0 * groups, a.zero + n0 * groups, a.K, a.group}, nullptr, count, a.K,
+              a.k_pad, buf);
+  }
+}
+
+template <typename T>
+void quant_gemm_impl(const Args& a) {
+  tram::gemm::tiled_gemm(a.xf, a.k_pad, a.M, a.N, a.K, a.k_pad, static_cast<const T*>(a.bias), static_cast<T*>(a.y),
+                         [&](int64_t n0, int64_t count, float* buf) { fill_tile(a, n0, count, buf); });
+}
+
 // Row n of W, dequantized into out (float32 or bfloat16): the weights the tiles compute with.
 template <typename T>
-void dequantize_row(const void* q, const float* scale, int64_t group, int64_t K, int64_t n, T* out) {
+void dequantize_row(const void* q, const float* scale, const uint8_t* zero, int64_t group, int64_t K, int64_t n,
+                    T* out) {
   if (group == 0) {
     const int8_t* row = static_cast<const int8_t*>(q) + n * K;
     for (int64_t k = 0; k < K; ++k) store(static_cast<float>(row[k]) * scale[n], out + k);
@@ -214,12 +246,14 @@ void dequantize_row(const void* q, const float* scale, int64_t group, int64_t K,
   }
   const uint8_t* row = static_cast<const uint8_t*>(q) + n * (K / 2);
   const float* s = scale + n * (K / group);
+  const uint8_t* z = zero != nullptr ? zero + n * (K / group) : nullptr;
   for (int64_t k = 0; k < K; k += 2 * kLanes) {
     const float sg = s[k / group];
+    const int zg = z != nullptr ? z[k / group] : 8;
     for (int64_t j = 0; j < kLanes; ++j) {
       const uint8_t byte = row[k / 2 + j];
-      store(static_cast<float>((byte & 15) - 8) * sg, out + k + j);
-      store(static_cast<float>((byte >> 4) - 8) * sg, out + k + kLanes + j);
+      store(static_cast<float>((byte & 15) - zg) * sg, out + k + j);
+      store(static_cast<float>((byte >> 4) - zg) * sg, out + k + kLanes + j);
     }
   }
 }
@@ -228,7 +262,17 @@ void dequantize_row(const void* q, const float* scale, int64_t group, int64_t K,
 
 namespace tram {
 
-void quant_dequantize_(at::Tensor& out, const at::Tensor& qweight, const at::Tensor& scale, int64_t group) {
+// The int4 zero points [N, K / group] uint8, checked; nullptr when absent (all 8) or int8 (group 0).
+const uint8_t* zero_points(const c10::optional<at::Tensor>& zero, int64_t N, int64_t K, int64_t group) {
+  if (!zero.has_value() || !zero->defined()) return nullptr;
+  TORCH_CHECK(group != 0 && zero->is_contiguous() && zero->scalar_type() == at::kByte &&
+                  zero->numel() == N * (K / group),
+              "quant: zero points are int4 only, a contiguous uint8 [N, K / group] (values 0..15)");
+  return zero->data_ptr<uint8_t>();
+}
+
+void quant_dequantize_(at::Tensor& out, const at::Tensor& qweight, const at::Tensor& scale, int64_t group,
+                       const c10::optional<at::Tensor>& zero) {
   TORCH_CHECK(out.is_contiguous() && out.dim() == 2 && qweight.is_contiguous() && scale.is_contiguous() &&
                   scale.scalar_type() == at::kFloat,
               "quant_dequantize_: contiguous out [N, K], qweight and float32 scale");
@@ -238,21 +282,26 @@ void quant_dequantize_(at::Tensor& out, const at::Tensor& qweight, const at::Ten
               "quant_dequantize_: out must be float32 or bfloat16");
   const void* q = qweight.data_ptr();
   const float* s = scale.data_ptr<float>();
+  const uint8_t* z = zero_points(zero, N, K, group);
   if (out.scalar_type() == at::kFloat) {
     float* o = out.data_ptr<float>();
     at::parallel_for(0, N, kGrainRows, [&](int64_t begin, int64_t end) {
-      for (int64_t n = begin; n < end; ++n) dequantize_row(q, s, group, K, n, o + n * K);
+      for (int64_t n = begin; n < end; ++n) dequantize_row(q, s, z, group, K, n, o + n * K);
     });
   } else {
     c10::BFloat16* o = out.data_ptr<c10::BFloat16>();
     at::parallel_for(0, N, kGrainRows, [&](int64_t begin, int64_t end) {
-      for (int64_t n = begin; n < end; ++n) dequantize_row(q, s, group, K, n, o + n * K);
+      for (int64_t n = begin; n < end; ++n) dequantize_row(q, s, z, group, K, n, o + n * K);
     });
   }
 }
 
-at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale, int64_t group,
-                        const c10::optional<at::Tensor>& bias) {
+namespace {
+
+// quant_linear and quant_gemm: the same checks and the same widened x; `many` picks the tiled GEMM.
+at::Tensor quant_linear_or_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                                int64_t group, const c10::optional<at::Tensor>& bias,
+                                const c10::optional<at::Tensor>& zero, bool many) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "quant_linear: x must be a [M, K] CPU tensor");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "quant_linear: x must be float32 or bfloat16");
@@ -281,19 +330,32 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qweight, const at
   const int64_t k_pad = (K + 2 * kLanes - 1) / (2 * kLanes) * (2 * kLanes);
   std::vector<float> xf(static_cast<size_t>(M * k_pad), 0.0f);  // zero padding: the tails multiply by 0
   const at::Tensor xc = x.contiguous();
-  Args a{xf.data(), M, K, k_pad, N, qweight.data_ptr(), scale.data_ptr<float>(), group, b, y.data_ptr()};
+  Args a{xf.data(), M, K, k_pad, N, qweight.data_ptr(), scale.data_ptr<float>(), zero_points(zero, N, K, group),
+         group, b, y.data_ptr()};
   if (x.scalar_type() == at::kFloat) {
     const float* xp = xc.data_ptr<float>();
     for (int64_t m = 0; m < M; ++m) std::memcpy(&xf[m * k_pad], xp + m * K, K * sizeof(float));
-    quant_linear_impl<float>(a);
+    many ? quant_gemm_impl<float>(a) : quant_linear_impl<float>(a);
   } else {
     const c10::BFloat16* xp = xc.data_ptr<c10::BFloat16>();
     for (int64_t m = 0; m < M; ++m) {
       for (int64_t k = 0; k < K; ++k) xf[m * k_pad + k] = static_cast<float>(xp[m * K + k]);
     }
-    quant_linear_impl<c10::BFloat16>(a);
+    many ? quant_gemm_impl<c10::BFloat16>(a) : quant_linear_impl<c10::BFloat16>(a);
   }
   return y;
+}
+
+}  // namespace
+
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale, int64_t group,
+                        const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& zero) {
+  return quant_linear_or_gemm(x, qweight, scale, group, bias, zero, false);
+}
+
+at::Tensor quant_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale, int64_t group,
+                      const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& zero) {
+  return quant_linear_or_gemm(x, qweight, scale, group, bias, zero, true);
 }
 
 }  // namespace tram

@@ -41,6 +41,10 @@ class Attention(nn.Module):
         self.scale = head_dim ** -0.5 if scale is None else scale
         self.sliding_window = sliding_window
         self.backend = backend
+        # fp8 KV cache scales (stored = k / k_scale): 1.0 as vLLM without calibration; a checkpoint's
+        # calibrated k_scale / v_scale would be set here, per layer, at load.
+        self.k_scale = 1.0
+        self.v_scale = 1.0
         d = head_dim
 
         def column(first_head: int, heads: int, total_heads: int) -> ColumnParallelLinear:
@@ -68,5 +72,6 @@ class Attention(nn.Module):
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         q, k = apply_rotary_qk(q, k, cos, sin)  # in place on CPU: q and k are fresh tensors
-        out = self.backend.forward(q, k, v, kv_cache, meta, self.scale, self.sliding_window)  # [T, H, D]
+        out = self.backend.forward(q, k, v, kv_cache, meta, self.scale, self.sliding_window,
+                                   k_scale=self.k_scale, v_scale=self.v_scale)  # [T, H, D]
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))  # [T, hidden]

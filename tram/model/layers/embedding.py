@@ -2,6 +2,8 @@
 (tied to the embedding or its own weight, optionally soft-capped)."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -30,7 +32,12 @@ class VocabEmbedding(nn.Embedding):
 
     Under tensor parallelism each rank holds a shard of the rows (vocab_shard); a token outside it
     embeds as zeros and one all-reduce sums the ranks' rows, exactly (one term is not zero).
+
+    `quant` holds the weight in fewer bits where a GGUF file kept it quantized (`weight` is then
+    empty): only the rows looked up are dequantized.
     """
+
+    quant: Any = None
 
     def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype, scale: float | None = None) -> None:
         self.vocab_start, rows = vocab_shard(vocab_size)
@@ -42,7 +49,12 @@ class VocabEmbedding(nn.Embedding):
         self.normalizer = None if scale is None else _round_to(scale, dtype)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
-        h = self._sharded_embedding(input_ids) if self.sharded else F.embedding(input_ids, self.weight)
+        if self.quant is not None:
+            h = self.quant.embedding(input_ids, self.weight.dtype)
+        elif self.sharded:
+            h = self._sharded_embedding(input_ids)
+        else:
+            h = F.embedding(input_ids, self.weight)
         return h if self.normalizer is None else h * self.normalizer
 
     def _sharded_embedding(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
@@ -66,7 +78,10 @@ class LMHead(nn.Module):
 
     Under tensor parallelism the weight is a vocabulary shard (vocab_shard, as the embedding's) and
     the ranks' logits are gathered before sampling, so every rank samples from the same logits.
+    `quant` is an untied head's weight kept quantized (a GGUF file); tied, the embedding's is used.
     """
+
+    quant: Any = None
 
     def __init__(self, hidden_size: int, vocab_size: int, dtype: torch.dtype, tied: bool,
                  final_logit_softcapping: float | None = None) -> None:
@@ -85,7 +100,11 @@ class LMHead(nn.Module):
         self.packed_weight: torch.Tensor | None = None
 
     def forward(self, hidden: torch.Tensor, embedding: VocabEmbedding) -> torch.Tensor:
-        logits = linear(hidden, embedding.weight if self.tied else self.weight, None, self.packed_weight)  # [N, vocab]
+        quant = embedding.quant if self.tied else self.quant
+        if quant is not None:
+            logits = quant.apply(hidden, None)  # [N, vocab]
+        else:
+            logits = linear(hidden, embedding.weight if self.tied else self.weight, None, self.packed_weight)
         if self.sharded:  # [N, vocab / tp] -> [N, vocab]
             logits = tp_all_gather(logits)
             if logits.shape[-1] != self.vocab_size:

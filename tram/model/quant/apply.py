@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import torch
 from torch import nn
 
+from tram.model.quant.checkpoints import CHECKPOINT_METHODS, check
 from tram.model.quant.weights import Int4Weight, Int8Weight, QuantizedWeight, int4_group_size
 
 logger = logging.getLogger(__name__)
@@ -19,13 +21,19 @@ logger = logging.getLogger(__name__)
 ON_THE_FLY = ("int8", "int4")
 
 
-def check_quantization(method: str | None, device_type: str) -> None:
-    """ValueError, naming what is supported, for a method Tram cannot run here."""
+def check_quantization(method: str | None, device_type: str, hf_config: Any = None,
+                       tensor_parallel_size: int = 1) -> None:
+    """ValueError, naming what is supported, for a method Tram cannot run here. A quantized
+    checkpoint's method is checked against its config (`hf_config`) where given."""
     if method is None:
+        return
+    if method in CHECKPOINT_METHODS:
+        check(method, device_type, hf_config, tensor_parallel_size)
         return
     if method not in ON_THE_FLY:
         raise ValueError(f"quantization {method!r} is not supported: choose {' or '.join(ON_THE_FLY)} "
-                         "(weight-only, made from a float checkpoint at load)")
+                         "(weight-only, made from a float checkpoint at load), or serve a GPTQ, AWQ or "
+                         "compressed-tensors checkpoint (its config.json's quantization_config selects it)")
     if device_type != "cpu":
         raise ValueError(f"quantization {method!r} runs on CPU only for now (torch's CPU weight-only kernels); "
                          "on GPU, serve the float checkpoint")

@@ -7,8 +7,11 @@ step streams, which on a CPU is what a step's time mostly is.
     in [0, 15] (-8..7 around zero), two to a byte in the layout csrc/quant_linear.cpp reads.
 
 A few rows (a decode step) go through csrc/quant_linear.cpp, which widens the weights in registers
-and reads each byte once per call. Past SKINNY_MAX_ROWS (a prefill) the weight is dequantized into
-x's dtype and multiplied by F.linear: the GEMM's compute then outweighs the one pass over W.
+and reads each byte once per call. Past SKINNY_MAX_ROWS (big decode batches, prefill) quant_gemm
+decodes W a tile of rows at a time into a per-thread float32 buffer in L2 and multiplies every row of
+x by it (csrc/tiled_gemm.h): no weight-sized float temporary, and each output is one FMA chain over
+k, so a row's result does not depend on the other rows (it differs from the skinny kernel's in the
+last bits: a different order of additions).
 `dequantize()` gives the float weight both compute with; `reference_linear` multiplies by it with
 F.linear, the pure-PyTorch path that TRAM_CPU_KERNELS=0 selects and the tests compare against.
 """
@@ -20,7 +23,7 @@ import torch.nn.functional as F
 from tram.model.cpu_kernels import kernels_for
 
 INT4_GROUP_SIZES = (128, 64, 32)  # the largest that divides K is used; the kernel reads 32 k at a time
-SKINNY_MAX_ROWS = 16  # past this, dequantize + GEMM wins on the 0.5B shapes (docs/benchmarks.md)
+SKINNY_MAX_ROWS = 16  # past this the tiled GEMM (quant_gemm, gguf_gemm) wins on the 0.5B shapes
 
 
 def _kernels(x: torch.Tensor):  # noqa: ANN202 - the extension module, or None
@@ -41,14 +44,15 @@ class QuantizedWeight:
     group = 0  # int8: one scale per row
 
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if x.is_cuda:  # Triton W8A16 / W4A16 GEMM; imported here: triton is the gpu extra's
+            from tram.model.quant.triton_linear import triton_quant_linear
+            return triton_quant_linear(x, self.qweight, self.scale, self.group, bias)
         kernels = _kernels(x)
         if kernels is None:
             return reference_linear(x, self, bias)
         if x.shape[0] <= SKINNY_MAX_ROWS:
             return kernels.quant_linear(x, self.qweight, self.scale, self.group, bias)
-        weight = torch.empty(self.out_features, self.in_features, dtype=x.dtype)
-        kernels.quant_dequantize_(weight, self.qweight, self.scale, self.group)
-        return F.linear(x, weight, bias)
+        return kernels.quant_gemm(x, self.qweight, self.scale, self.group, bias)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         raise NotImplementedError

@@ -1,0 +1,197 @@
+"""GGUF files made by llama.cpp's own tools, served by Tram and checked against transformers loading
+the same file (`gguf_file=`, which dequantizes every tensor to float32: the oracle of what the file
+means). Tram keeps Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K weights in their block
+layouts, so the greedy tokens must be the oracle's and logprobs within 1e-3 (float32 summation order
+only: both sides use the same dequantized values, which test_gguf_weights.py checks bit for bit)."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import assert_no_leak
+from gguf_tools import convert, quantize
+from hf_models import STORIES_DIR, make_hf_model_dir
+from tram import LLM, SamplingParams
+
+PROMPTS = [[1, 17, 300, 45, 9], [1, 200, 201, 202, 203, 204, 205, 206], [1, 5], [1, 99, 98, 97, 96, 95, 94]]
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gguf")
+
+
+@pytest.fixture(scope="module")
+def stories_q8_0(workdir: Path) -> Path:
+    return convert(STORIES_DIR, workdir / "stories-q8_0.gguf", "q8_0")
+
+
+@pytest.fixture(scope="module")
+def llama_256_f32(workdir: Path) -> Path:
+    """A random Llama whose rows are 256 wide (K-quants need multiples of 256) and whose LM head is
+    its own (a quantized `output.weight`), as float32 GGUF."""
+    folder = make_hf_model_dir(workdir, "llama_gqa", hidden_size=256, intermediate_size=512,
+                               num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    return convert(folder, workdir / "llama256-f32.gguf", "f32")
+
+
+def _oracle(gguf: Path) -> torch.nn.Module:
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                             dtype=torch.float32).eval()
+
+
+def _kept_types(llm: LLM) -> dict[str, int]:
+    from gguf import GGMLQuantizationType
+
+    model = llm.llm_engine.engine_core.executor.model_runner.model
+    counts: dict[str, int] = {}
+    for module in model.modules():
+        quant = getattr(module, "quant", None)
+        if quant is not None and hasattr(quant, "ggml_type"):
+            name = GGMLQuantizationType(quant.ggml_type).name
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def assert_matches_oracle(llm: LLM, gguf: Path, prompts: list[list[int]] = PROMPTS) -> None:
+    """Greedy tokens equal transformers' on the same file, chosen-token logprobs within 1e-3."""
+    oracle = _oracle(gguf)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=MAX_TOKENS, logprobs=1, ignore_eos=True),
+                        use_tqdm=False)
+    for p, out in zip(prompts, outs):
+        comp = out.outputs[0]
+        with torch.no_grad():
+            want = oracle.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None,
+                                   pad_token_id=0, attention_mask=torch.ones(1, len(p), dtype=torch.long))
+            ref = torch.log_softmax(oracle(torch.tensor([p + comp.token_ids])).logits[0].float(), dim=-1)
+        assert comp.token_ids == want[0, len(p):].tolist(), f"prompt {p}"
+        for i, (tid, row) in enumerate(zip(comp.token_ids, comp.logprobs)):
+            assert row[tid].logprob == pytest.approx(ref[len(p) - 1 + i, tid].item(), abs=1e-3)
+    assert_no_leak(llm.llm_engine)
+
+
+def _llm(gguf: Path, **kwargs) -> LLM:
+    # 32 batched tokens: prefills of several prompts pass 16 rows (dequantize + GEMM), decodes stay
+    # on the block-layout kernel.
+    return LLM(str(gguf), max_num_seqs=4, max_model_len=256, max_num_batched_tokens=32, **kwargs)
+
+
+def test_stories_q8_0_from_convert_hf_to_gguf(stories_q8_0: Path):
+    llm = _llm(stories_q8_0)  # no tokenizer given: built from the file's own vocabulary
+    # q, k, v, o, gate, up of 5 layers and the (tied) embedding; down (172 wide) stays float16 in the file.
+    assert _kept_types(llm) == {"Q8_0": 5 * 6 + 1}
+    assert_matches_oracle(llm, stories_q8_0)
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(STORIES_DIR)
+    text = "Once upon a time, Lily saw a big dog."
+    assert llm.get_tokenizer().encode(text) == hf.encode(text)
+    out = llm.generate([text], SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)[0]
+    assert out.prompt_token_ids == hf.encode(text) and len(out.outputs[0].text) > 0
+
+
+# One file per llama-quantize preset would start an engine and an oracle per type; per-tensor
+# overrides put every kept type in one file instead: the K-quants, and the 32-wide types that
+# llama-quantize falls back to where rows are not a multiple of 256 (Qwen2.5-0.5B's 896).
+MIXED = {"attn_q": "q5_0", "attn_k": "q5_1", "attn_v": "q4_1", "attn_output": "q4_0", "ffn_gate": "q5_k",
+         "ffn_up": "q8_0"}
+
+
+@pytest.mark.parametrize("qtype,overrides,kept", [
+    ("Q4_K_M", {}, {"Q4_K", "Q6_K"}),  # as users make them; the untied head is Q6_K
+    ("Q4_K_M", MIXED, {"Q5_0", "Q5_1", "Q4_1", "Q4_0", "Q5_K", "Q8_0", "Q4_K", "Q6_K"}),
+])
+def test_llama_quantize_types(workdir: Path, llama_256_f32: Path, qtype: str, overrides: dict[str, str],
+                              kept: set[str]):
+    gguf = quantize(llama_256_f32, workdir / f"llama256-{qtype}-{len(overrides)}.gguf", qtype, overrides)
+    llm = _llm(gguf, tokenizer=STORIES_DIR)
+    assert kept == set(_kept_types(llm)), _kept_types(llm)
+    assert_matches_oracle(llm, gguf)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])  # Mistral files are llama files
+def test_other_architectures_q8_0(workdir: Path, kind: str):
+    # Qwen3 with head_dim 128: transformers' GGUF config ignores attention.key_length and keeps
+    # Qwen3Config's default of 128, so the oracle loads no other (Tram reads key_length).
+    folder = make_hf_model_dir(workdir, kind, **({"head_dim": 128} if kind == "qwen3" else {}))
+    gguf = convert(folder, workdir / f"{kind}-q8_0.gguf", "q8_0")
+    llm = _llm(gguf, tokenizer=folder)
+    assert set(_kept_types(llm)) == {"Q8_0"}
+    assert_matches_oracle(llm, gguf)
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copy(src, dst)
+    return dst
+
+
+def test_truncated_and_corrupt_files_fail_at_start(workdir: Path, stories_q8_0: Path):
+    data = stories_q8_0.read_bytes()
+    truncated = workdir / "truncated.gguf"
+    truncated.write_bytes(data[: len(data) * 2 // 3])
+    with pytest.raises(ValueError, match="truncated|not a readable GGUF"):
+        LLM(str(truncated), tokenizer=STORIES_DIR)
+    corrupt = workdir / "corrupt.gguf"
+    corrupt.write_bytes(b"NOPE" + data[4:])
+    with pytest.raises(ValueError, match="not a readable GGUF file"):
+        LLM(str(corrupt), tokenizer=STORIES_DIR)
+
+
+def test_unknown_tensor_type_fails_at_start(workdir: Path, stories_q8_0: Path):
+    data = bytearray(stories_q8_0.read_bytes())
+    name = b"blk.0.attn_q.weight"
+    at = data.index(name) + len(name)  # then: n_dims (u32), dims (u64 each), type (u32)
+    n_dims = int.from_bytes(data[at:at + 4], "little")
+    type_at = at + 4 + 8 * n_dims
+    data[type_at:type_at + 4] = (99).to_bytes(4, "little")
+    bad = workdir / "unknown-type.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="unknown tensor type"):
+        LLM(str(bad), tokenizer=STORIES_DIR)
+
+
+def test_mismatched_tokenizer_fails_at_start(workdir: Path, stories_q8_0: Path):
+    from transformers import AutoTokenizer
+
+    bigger = AutoTokenizer.from_pretrained(STORIES_DIR)
+    bigger.add_tokens([f"<extra_{i}>" for i in range(100)])  # 612 tokens for 512 embedding rows
+    bigger.save_pretrained(workdir / "bigger-tokenizer")
+    with pytest.raises(ValueError, match="not this model's tokenizer"):
+        LLM(str(stories_q8_0), tokenizer=str(workdir / "bigger-tokenizer"))
+
+
+def test_on_the_fly_quantization_of_a_gguf_file_is_refused(stories_q8_0: Path):
+    with pytest.raises(ValueError, match="GGUF"):
+        LLM(str(stories_q8_0), quantization="int8")
+
+
+def test_tram_serve_gguf_file(stories_q8_0: Path):
+    """`tram serve model.gguf`: the tokenizer and chat template come from the file, the completion is
+    the offline engine's, and the API process still never loads torch (the config is read with gguf)."""
+    import httpx
+
+    from server_utils import RemoteServer, assert_idle
+
+    llm = _llm(stories_q8_0)
+    want = llm.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)[0]
+    srv = RemoteServer(stories_q8_0)
+    try:
+        body = {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0}
+        got = httpx.post(srv.url_for("/v1/completions"), json=body, timeout=60).json()
+        assert got["choices"][0]["text"] == want.outputs[0].text
+        chat = {"messages": [{"role": "user", "content": "Lily"}], "max_tokens": 8}
+        reply = httpx.post(srv.url_for("/v1/chat/completions"), json=chat, timeout=60)
+        assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
+        with open(f"/proc/{srv.proc.pid}/maps") as f:
+            assert "libtorch" not in f.read()
+        assert_idle(srv)
+    finally:
+        srv.stop()

@@ -1,0 +1,171 @@
+"""GGUF weights kept in their block layouts (tram/model/quant/gguf_weight.py, csrc/gguf_linear.cpp):
+the PyTorch dequantizer bit for bit against the gguf package's, and the C++ kernels against
+dequantize-then-matmul on random but valid blocks."""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
+
+from kernel_checks import assert_batch_and_thread_invariant
+from tram.model.cpu_kernels import cpu_kernels_available
+from tram.model.quant import weights
+from tram.model.quant.gguf_weight import (BLOCK_SIZES, GGUF_KEPT_TYPES, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
+                                          GGUFWeight, dequantize_gguf)
+from tram.model.quant.weights import SKINNY_MAX_ROWS, reference_linear
+
+TYPES = [Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K]
+NAMES = {Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q4_K: "Q4_K", Q5_K: "Q5_K",
+         Q6_K: "Q6_K"}
+FP16_OFFSETS = {  # d (and m or dmin) in a block
+    Q8_0: (0,), Q4_0: (0,), Q4_1: (0, 2), Q5_0: (0,), Q5_1: (0, 2), Q4_K: (0, 2), Q5_K: (0, 2), Q6_K: (208,),
+}
+
+
+def _ks(ggml_type: int) -> list[int]:
+    return [96, 256, 512] if BLOCK_SIZES[ggml_type][0] == 32 else [256, 512]
+
+
+def _blocks(ggml_type: int, n: int, k: int, seed: int) -> torch.Tensor:
+    """[n, row_bytes] of random bytes with finite fp16 scales: every bit pattern of the quants is valid."""
+    g = np.random.default_rng(seed)
+    block, size = BLOCK_SIZES[ggml_type]
+    raw = g.integers(0, 256, size=(n, k // block, size), dtype=np.uint8)
+    scale = 0.05 / block if block == 256 else 0.05 / 8  # K-quants' scales multiply 6-bit sub-scales
+    for off in FP16_OFFSETS[ggml_type]:
+        d = (g.standard_normal((n, k // block, 1)) * scale).astype(np.float16)
+        raw[..., off:off + 2] = d.view(np.uint8)
+    return torch.from_numpy(raw.reshape(n, -1))
+
+
+def _gguf(data: torch.Tensor, ggml_type: int) -> torch.Tensor:
+    return torch.from_numpy(gguf_dequantize(data.numpy(), gguf.GGMLQuantizationType(ggml_type)))
+
+
+def test_type_ids_and_block_sizes_are_gguf_s():
+    for t in TYPES:
+        assert gguf.GGMLQuantizationType[NAMES[t]] == t
+        assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(t)] == BLOCK_SIZES[t]
+    assert GGUF_KEPT_TYPES == set(TYPES)
+    assert gguf.GGMLQuantizationType.Q4_K in GGUF_KEPT_TYPES  # the enum's members look up as their ids
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=NAMES.get)
+def test_dequantize_is_gguf_s_bit_for_bit(ggml_type: int):
+    for k in _ks(ggml_type):
+        data = _blocks(ggml_type, 9, k, k)
+        got = dequantize_gguf(data, ggml_type, k)
+        assert got.dtype == torch.float32 and got.shape == (9, k)
+        assert torch.equal(got.view(torch.int32), _gguf(data, ggml_type).view(torch.int32))
+
+
+@pytest.mark.parametrize("ggml_type", [Q8_0, Q4_0, Q4_1, Q5_0, Q5_1], ids=NAMES.get)
+def test_dequantize_of_gguf_s_own_quantization(ggml_type: int):
+    w = np.random.default_rng(1).standard_normal((12, 96)).astype(np.float32) * 0.05
+    data = torch.from_numpy(gguf_quantize(w, gguf.GGMLQuantizationType(ggml_type)))
+    got = dequantize_gguf(data, ggml_type, 96)
+    assert torch.equal(got, _gguf(data, ggml_type))
+    assert (got - torch.from_numpy(w)).abs().max() < 0.05 * 4 / 7  # within a step of the 4-bit grid
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=NAMES.get)
+def test_cpp_dequantize_is_the_reference(ggml_type: int):
+    with torch.inference_mode():
+        kernels = weights._kernels(torch.empty(1, 32))
+    if kernels is None:
+        pytest.skip("the C++ kernels are not available")
+    for k in _ks(ggml_type):
+        data = _blocks(ggml_type, 33, k, 3)
+        want = GGUFWeight(data, ggml_type, k).dequantize()
+        with torch.inference_mode():
+            for dtype in (torch.float32, torch.bfloat16):
+                out = torch.empty(33, k, dtype=dtype)
+                kernels.gguf_dequantize_(out, data, ggml_type)
+                # Each weight its dequantized value, then one rounding; bits, so that -0 is not +0.
+                bits = torch.int32 if dtype == torch.float32 else torch.int16
+                assert torch.equal(out.view(bits), want.to(dtype).view(bits))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("ggml_type", TYPES, ids=NAMES.get)
+def test_kernels_match_dequantize_then_matmul(ggml_type: int, dtype: torch.dtype):
+    for n in (33, 50, 131):  # 131: past one tile of the GEMM (64 rows), odd
+        for k in _ks(ggml_type):
+            qw = GGUFWeight(_blocks(ggml_type, n, k, n + k), ggml_type, k)
+            bias = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype)
+            for rows in (1, 3, 5, SKINNY_MAX_ROWS, SKINNY_MAX_ROWS + 1, 40, 100):  # the kernel, then the tiled GEMM
+                x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).to(dtype)
+                with torch.inference_mode():
+                    got, want = qw.apply(x, bias), reference_linear(x, qw, bias)
+                assert got.dtype == dtype and got.shape == (rows, n)
+                # float32: summation order only; bfloat16: one rounding of the output.
+                tol = 1e-5 if dtype == torch.float32 else 2e-2
+                scale = want.float().abs().max().item()
+                torch.testing.assert_close(got.float(), want.float(), atol=tol * scale, rtol=tol)
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=NAMES.get)
+def test_kernel_is_invariant_to_batch_and_threads(ggml_type: int):
+    if not cpu_kernels_available():
+        pytest.skip("the C++ kernels are not available (the reference's GEMM is not batch-invariant)")
+    for k in _ks(ggml_type):
+        qw = GGUFWeight(_blocks(ggml_type, 96, k, 5), ggml_type, k)
+        assert_batch_and_thread_invariant(lambda x: qw.apply(x, None), torch.randn(SKINNY_MAX_ROWS, k))
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=NAMES.get)
+def test_gemm_is_invariant_to_batch_and_threads(ggml_type: int):
+    if not cpu_kernels_available():
+        pytest.skip("the C++ kernels are not available (the reference's GEMM is not batch-invariant)")
+    threads = torch.get_num_threads()
+    qw = GGUFWeight(_blocks(ggml_type, 150, 256, 6), ggml_type, 256)  # three tiles, the last partial
+    x = torch.randn(100, 256)
+    with torch.inference_mode():
+        together = qw.apply(x, None)
+        assert torch.equal(qw.apply(x[5:5 + SKINNY_MAX_ROWS + 3], None), together[5:5 + SKINNY_MAX_ROWS + 3])
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            try:
+                assert torch.equal(qw.apply(x, None), together)
+            finally:
+                torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=NAMES.get)
+def test_embedding_is_rows_of_the_dequantized_weight(ggml_type: int):
+    qw = GGUFWeight(_blocks(ggml_type, 40, 256, 7), ggml_type, 256)
+    ids = torch.tensor([3, 0, 39, 3, 17])
+    full = qw.dequantize()
+    for dtype in (torch.float32, torch.bfloat16):
+        with torch.inference_mode():
+            got = qw.embedding(ids, dtype)
+        assert got.dtype == dtype and torch.equal(got, full[ids].to(dtype))
+    assert torch.equal(qw.embedding(ids.view(1, 5)), full[ids].view(1, 5, 256))  # no kernels under autograd
+
+
+def test_without_the_kernels_the_reference_path_runs(monkeypatch):
+    qw = GGUFWeight(_blocks(Q4_K, 64, 256, 3), Q4_K, 256)
+    x = torch.randn(2, 256)
+    monkeypatch.setattr(weights, "kernels_for", lambda x: None)
+    with torch.inference_mode():
+        assert torch.equal(qw.apply(x, None), reference_linear(x, qw, None))
+        assert torch.equal(qw.embedding(torch.tensor([5, 1])), qw.dequantize()[[5, 1]])
+
+
+def test_nbytes_and_bad_types_and_shapes():
+    data = _blocks(Q6_K, 4, 512, 0)
+    qw = GGUFWeight(data, Q6_K, 512)
+    assert (qw.out_features, qw.in_features, qw.ggml_type, qw.nbytes) == (4, 512, Q6_K, 4 * 2 * 210)
+    with pytest.raises(ValueError, match="GGUF Q2_K .* is not kept quantized: the kept types are"):
+        GGUFWeight(data, int(gguf.GGMLQuantizationType.Q2_K), 512)
+    with pytest.raises(ValueError, match="multiple of 256 weights, not in_features=480"):
+        GGUFWeight(data[:, :420], Q6_K, 480)
+    with pytest.raises(ValueError, match="rows of 256 weights are 210 bytes, got 420"):
+        GGUFWeight(data, Q6_K, 256)
+    with pytest.raises(ValueError, match="2-D uint8"):
+        GGUFWeight(data.view(torch.int8), Q6_K, 512)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        dequantize_gguf(_blocks(Q8_0, 2, 96, 0), Q8_0, 80)

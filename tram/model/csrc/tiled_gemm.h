@@ -1,0 +1,184 @@
+// The driver of the many-rows quantized linears (quant_gemm, gguf_gemm): y = x W^T + b for tens to
+// thousands of rows of x without a weight-sized float copy of W.
+//
+// Why: past a decode step's few rows, dequantizing all of W into a temporary [N, K] and calling
+// oneDNN writes and re-reads N * K * 4 bytes per call (a weight-sized transient per layer) and made
+// quantized layers slower than float32 at 17-64 rows. Here W is cut into tiles of kTileRows rows; a
+// thread decodes a tile once (the caller's fill, the same per-weight decode as its dequantizer) into
+// a float32 buffer that stays in L2, repacks it k-major in panels of 16 outputs, and multiplies a
+// block of x's rows by it with a register-blocked kernel: kRowsX rows of x times 32 outputs, one
+// vector FMA per row and panel per k, the weights loaded once per kRowsX rows. (A dot-product kernel
+// on the row-major tile, and at::mm on it, measured slower: docs in the report of this change.)
+//
+// Arithmetic: each output is one float32 FMA chain over k = 0 .. K - 1 from 0, in that order, plus
+// the bias, rounded once to y's dtype. Nothing in it depends on M, on which rows share a micro-tile,
+// on the tiling or on the thread count: y's rows are bit for bit the same whatever rows come with
+// them and however many threads run. (It is not the skinny kernels' order: their 32 partial sums per
+// output are what makes them fast on a row or two, so results differ in the last bits across the
+// crossover.)
+#pragma once
+
+#include "simd.h"
+
+#include <ATen/Parallel.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace tram::gemm {
+
+using namespace tram::simd;
+
+constexpr int64_t kPanel = 16;  // outputs per packed panel: one vector
+// Rows of W per tile: whole pairs of panels, few enough that N = 128 is still two tiles for two
+// threads; K = 4864 makes it 1.9 MB of float32 buffers per thread (rows + panels), in L2.
+constexpr int64_t kTileRows = 64;
+#if defined(__AVX512F__)
+constexpr int64_t kRowsX = 12;  // 24 accumulators of AVX-512's 32 registers
+#else
+constexpr int64_t kRowsX = 4;  // AVX2: a vf16 is two of its 16 registers
+#endif
+
+// x[k] in every lane, straight from memory: a broadcast load is a load-port uop, where GCC's
+// load + register broadcast also takes port 5, which AVX-512 FMAs share (measured ~1.7x slower).
+TRAM_INLINE vf16 broadcast(const float* p) {
+#if defined(__AVX512F__)
+  return bitcast<vf16>(_mm512_set1_ps(*p));
+#else
+  return splat16(*p);
+#endif
+}
+
+// x's rows per block: a block (float32) should stay in about 1 MiB of L2 while the thread's tiles
+// pass over it; fewer than 64 rows would decode each tile too often for the rows it serves.
+inline int64_t block_rows(int64_t ldx) {
+  return std::max<int64_t>(64, (int64_t{1} << 20) / (ldx * static_cast<int64_t>(sizeof(float))));
+}
+
+// Rows r[0..15] transposed in place (lane j of row i <-> lane i of row j): four rounds of two-source
+// shuffles, exchanging blocks of 8, 4, 2 and 1 lanes between rows h apart.
+TRAM_INLINE void transpose16(vf16* r) {
+#define TRAM_ARGS(...) __VA_ARGS__
+#define TRAM_ROUND(H, LO, HI)                                        \
+  for (int i = 0; i < 16; ++i) {                                     \
+    if (i & H) continue;                                             \
+    const vf16 a = r[i], b = r[i + H];                               \
+    r[i] = __builtin_shufflevector(a, b, LO);                        \
+    r[i + H] = __builtin_shufflevector(a, b, HI);                    \
+  }
+  TRAM_ROUND(8, TRAM_ARGS(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23),
+             TRAM_ARGS(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31))
+  TRAM_ROUND(4, TRAM_ARGS(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27),
+             TRAM_ARGS(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31))
+  TRAM_ROUND(2, TRAM_ARGS(0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29),
+             TRAM_ARGS(2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31))
+  TRAM_ROUND(1, TRAM_ARGS(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30),
+             TRAM_ARGS(1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31))
+#undef TRAM_ROUND
+#undef TRAM_ARGS
+}
+
+// Row-major rows [count, ld] (count <= kTileRows, zero-padded to ld, a multiple of 16) -> panels
+// [kTileRows / 16][ld][16]: panel p's k-th vector is weight k of outputs 16p .. 16p + 15 (rows past
+// count are zeros, whose outputs are never stored).
+inline void pack_panels(const float* rows, int64_t count, int64_t ld, float* panels) {
+  for (int64_t p = 0; p < (count + kPanel - 1) / kPanel; ++p) {
+    float* panel = panels + p * ld * kPanel;
+    for (int64_t k = 0; k < ld; k += kPanel) {
+      vf16 r[kPanel];
+      for (int64_t i = 0; i < kPanel; ++i) {
+        const int64_t row = p * kPanel + i;
+        r[i] = row < count ? vload<vf16>(rows + row * ld + k) : vf16{};
+      }
+      transpose16(r);
+      for (int64_t i = 0; i < kPanel; ++i) vstore(panel + (k + i) * kPanel, r[i]);
+    }
+  }
+}
+
+// y[m0 .. m0 + MR - 1, n0 .. n0 + outputs - 1] from NP panels (NP * 16 >= outputs) and MR rows of x.
+template <typename T, int64_t MR, int64_t NP>
+TRAM_INLINE void micro_tile(const float* x, int64_t ldx, const float* panels, int64_t ld, int64_t K,
+                            const T* bias, T* y, int64_t N, int64_t m0, int64_t n0, int64_t outputs) {
+  vf16 acc[MR][NP] = {};
+  const float* xm = x + m0 * ldx;
+  for (int64_t k = 0; k < K; ++k) {
+    vf16 w[NP];
+    for (int64_t p = 0; p < NP; ++p) w[p] = vload<vf16>(panels + (p * ld + k) * kPanel);
+    for (int64_t r = 0; r < MR; ++r) {
+      const vf16 xr = broadcast(xm + r * ldx + k);
+      for (int64_t p = 0; p < NP; ++p) acc[r][p] += xr * w[p];
+    }
+  }
+  for (int64_t r = 0; r < MR; ++r) {
+    float out[NP * kPanel];
+    for (int64_t p = 0; p < NP; ++p) vstore(out + p * kPanel, acc[r][p]);
+    T* yr = y + (m0 + r) * N + n0;
+    for (int64_t j = 0; j < outputs; ++j) store(out[j] + (bias != nullptr ? load1(bias + n0 + j) : 0.0f), yr + j);
+  }
+}
+
+// MR rows of x (m0 ..) times the tile's count outputs, two panels at a time.
+template <typename T, int64_t MR>
+void rows_times_tile(const float* x, int64_t ldx, const float* panels, int64_t ld, int64_t K, int64_t count,
+                     const T* bias, T* y, int64_t N, int64_t m0, int64_t n0) {
+  int64_t j = 0;
+  for (; j + 2 * kPanel <= count; j += 2 * kPanel) {
+    micro_tile<T, MR, 2>(x, ldx, panels + j * ld, ld, K, bias, y, N, m0, n0 + j, 2 * kPanel);
+  }
+  if (j < count) {
+    if (count - j > kPanel) {
+      micro_tile<T, MR, 2>(x, ldx, panels + j * ld, ld, K, bias, y, N, m0, n0 + j, count - j);
+    } else {
+      micro_tile<T, MR, 1>(x, ldx, panels + j * ld, ld, K, bias, y, N, m0, n0 + j, count - j);
+    }
+  }
+}
+
+template <typename T, int64_t MR>
+void tail_rows(const float* x, int64_t ldx, const float* panels, int64_t ld, int64_t K, int64_t count,
+               const T* bias, T* y, int64_t N, int64_t m0, int64_t n0, int64_t rows) {
+  if constexpr (MR > 1) {
+    if (rows < MR) return tail_rows<T, MR - 1>(x, ldx, panels, ld, K, count, bias, y, N, m0, n0, rows);
+  }
+  rows_times_tile<T, MR>(x, ldx, panels, ld, K, count, bias, y, N, m0, n0);
+}
+
+// Rows m_begin .. m_end - 1 of x times the packed tile (outputs n0 .. n0 + count - 1).
+template <typename T>
+void block_times_tile(const float* x, int64_t ldx, const float* panels, int64_t ld, int64_t K, int64_t count,
+                      const T* bias, T* y, int64_t N, int64_t m_begin, int64_t m_end, int64_t n0) {
+  int64_t m = m_begin;
+  for (; m + kRowsX <= m_end; m += kRowsX) rows_times_tile<T, kRowsX>(x, ldx, panels, ld, K, count, bias, y, N, m, n0);
+  if (m < m_end) tail_rows<T, kRowsX - 1>(x, ldx, panels, ld, K, count, bias, y, N, m, n0, m_end - m);
+}
+
+// y [M, N] = x [M, K] (float32, row stride ldx) times W^T + bias, W decoded by fill(n0, count, rows):
+// rows n0 .. n0 + count - 1 of W as float32 into rows [count, ld], ld >= K a multiple of 16, zeros
+// past K. Each thread allocates its buffers once; a tile is decoded again for each block of x past
+// the first (a block is >= 64 rows, so that costs little).
+template <typename T, typename Fill>
+void tiled_gemm(const float* x, int64_t ldx, int64_t M, int64_t N, int64_t K, int64_t ld, const T* bias, T* y,
+                const Fill& fill) {
+  const int64_t tiles = (N + kTileRows - 1) / kTileRows;
+  const int64_t mc = block_rows(ldx);
+  at::parallel_for(0, tiles, 1, [&](int64_t t_begin, int64_t t_end) {
+    std::vector<float> rows(static_cast<size_t>(kTileRows * ld)), panels(static_cast<size_t>(kTileRows * ld));
+    for (int64_t m0 = 0; m0 < M; m0 += mc) {
+      const int64_t m1 = std::min(M, m0 + mc);
+      for (int64_t t = t_begin; t < t_end; ++t) {
+        const int64_t n0 = t * kTileRows, count = std::min(kTileRows, N - n0);
+        fill(n0, count, rows.data());
+        pack_panels(rows.data(), count, ld, panels.data());
+        block_times_tile(x, ldx, panels.data(), ld, K, count, bias, y, N, m0, m1, n0);
+      }
+    }
+  });
+}
+
+}  // namespace tram::gemm
