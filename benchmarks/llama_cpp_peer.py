@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -155,10 +156,11 @@ def start_llama_server(binary: Path, gguf: Path, slots: int, ctx_per_slot: int, 
 
 
 def start_tram(model: str, dtype: str, port: int, max_model_len: int, log_dir: Path,
-               tokenizer: str | None = None, threads: int | None = None) -> TramServer:
+               tokenizer: str | None = None, threads: int | None = None, extra: str = "") -> TramServer:
     """Tram's server; `threads` sets the engine core's model threads (TRAM_CPU_THREADS), which
-    default to all cores but one, where llama-server takes them all."""
-    args = ["--dtype", dtype, "--max-model-len", str(max_model_len), "--served-model-name", "tram"]
+    default to all cores but one, where llama-server takes them all. `extra`: more serve flags."""
+    args = ["--dtype", dtype, "--max-model-len", str(max_model_len), "--served-model-name", "tram",
+            *shlex.split(extra)]
     if tokenizer:
         args += ["--tokenizer", tokenizer]
     env = {"TRAM_CPU_THREADS": str(threads)} if threads else None
@@ -199,7 +201,8 @@ def compare(args: argparse.Namespace) -> None:
     # The two engines take turns level by level (llama-server restarts with -np = concurrency; Tram,
     # idle meanwhile, stays up), so each pair is measured minutes apart at most: this shared VM's
     # speed drifts by 10-20% over minutes, which made the engines measured at different times differ.
-    tram = start_tram(tram_model, args.dtype, args.port + 1, ctx, log_dir, tram_tokenizer, args.tram_threads)
+    tram = start_tram(tram_model, args.dtype, args.port + 1, ctx, log_dir, tram_tokenizer, args.tram_threads,
+                      args.tram_args)
     memory = {"tram_idle_mib": resident_mib(tram.proc.pid), "file_mib": gguf.stat().st_size / 2**20}
     try:
         for conc in levels:
@@ -218,6 +221,7 @@ def compare(args: argparse.Namespace) -> None:
     plot_sweep(runs, args.plot, title=f"{args.model} {args.dtype}: tram vs llama.cpp")
     print("resident set (MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in memory.items()))
     write_json(args.output_json, {"model": args.model, "dtype": args.dtype, "gguf_type": args.gguf_type,
+                                  "tram_args": args.tram_args,
                                   "machine": machine_info(), "memory": memory, "ratios": ratios, "runs": runs})
     print(f"wrote {args.output_json} and {args.plot}")
 
@@ -243,6 +247,8 @@ def main() -> None:
     cmp.add_argument("--llama-threads", type=int, help="llama-server -t/-tb (default: its own choice)")
     cmp.add_argument("--tram-threads", type=int, help="the engine core's model threads (default: Tram's own "
                      "choice, all cores but one; pass the core count to match llama-server's default)")
+    cmp.add_argument("--tram-args", default="", help="more `tram serve` flags, one string "
+                     "(e.g. '--gguf-activations int8')")
     cmp.add_argument("--log-dir", default=str(CACHE / "logs"))
     cmp.add_argument("--plot", default="llama_cpp_compare.png")
     cmp.add_argument("--output-json", default="llama_cpp_compare.json")

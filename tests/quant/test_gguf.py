@@ -59,6 +59,22 @@ def _kept_types(llm: LLM) -> dict[str, int]:
     return counts
 
 
+def _int8_activations(oracle: torch.nn.Module) -> torch.nn.Module:
+    """The oracle with every linear's input quantized to int8 per 32 values and dequantized, as
+    `--gguf-activations int8` does (tram's quantize_activations, which the kernel tests hold the C++ to)."""
+    from tram.model.quant.gguf_weight import quantize_activations
+
+    def quantize_input(module: torch.nn.Module, args: tuple) -> tuple:
+        x = args[0]
+        q, d = quantize_activations(x.reshape(-1, x.shape[-1]))
+        return ((q.float().reshape(q.shape[0], -1, 32) * d.unsqueeze(2)).reshape(x.shape),)
+
+    for module in oracle.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.register_forward_pre_hook(quantize_input)
+    return oracle
+
+
 def assert_matches_oracle(llm: LLM, gguf: Path, prompts: list[list[int]] = PROMPTS) -> None:
     """Greedy tokens equal transformers' on the same file, chosen-token logprobs within 1e-3."""
     oracle = _oracle(gguf)
@@ -114,6 +130,40 @@ def test_llama_quantize_types(workdir: Path, llama_256_f32: Path, qtype: str, ov
     llm = _llm(gguf, tokenizer=STORIES_DIR)
     assert kept == set(_kept_types(llm)), _kept_types(llm)
     assert_matches_oracle(llm, gguf)
+
+
+def _greedy_and_logprob_gaps(llm: LLM, oracle: torch.nn.Module) -> tuple[int, list[float]]:
+    """(prompts whose greedy tokens are the oracle's, |logprob - oracle's| of every chosen token)."""
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
+                        SamplingParams(temperature=0, max_tokens=MAX_TOKENS, logprobs=1, ignore_eos=True),
+                        use_tqdm=False)
+    same, gaps = 0, []
+    for p, out in zip(PROMPTS, outs):
+        ids = out.outputs[0].token_ids
+        with torch.no_grad():
+            want = oracle.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None,
+                                   pad_token_id=0, attention_mask=torch.ones(1, len(p), dtype=torch.long))
+            ref = torch.log_softmax(oracle(torch.tensor([p + ids])).logits[0].float(), dim=-1)
+        same += ids == want[0, len(p):].tolist()
+        gaps += [abs(row[t].logprob - ref[len(p) - 1 + i, t].item()) for i, (t, row) in
+                 enumerate(zip(ids, out.outputs[0].logprobs))]
+    return same, gaps
+
+
+def test_int8_activations_are_the_oracle_s_with_quantized_inputs(workdir: Path, llama_256_f32: Path):
+    """--gguf-activations int8 on all eight kept types (every linear of this file, the LM head too),
+    against transformers on the file with each linear's input quantized the same way. Tokens agree
+    to ~1e-6 until a float32 summation-order difference moves one activation across a rounding
+    boundary of its int8 grid (one step: 1/127 of its block's largest value); from there the KV cache
+    carries a ~1e-2 difference (measured: 4/4 prompts' greedy tokens equal, 23 of 48 logprobs within
+    1e-5, the largest gap 0.031: a wrong scale or quant would leave none that close). The plain float32 oracle is further away (2/4 prompts, 0.072)."""
+    gguf = quantize(llama_256_f32, workdir / f"llama256-Q4_K_M-{len(MIXED)}.gguf", "Q4_K_M", MIXED)
+    llm = _llm(gguf, tokenizer=STORIES_DIR, gguf_activations="int8")
+    assert len(_kept_types(llm)) == 8
+    same, gaps = _greedy_and_logprob_gaps(llm, _int8_activations(_oracle(gguf)))
+    assert same >= 3, same
+    assert sum(g < 1e-4 for g in gaps) >= len(gaps) // 3 and max(gaps) < 0.1, gaps
+    assert_no_leak(llm.llm_engine)
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3"])  # Mistral files are llama files

@@ -17,6 +17,7 @@ DTYPES: dict[str, str] = {
     "float32": "float32", "float": "float32", "bfloat16": "bfloat16", "float16": "float16", "half": "float16",
 }
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
+GGUF_ACTIVATIONS = ("float32", "int8")  # what a GGUF file's quantized linears multiply their weights with
 CHECKPOINT_QUANTIZATION = ("gptq", "awq", "compressed-tensors")  # read from config.json, not made at load
 
 
@@ -82,6 +83,7 @@ class ModelConfig:
     # Weight-only: made at load from a float checkpoint (int8, int4), or read from a quantized one
     # (gptq, awq, compressed-tensors: detected from config.json's quantization_config).
     quantization: str | None = None
+    gguf_activations: str = "float32"  # one of GGUF_ACTIVATIONS: a GGUF file's linears (EngineArgs says how)
 
     def __post_init__(self) -> None:
         self.dtype, self.device = _canonical(self.dtype), _canonical(self.device)

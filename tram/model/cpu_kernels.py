@@ -41,7 +41,7 @@ _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 _SOURCES = [os.path.join(_CSRC, name) for name in (
     "bindings.cpp", "paged_decode.cpp", "paged_prefill.cpp", "skinny_linear.cpp", "rms_norm.cpp", "rotary.cpp",
     "silu_and_mul.cpp", "argmax.cpp", "widen.cpp", "quant_linear.cpp",
-    "gguf_linear.cpp",
+    "gguf_linear.cpp", "gguf_int8.cpp",
 )]
 # -fopenmp: at::parallel_for is header code that only runs in parallel when compiled with OpenMP
 # (the extension then shares the libgomp torch already loaded). No -ffast-math: the kernels' loops

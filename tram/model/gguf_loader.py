@@ -63,8 +63,9 @@ def plan_gguf_weights(model: nn.Module, path: str) -> None:
 
 
 @torch.no_grad()
-def load_gguf_weights(model: nn.Module, path: str, hf_config: Any) -> None:
-    """Fill every parameter from the file; ValueError names missing, unexpected or misshapen tensors."""
+def load_gguf_weights(model: nn.Module, path: str, hf_config: Any, int8_activations: bool = False) -> None:
+    """Fill every parameter from the file; ValueError names missing, unexpected or misshapen tensors.
+    int8_activations: the kept tensors' linears quantize their input (`GGUFWeight`)."""
     from gguf import GGMLQuantizationType
 
     start = time.perf_counter()
@@ -90,7 +91,7 @@ def load_gguf_weights(model: nn.Module, path: str, hf_config: Any) -> None:
         data = _rows(t, name, hf_config, llama)
         leaf = name.rpartition(".")[2]
         if _keeps_quantized(module, leaf, qtype) and module.weight.numel() == 0:
-            module.quant = _quantized(t, data, qtype, name, path)
+            module.quant = _quantized(t, data, qtype, name, path, int8_activations)
             kept += 1
         else:
             type_name = GGMLQuantizationType(qtype).name
@@ -123,10 +124,10 @@ def _rows(t: Any, name: str, hf_config: Any, llama: bool) -> np.ndarray:
     return data
 
 
-def _quantized(t: Any, data: np.ndarray, qtype: int, name: str, path: str) -> GGUFWeight:
+def _quantized(t: Any, data: np.ndarray, qtype: int, name: str, path: str, int8_activations: bool) -> GGUFWeight:
     in_features = int(t.shape[0])  # ggml order: ne0 is the row length
-    try:
-        return GGUFWeight(torch.from_numpy(np.array(data)), qtype, in_features)  # a private copy, not the map
+    try:  # a private copy, not the map
+        return GGUFWeight(torch.from_numpy(np.array(data)), qtype, in_features, int8_activations)
     except ValueError as err:
         raise ValueError(f"Tensor {t.name} ({name}) in {path}: {err}") from err
 

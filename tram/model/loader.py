@@ -72,7 +72,8 @@ def load_model(model_config: ModelConfig) -> nn.Module:
     if model_config.load_format == "dummy":
         init_dummy_weights(model, model_config.seed)
     elif gguf:
-        load_gguf_weights(model, model_config.model, model_config.hf_config)
+        load_gguf_weights(model, model_config.model, model_config.hf_config,
+                          int8_activations=model_config.gguf_activations == "int8")
     else:
         path = resolve_model_path(model_config.model, model_config.revision)
         quant = checkpoint_loader(model_config.quantization, model_config.hf_config,

@@ -47,6 +47,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "gguf_linear for many rows of x (CPU): W decoded a tile at a time, not into an [N,K] copy; the same "
         "arguments and bit for bit the same result",
         py::arg("x"), py::arg("data"), py::arg("ggml_type"), py::arg("bias") = py::none());
+  m.def("gguf_linear_int8", &tram::gguf_linear_int8,
+        "gguf_linear with x quantized to int8 per 32 k and integer dot products (llama.cpp's numerics), any "
+        "number of rows; invariant to batch, threads and instruction set",
+        py::arg("x"), py::arg("data"), py::arg("ggml_type"), py::arg("bias") = py::none());
+  m.def("quantize_activations_int8", &tram::quantize_activations_int8,
+        "x [M,K] -> (int8 [M,K], scales [M,K/32]): gguf_linear_int8's activations",
+        py::arg("x"));
   m.def("gguf_dequantize_", &tram::gguf_dequantize_,
         "gguf_linear's W dequantized into out (CPU): (out [N,K] float32 or bfloat16, data, ggml_type)",
         py::arg("out"), py::arg("data"), py::arg("ggml_type"));

@@ -30,6 +30,8 @@
 // (even and odd chunks of 16 k), folded in a fixed order, plus the bias, rounded once to x's dtype.
 // No output's order of additions depends on M, on the tiling or on the thread count.
 #include "kernels.h"
+#include "gguf_common.h"
+#include "prefetch.h"
 #include "simd.h"
 #include "widen_int8.h"
 #include "tiled_gemm.h"
@@ -49,25 +51,15 @@
 namespace {
 
 using namespace tram::simd;
+using namespace tram::gguf;
 
 constexpr int64_t kLanes = 16;       // floats per vector
 constexpr int64_t kChunk = 32;       // k per decoded chunk: two vectors
 constexpr int64_t kGrainRows = 32;   // at least this many rows of W per thread task
 
-enum GgmlType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
 
 
 
-// An fp16 scale (exact in float32); one F16C instruction where there is one.
-TRAM_INLINE float half_at(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, sizeof(bits));
-#if defined(__F16C__)
-  return _cvtsh_ss(bits);
-#else
-  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
-#endif
-}
 
 // v, rounded to float32 now: without it GCC contracts `q * scale - min` into one FMA, which rounds
 // once and makes the weight differ from gguf's dequantized value.
@@ -110,7 +102,7 @@ TRAM_INLINE vf16 lookup(vu8x16 nibbles, vf16 table) {
 // ---- one block of one row: load() decodes its scales, chunk(c) widens its c-th 32 weights ----------
 
 struct Q8_0 {
-  static constexpr int64_t kBlock = 32, kBytes = 34;
+  static constexpr int64_t kType = kQ8_0, kBlock = 32, kBytes = 34;
   const uint8_t* q;
   float d;
   TRAM_INLINE void load(const uint8_t* b) { d = half_at(b), q = b + 2; }
@@ -121,7 +113,7 @@ struct Q8_0 {
 };
 
 struct Q4_0 {
-  static constexpr int64_t kBlock = 32, kBytes = 18;
+  static constexpr int64_t kType = kQ4_0, kBlock = 32, kBytes = 18;
   const uint8_t* q;
   float d;
   TRAM_INLINE void load(const uint8_t* b) { d = half_at(b), q = b + 2; }
@@ -141,7 +133,7 @@ struct Q4_0 {
 // Q4_1 and Q5_1 need no rounded(): d * q is exact (11 significant bits times 4 or 5), so `q * d + m`
 // rounds once whether or not GCC fuses it, as gguf's (d * q) + m does.
 struct Q4_1 {
-  static constexpr int64_t kBlock = 32, kBytes = 20;
+  static constexpr int64_t kType = kQ4_1, kBlock = 32, kBytes = 20;
   const uint8_t* q;
   float d, m;
   TRAM_INLINE void load(const uint8_t* b) { d = half_at(b), m = half_at(b + 2), q = b + 4; }
@@ -232,7 +224,7 @@ TRAM_INLINE void q5_chunk(const uint8_t* qs, const uint8_t* qh, float d, float m
 #endif
 
 struct Q5_0 {
-  static constexpr int64_t kBlock = 32, kBytes = 22;
+  static constexpr int64_t kType = kQ5_0, kBlock = 32, kBytes = 22;
   const uint8_t *qh, *qs;
   float d;
   TRAM_INLINE void load(const uint8_t* b) { d = half_at(b), qh = b + 2, qs = b + 6; }
@@ -240,7 +232,7 @@ struct Q5_0 {
 };
 
 struct Q5_1 {
-  static constexpr int64_t kBlock = 32, kBytes = 24;
+  static constexpr int64_t kType = kQ5_1, kBlock = 32, kBytes = 24;
   const uint8_t *qh, *qs;
   float d, m;
   TRAM_INLINE void load(const uint8_t* b) { d = half_at(b), m = half_at(b + 2), qh = b + 4, qs = b + 8; }
@@ -267,7 +259,7 @@ TRAM_INLINE vu8x16 k4_nibbles(const uint8_t* qs, int64_t c, int64_t half) {
 }
 
 struct Q4_K {
-  static constexpr int64_t kBlock = 256, kBytes = 144;
+  static constexpr int64_t kType = kQ4_K, kBlock = 256, kBytes = 144;
   const uint8_t* qs;
   float ds[8], dm[8];
   TRAM_INLINE void load(const uint8_t* b) { k4_scales(b, ds, dm), qs = b + 16; }
@@ -284,7 +276,7 @@ struct Q4_K {
 };
 
 struct Q5_K {
-  static constexpr int64_t kBlock = 256, kBytes = 176;
+  static constexpr int64_t kType = kQ5_K, kBlock = 256, kBytes = 176;
   const uint8_t *qh, *qs;
   float ds[8], dm[8];
   TRAM_INLINE void load(const uint8_t* b) { k4_scales(b, ds, dm), qh = b + 16, qs = b + 48; }
@@ -301,7 +293,7 @@ struct Q5_K {
 // Q6_K: chunk c = 4 * h + r (h: which 128 k) takes low nibbles (r < 2) or high ones (r >= 2) of the
 // 32 bytes at 64 h + 32 (r & 1), and bits 2r, 2r + 1 of the 32 high-bit bytes at 32 h.
 struct Q6_K {
-  static constexpr int64_t kBlock = 256, kBytes = 210;
+  static constexpr int64_t kType = kQ6_K, kBlock = 256, kBytes = 210;
   const uint8_t *ql, *qh;
   float ds[16];  // d * scale of each 16 k (exact: 11 bits times 8)
   TRAM_INLINE void load(const uint8_t* b) {
@@ -325,18 +317,7 @@ struct Q6_K {
 // Calls fn(F{}) with the block decoder of a ggml type.
 template <typename Fn>
 void with_format(int64_t type, Fn&& fn) {
-  switch (type) {
-    case kQ8_0: fn(Q8_0{}); break;
-    case kQ4_0: fn(Q4_0{}); break;
-    case kQ4_1: fn(Q4_1{}); break;
-    case kQ5_0: fn(Q5_0{}); break;
-    case kQ5_1: fn(Q5_1{}); break;
-    case kQ4_K: fn(Q4_K{}); break;
-    case kQ5_K: fn(Q5_K{}); break;
-    case kQ6_K: fn(Q6_K{}); break;
-    default: TORCH_CHECK(false, "gguf: ggml type ", type,
-                                " is not supported (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)");
-  }
+  with_one_of<Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K>(type, "gguf", fn);
 }
 
 template <typename F>
@@ -363,7 +344,10 @@ TRAM_INLINE void tile(const Args& a, int64_t m0, int64_t n0) {
   vf16 even[MB][NB] = {}, odd[MB][NB] = {};
   for (int64_t b = 0; b < a.K / F::kBlock; ++b) {
     F blk[NB];
-    for (int64_t j = 0; j < NB; ++j) blk[j].load(w + j * a.row_bytes + b * F::kBytes);
+    for (int64_t j = 0; j < NB; ++j) {
+      blk[j].load(w + j * a.row_bytes + b * F::kBytes);
+      prefetch_ahead(w + j * a.row_bytes + b * F::kBytes, F::kBytes);
+    }
     const float* xb = a.xf + m0 * a.K + b * F::kBlock;
 #pragma GCC unroll 8
     for (int64_t c = 0; c < F::kBlock / kChunk; ++c) {

@@ -45,7 +45,7 @@ at::Tensor quant_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::
                       const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& zero);
 
 // gguf_linear.cpp: y = x W^T + b for few rows of x, W in a GGUF block layout ([N, row_bytes] uint8 of
-// ggml type Q8_0, Q4_0, Q4_K, Q5_K or Q6_K).
+// ggml type Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K).
 at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& data, int64_t ggml_type,
                        const c10::optional<at::Tensor>& bias);
 // The same W dequantized into out ([N, K], float32 or bfloat16), for GEMMs of many rows.
@@ -53,6 +53,11 @@ void gguf_dequantize_(at::Tensor& out, const at::Tensor& data, int64_t ggml_type
 // gguf_linear for many rows, tiled as quant_gemm; bit for bit gguf_linear's outputs.
 at::Tensor gguf_gemm(const at::Tensor& x, const at::Tensor& data, int64_t ggml_type,
                      const c10::optional<at::Tensor>& bias);
+// gguf_int8.cpp: the same product with x quantized to int8 per 32 k (llama.cpp's numerics), any M.
+at::Tensor gguf_linear_int8(const at::Tensor& x, const at::Tensor& data, int64_t ggml_type,
+                            const c10::optional<at::Tensor>& bias);
+// x [M, K] -> (int8 quants [M, K], scales [M, K / 32]): the activations gguf_linear_int8 multiplies.
+std::vector<at::Tensor> quantize_activations_int8(const at::Tensor& x);
 
 // rms_norm.cpp: transformers' RMSNorm, optionally after adding the residual.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);

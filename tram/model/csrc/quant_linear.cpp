@@ -23,6 +23,7 @@
 // rows of W share registers, but no output's order of additions depends on M, on the tiling or on
 // the thread count.
 #include "kernels.h"
+#include "prefetch.h"
 #include "simd.h"
 #include "widen_int8.h"
 #include "tiled_gemm.h"
@@ -64,6 +65,9 @@ struct Int8Rows {
   const int8_t* q;
   int64_t K;
   TRAM_INLINE vf16 chunk(int64_t j, int64_t k) const { return widen_i8(q + j * K + k); }
+  TRAM_INLINE void prefetch(int64_t j, int64_t k) const {
+    if ((k & 63) == 0) prefetch_ahead(q + j * K + k, 64);
+  }
   TRAM_INLINE vf16 tail(int64_t j, int64_t k) const { return widen_i8_tail(q + j * K + k, K - k); }
 };
 
@@ -83,6 +87,9 @@ struct Int4Rows {
     return to_float(bitcast<vi8x16>(vu8x16(nibbles - z))) * scale[g];
   }
   TRAM_INLINE vf16 tail(int64_t, int64_t) const { return vf16{}; }  // K is a multiple of 32: no tail
+  TRAM_INLINE void prefetch(int64_t j, int64_t k) const {
+    if ((k & 127) == 0) prefetch_ahead(q + j * (K / 2) + k / 2, 64);
+  }
 };
 
 // Outputs n0 .. n0 + NB - 1 for rows m0 .. m0 + MB - 1 of x; xf is [M, k_pad] float32, zero-padded.
@@ -98,6 +105,7 @@ TRAM_INLINE void tile(const float* xf, int64_t m0, int64_t k_pad, const Rows& ro
   for (; k + 2 * kLanes <= k_full; k += 2 * kLanes) {
     vf16 w0[NB], w1[NB];
     for (int64_t j = 0; j < NB; ++j) {
+      rows.prefetch(j, k);
       w0[j] = rows.chunk(j, k);
       w1[j] = rows.chunk(j, k + kLanes);
     }

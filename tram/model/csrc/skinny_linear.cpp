@@ -18,6 +18,7 @@
 // MKL/oneDNN round bfloat16). The order never depends on M, on which rows of x share a tile, or on
 // the thread count, so a request's result is the same in any batch this kernel serves.
 #include "kernels.h"
+#include "prefetch.h"
 #include "simd.h"
 
 #include <ATen/Parallel.h>
@@ -75,6 +76,7 @@ TRAM_INLINE void tile(const float* xf, int64_t m0, int64_t k_pad, const T* row, 
   vf16 even[MB] = {}, odd[MB] = {};
   int64_t k = 0;
   for (; k + 2 * kLanes <= k_full; k += 2 * kLanes) {
+    prefetch_ahead(row + k, 2 * kLanes * sizeof(T));
     const vf16 w0 = load_widened<T>(row + k), w1 = load_widened<T>(row + k + kLanes);
     for (int64_t m = 0; m < MB; ++m) {
       const float* xm = xf + (m0 + m) * k_pad + k;
@@ -106,6 +108,7 @@ TRAM_INLINE void tile_bf16(const c10::BFloat16* xb, int64_t m0, int64_t k_pad, c
   for (int64_t m = 0; m < MB; ++m) even[m] = odd[m] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 2 * kStep <= k_full; k += 2 * kStep) {
+    prefetch_ahead(row + k, 2 * kStep * sizeof(c10::BFloat16));
     const __m512bh w0 = (__m512bh)_mm512_loadu_si512(row + k), w1 = (__m512bh)_mm512_loadu_si512(row + k + kStep);
     for (int64_t m = 0; m < MB; ++m) {
       const c10::BFloat16* xm = xb + (m0 + m) * k_pad + k;

@@ -14,6 +14,12 @@ to). A row of a weight [N, K] is K / block_size blocks, each a run of bytes with
   * No kernels (TRAM_CPU_KERNELS=0, another device, float16): `dequantize_gguf` below, in PyTorch,
     then F.linear in float32 (`reference_linear`).
 
+With `int8_activations` (`--gguf-activations int8`) every call, whatever its rows, goes to
+csrc/gguf_int8.cpp instead: x quantized to int8 per 32 values (`quantize_activations`) meets the
+weights' integer quants in integer dot products, as llama.cpp and vLLM's GGUF kernels compute. Its
+PyTorch reference is `reference_linear_int8`: the same int8 activations, dequantized, times the
+dequantized weight.
+
 The type ids and block sizes are written out here (they are part of the file format) so that this
 module does not need the gguf package; the tests check them against it.
 """
@@ -22,6 +28,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from tram.model.quant.weights import SKINNY_MAX_ROWS, QuantizedWeight, _kernels, reference_linear
 
@@ -155,14 +162,36 @@ def dequantize_gguf(data: torch.Tensor, ggml_type: int, in_features: int) -> tor
     return _DEQUANTIZERS[ggml_type](blocks).reshape(data.shape[0], in_features)
 
 
-class GGUFWeight(QuantizedWeight):
-    """A linear (or embedding) weight [N, K] kept as a GGUF file's blocks of one ggml type."""
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (int8 [M, K], float32 scales [M, K / 32]) as csrc/gguf_int8.cpp quantizes it, bit for bit:
+    per 32 values d = max|x| / 127 and q = round-half-even(x * (1 / d)), 0 where d is 0."""
+    m, k = x.shape
+    blocks = x.float().reshape(m, k // 32, 32)
+    d = blocks.abs().amax(dim=2, keepdim=True) / 127.0
+    inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.round(blocks * inv).clamp(-127, 127).to(torch.int8)
+    return q.reshape(m, k), d.reshape(m, k // 32)
 
-    def __init__(self, data: torch.Tensor, ggml_type: int, in_features: int) -> None:
+
+def reference_linear_int8(x: torch.Tensor, weight: "GGUFWeight", bias: torch.Tensor | None) -> torch.Tensor:
+    """The int8-activation product in PyTorch: x's int8 quants times their scales, then F.linear with the
+    dequantized weight in float32, rounded once to x's dtype (the kernel differs in summation order only)."""
+    q, d = quantize_activations(x)
+    xd = (q.float().reshape(q.shape[0], -1, 32) * d.unsqueeze(2)).reshape(q.shape)
+    y = F.linear(xd, weight.dequantize(torch.float32), None if bias is None else bias.float())
+    return y.to(x.dtype)
+
+
+class GGUFWeight(QuantizedWeight):
+    """A linear (or embedding) weight [N, K] kept as a GGUF file's blocks of one ggml type.
+    int8_activations: apply() quantizes x to int8 per 32 values (llama.cpp's numerics)."""
+
+    def __init__(self, data: torch.Tensor, ggml_type: int, in_features: int, int8_activations: bool = False) -> None:
         check_gguf_data(data, int(ggml_type), int(in_features))
         self.data = data.contiguous()
         self.ggml_type = int(ggml_type)
         self.out_features, self.in_features = data.shape[0], int(in_features)
+        self.int8_activations = bool(int8_activations)
         # The base class's int8/int4 fields: the blocks are the quantized weight, and their scales
         # are inside them (nothing here reads these; they keep the interface's attributes honest).
         self.qweight = self.data
@@ -170,6 +199,10 @@ class GGUFWeight(QuantizedWeight):
 
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         kernels = _kernels(x) if self.data.device == x.device else None
+        if self.int8_activations:
+            if kernels is None:
+                return reference_linear_int8(x, self, bias)
+            return kernels.gguf_linear_int8(x, self.data, self.ggml_type, bias)
         if kernels is None:
             return reference_linear(x, self, bias)
         if x.shape[0] <= SKINNY_MAX_ROWS:

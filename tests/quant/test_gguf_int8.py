@@ -1,0 +1,104 @@
+"""GGUF linears with int8 activations (`--gguf-activations int8`, csrc/gguf_int8.cpp): x quantized per 32
+values, integer dot products with the weights' quants. Checked against the PyTorch reference (the same
+int8 activations, dequantized, times the dequantized weight) on every kept type, shape and row count,
+and for what serving needs: one numerics whatever the batch, the threads or the number of rows."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_checks import assert_batch_and_thread_invariant
+from test_gguf_weights import NAMES, TYPES, _blocks, _ks
+from tram.model.cpu_kernels import cpu_kernels_available, load_cpu_kernels
+from tram.model.quant import weights
+from tram.model.quant.gguf_weight import (Q4_K, Q8_0, GGUFWeight, quantize_activations, reference_linear,
+                                          reference_linear_int8)
+
+needs_kernels = pytest.mark.skipif(not cpu_kernels_available(), reason="the C++ kernels are not available")
+
+
+def _x(rows: int, k: int, seed: int) -> torch.Tensor:
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(seed))
+    x[0, :32] = 0  # a block of zeros: scale 0, quants 0
+    x[-1, 32:64] *= 1e4  # a loud block next to quiet ones
+    return x
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_activation_quantization_is_the_kernels_bit_for_bit(dtype: torch.dtype):
+    x = _x(7, 4864, 0).to(dtype)
+    q, d = load_cpu_kernels().quantize_activations_int8(x)
+    want_q, want_d = quantize_activations(x)
+    assert q.dtype == torch.int8 and torch.equal(q, want_q) and torch.equal(d, want_d)
+    assert int(q.abs().max()) == 127 and torch.all(q[0, :32] == 0) and d[0, 0] == 0
+    back = (q.float().view(7, -1, 32) * d.unsqueeze(2)).view(7, -1)
+    assert torch.all((back - x.float()).abs() <= d.repeat_interleave(32, dim=1) / 2 * (1 + 1e-5))  # half a step
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("ggml_type", TYPES, ids=NAMES.get)
+def test_kernel_matches_the_int8_reference(ggml_type: int, dtype: torch.dtype):
+    for n in (33, 50):
+        for k in _ks(ggml_type):  # 96: an odd number of 32-blocks, half a chunk at the end
+            qw = GGUFWeight(_blocks(ggml_type, n, k, n + k), ggml_type, k, int8_activations=True)
+            bias = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype)
+            for rows in (1, 3, 5, 17, 70):  # one tile of x, several, past 64 rows (a second block)
+                x = _x(rows, k, rows).to(dtype)
+                with torch.inference_mode():
+                    got, want = qw.apply(x, bias), reference_linear_int8(x, qw, bias)
+                assert got.dtype == dtype and got.shape == (rows, n)
+                tol = 1e-5 if dtype == torch.float32 else 2e-2  # summation order; bfloat16's output rounding
+                scale = want.float().abs().max().item()
+                torch.testing.assert_close(got.float(), want.float(), atol=tol * scale, rtol=tol)
+
+
+@needs_kernels
+@pytest.mark.parametrize("ggml_type", TYPES, ids=NAMES.get)
+def test_int8_activations_stay_close_to_float_ones(ggml_type: int):
+    """What quantizing x costs: a few tenths of a percent of the output's scale on random data."""
+    k = 512
+    qw = GGUFWeight(_blocks(ggml_type, 64, k, 1), ggml_type, k, int8_activations=True)
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        got, exact = qw.apply(x, None), reference_linear(x, qw, None)
+    err = (got - exact).abs().max().item() / exact.abs().max().item()
+    assert 0 < err < 1e-2, err
+
+
+@needs_kernels
+@pytest.mark.parametrize("ggml_type", TYPES, ids=NAMES.get)
+def test_one_numerics_for_every_batch_thread_count_and_row_count(ggml_type: int):
+    for k in _ks(ggml_type):
+        qw = GGUFWeight(_blocks(ggml_type, 96, k, 5), ggml_type, k, int8_activations=True)
+        assert_batch_and_thread_invariant(lambda x: qw.apply(x, None), _x(16, k, 4))
+        x = _x(150, k, 6)  # past 64 rows: the rows of W are decoded once per block of x
+        with torch.inference_mode():
+            together = qw.apply(x, None)
+            assert torch.equal(qw.apply(x[100:101], None), together[100:101])
+            assert torch.equal(qw.apply(x[60:75], None), together[60:75])
+
+
+def test_without_the_kernels_the_int8_reference_runs(monkeypatch):
+    qw = GGUFWeight(_blocks(Q4_K, 64, 256, 3), Q4_K, 256, int8_activations=True)
+    x = torch.randn(2, 256)
+    monkeypatch.setattr(weights, "kernels_for", lambda x: None)
+    with torch.inference_mode():
+        assert torch.equal(qw.apply(x, None), reference_linear_int8(x, qw, None))
+
+
+def test_the_setting_is_for_gguf_files_only():
+    import argparse
+
+    from tram.config.engine_args import EngineArgs
+
+    parser = argparse.ArgumentParser()
+    EngineArgs.add_cli_args(parser)
+    assert EngineArgs.from_cli_args(parser.parse_args(["m.gguf", "--gguf-activations", "int8"])).gguf_activations == "int8"
+    assert EngineArgs.from_cli_args(parser.parse_args(["m.gguf"])).gguf_activations == "float32"
+    with pytest.raises(ValueError, match="gguf_activations 'int8' applies to GGUF files"):
+        EngineArgs(model="some/float-model", gguf_activations="int8").validate()
+    with pytest.raises(ValueError, match="gguf_activations 'int4' is not supported"):
+        EngineArgs(model="m.gguf", gguf_activations="int4").validate()
+    assert GGUFWeight(_blocks(Q8_0, 2, 64, 0), Q8_0, 64).int8_activations is False
