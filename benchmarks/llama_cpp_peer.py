@@ -206,8 +206,11 @@ def compare(args: argparse.Namespace) -> None:
     memory = {"tram_idle_mib": resident_mib(tram.proc.pid), "file_mib": gguf.stat().st_size / 2**20}
     try:
         for conc in levels:
+            # Prompts of their own per level: Tram's server stays up between levels, and with the
+            # same prompts its prefix cache would skip every prefill after the first level (while
+            # llama-server restarts empty), which flattered Tram's TTFT and throughput.
             requests = make_requests(args.num_prompts or max(4 * conc, MIN_PROMPTS), args.input_len,
-                                     args.output_len, args.seed, vocab_size=vocab)
+                                     args.output_len, args.seed + conc, vocab_size=vocab)
             llama = start_llama_server(binary, gguf, conc, ctx, args.port, args.llama_threads, log_dir)
             try:
                 runs.append(bench(llama, "llama.cpp", requests, conc, "llama.cpp", args.warmup))

@@ -93,7 +93,8 @@ def test_falls_back_to_proc_cpuinfo_without_lscpu(monkeypatch: pytest.MonkeyPatc
     finally:
         cpuinfo._cpu_info.cache_clear()
     assert cpu["model_name"] == "Fallback CPU" and cpu["source"] == "/proc/cpuinfo"
-    assert cpu["isa"] == {"avx2": False, "fma": True, "avx512f": True, "avx512_bf16": False, "amx_bf16": False}
+    assert cpu["isa"] == {"avx2": False, "fma": True, "avx512f": True, "avx512_vnni": False, "avx_vnni": False,
+                          "avx512_vbmi": False, "avx512_bf16": False, "amx_bf16": False}
 
 
 def test_write_json_is_strict_json(tmp_path: Path) -> None:
