@@ -64,8 +64,9 @@ class EngineArgs(CliSettings):
                                     "with. float32: the activations as they are, each weight widened to its "
                                     "dequantized value (the transformers oracle's numerics); int8: activations "
                                     "quantized per 32 values and integer dot products (llama.cpp's and vLLM's "
-                                    "GGUF numerics; 1.3-2.5x faster decode on the K-quants and Q5_0, outputs "
-                                    "differ slightly)", choices=GGUF_ACTIVATIONS)
+                                    "GGUF numerics: 1.2-2x faster kernels at 1-16 rows on Q5_0 and the "
+                                    "K-quants, slower past ~64 rows; outputs differ slightly)",
+                                    choices=GGUF_ACTIVATIONS)
     skip_tokenizer_init: bool = setting(False, "no tokenizer: prompts must be token ids, outputs carry no text")
     max_logprobs: int = setting(20, "most logprobs a request may ask for")
     enforce_eager: bool = setting(False, "no CUDA graphs (GPU only)")

@@ -1,9 +1,10 @@
 // y = x W^T (+ b) with W in a GGUF block layout and x quantized to int8 per 32 k, as llama.cpp's CPU
 // backend and vLLM's GGUF kernels compute: the weights' integer quants meet int8 activations in
 // integer dot products (AVX-512 VNNI vpdpbusd; AVX-VNNI; AVX2 vpmaddubsw + vpmaddwd), and floats
-// appear once per 4 k. Decode on a CPU is bound by memory bandwidth only if the kernel is fast enough
-// to wait on memory: widening every weight to float32 (gguf_linear.cpp) costs ~4 instructions per 16
-// weights and left a core at ~5 GB/s of a 9 GB/s stream; these loops cost ~1 per 16.
+// appear once per 4 k. Widening every weight to float32 (gguf_linear.cpp) costs 4-11 instructions
+// per 16 weights of Q5_0 or Q6_K, which makes one-row decode compute-bound on those types; here a
+// chunk of 64 weights costs ~10 to decode plus 4 per row of x (docs/benchmarks.md, issue 16 part
+// 3: 1.2-2x at 1-16 rows, 0.6-1.2x at 256, where the float path's tiled GEMM reuses more).
 //
 //   x     [M, K]          float32 or bfloat16; any M (decode batches and prefills take the same path)
 //   data  [N, row_bytes]  uint8, the file's rows (gguf_linear.cpp lists the block layouts)
