@@ -20,3 +20,12 @@ def assert_batch_and_thread_invariant(apply: Callable[[torch.Tensor], torch.Tens
             assert torch.equal(apply(x), together)
         finally:
             torch.set_num_threads(threads)
+
+
+def assert_close_to_reference(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
+    """A kernel's output against its PyTorch reference: float32 may differ by summation order only
+    (1e-5 of the output's scale), bfloat16 by one rounding of the output (2e-2)."""
+    assert got.dtype == dtype and got.shape == want.shape
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    scale = want.float().abs().max().item()
+    torch.testing.assert_close(got.float(), want.float(), atol=tol * scale, rtol=tol)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_checks import assert_batch_and_thread_invariant
+from kernel_checks import assert_batch_and_thread_invariant, assert_close_to_reference
 from test_gguf_weights import NAMES, TYPES, _blocks, _ks
 from tram.model.cpu_kernels import cpu_kernels_available, load_cpu_kernels
 from tram.model.quant import weights
@@ -48,10 +48,8 @@ def test_kernel_matches_the_int8_reference(ggml_type: int, dtype: torch.dtype):
                 x = _x(rows, k, rows).to(dtype)
                 with torch.inference_mode():
                     got, want = qw.apply(x, bias), reference_linear_int8(x, qw, bias)
-                assert got.dtype == dtype and got.shape == (rows, n)
-                tol = 1e-5 if dtype == torch.float32 else 2e-2  # summation order; bfloat16's output rounding
-                scale = want.float().abs().max().item()
-                torch.testing.assert_close(got.float(), want.float(), atol=tol * scale, rtol=tol)
+                assert want.shape == (rows, n)
+                assert_close_to_reference(got, want, dtype)
 
 
 @needs_kernels

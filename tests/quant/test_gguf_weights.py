@@ -10,7 +10,7 @@ import torch
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
-from kernel_checks import assert_batch_and_thread_invariant
+from kernel_checks import assert_batch_and_thread_invariant, assert_close_to_reference
 from tram.model.cpu_kernels import cpu_kernels_available
 from tram.model.quant import weights
 from tram.model.quant.gguf_weight import (BLOCK_SIZES, GGUF_KEPT_TYPES, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
@@ -100,11 +100,8 @@ def test_kernels_match_dequantize_then_matmul(ggml_type: int, dtype: torch.dtype
                 x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).to(dtype)
                 with torch.inference_mode():
                     got, want = qw.apply(x, bias), reference_linear(x, qw, bias)
-                assert got.dtype == dtype and got.shape == (rows, n)
-                # float32: summation order only; bfloat16: one rounding of the output.
-                tol = 1e-5 if dtype == torch.float32 else 2e-2
-                scale = want.float().abs().max().item()
-                torch.testing.assert_close(got.float(), want.float(), atol=tol * scale, rtol=tol)
+                assert want.shape == (rows, n)
+                assert_close_to_reference(got, want, dtype)
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=NAMES.get)

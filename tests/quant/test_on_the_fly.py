@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import assert_no_leak
-from kernel_checks import assert_batch_and_thread_invariant
+from kernel_checks import assert_batch_and_thread_invariant, assert_close_to_reference
 from hf_models import make_hf_model_dir
 from tram import LLM, SamplingParams
 from tram.model.quant import weights
@@ -40,11 +40,8 @@ def test_kernels_match_dequantize_then_matmul(n: int, k: int, dtype: torch.dtype
         x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).to(dtype)
         with torch.inference_mode():
             got, want = qw.apply(x, bias), reference_linear(x, qw, bias)
-        assert got.dtype == dtype and got.shape == (rows, n)
-        # float32: summation order only; bfloat16: one rounding of the output.
-        tol = 1e-5 if dtype == torch.float32 else 2e-2
-        scale = want.float().abs().max().item()
-        torch.testing.assert_close(got.float(), want.float(), atol=tol * scale, rtol=tol)
+        assert want.shape == (rows, n)
+        assert_close_to_reference(got, want, dtype)
 
 
 @pytest.mark.parametrize("n,k", [(131, 512), (70, 96)])  # N past a tile of 64 and odd; K not a multiple of 32

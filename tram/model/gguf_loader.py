@@ -19,7 +19,7 @@ from torch import nn
 
 from tram.model.gguf_file import IGNORED_TENSORS, close_gguf, gguf_architecture, hf_name, open_gguf, unpermute_rows
 from tram.model.quant.gguf_weight import GGUF_KEPT_TYPES, GGUFWeight
-from tram.model.weight_utils import WeightShapeError, get_weight_loader
+from tram.model.weight_utils import load_named_weight, name_list
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def load_gguf_weights(model: nn.Module, path: str, hf_config: Any, int8_activati
             type_name = GGMLQuantizationType(qtype).name
             if type_name not in _FLOAT_TYPES:
                 converted[type_name] = converted.get(type_name, 0) + 1
-            _load_float(name, params[name], _dequantized(data, qtype), path)
+            load_named_weight(name, params[name], _dequantized(data, qtype), path)
         loaded.add(name)
     _check_complete(model, params, loaded, unexpected, path)
     close_gguf()  # the map's pages count in the resident set while a reader holds it
@@ -145,19 +145,9 @@ def _dequantized(data: np.ndarray, qtype: int) -> torch.Tensor:
                          f"package ({err})") from err
 
 
-def _load_float(name: str, param: nn.Parameter, tensor: torch.Tensor, path: str) -> None:
-    try:
-        get_weight_loader(param)(param, tensor)
-    except WeightShapeError as err:
-        raise ValueError(f"Weight {name} has shape {err.loaded_shape} in {path}, "
-                         f"the model expects {err.expected_shape}") from None
-
-
 def _check_complete(model: nn.Module, params: dict[str, nn.Parameter], loaded: set[str],
                     unexpected: list[str], path: str) -> None:
     missing = sorted(set(params) - loaded)
     if missing or unexpected:
-        def names(items: list[str]) -> str:
-            return ", ".join(items[:10]) + (f" and {len(items) - 10} more" if len(items) > 10 else "") or "none"
-        raise ValueError(f"GGUF file {path} does not match the model: missing weights {names(missing)}; "
-                         f"unexpected tensors {names(sorted(unexpected))}")
+        raise ValueError(f"GGUF file {path} does not match the model: missing weights {name_list(missing)}; "
+                         f"unexpected tensors {name_list(sorted(unexpected))}")

@@ -27,7 +27,7 @@ from tram.model.gguf_loader import check_gguf_placement, load_gguf_weights, plan
 from tram.model.hub import INDEX_FILE, read_index, resolve_model_path
 from tram.model.pipeline import cut_to_stage
 from tram.model.registry import get_model_class
-from tram.model.weight_utils import WeightShapeError, get_weight_loader, materialize
+from tram.model.weight_utils import get_weight_loader, load_named_weight, materialize, name_list
 
 logger = logging.getLogger(__name__)
 
@@ -132,31 +132,14 @@ def load_safetensors_weights(model: nn.Module, files: list[str], tied: bool, ski
                     continue
                 # A sharded parameter's loader reads its part of the file, not the whole tensor.
                 sliced = getattr(get_weight_loader(param), "reads_slices", False)
-                _load_one(name, param, f.get_slice(name) if sliced else f.get_tensor(name), file)
+                load_named_weight(name, param, f.get_slice(name) if sliced else f.get_tensor(name), file)
                 loaded.add(name)
     if quant is not None:
         loaded |= quant.finish()
     missing = sorted(set(params) - loaded)
     if missing or unexpected:
-        raise ValueError(f"Checkpoint does not match the model: missing weights {_names(missing)}; "
-                         f"unexpected weights {_names(sorted(unexpected))}")
-
-
-def _load_one(name: str, param: nn.Parameter, tensor: torch.Tensor, file: str) -> None:
-    try:
-        get_weight_loader(param)(param, tensor)
-    except WeightShapeError as err:
-        raise ValueError(f"Weight {name} has shape {err.loaded_shape} in {file}, "
-                         f"the model expects {err.expected_shape}") from None
-    except ValueError as err:
-        raise ValueError(f"Weight {name} in {file}: {err}") from err
-
-
-def _names(names: list[str], limit: int = 10) -> str:
-    if not names:
-        return "none"
-    more = f" and {len(names) - limit} more" if len(names) > limit else ""
-    return ", ".join(names[:limit]) + more
+        raise ValueError(f"Checkpoint does not match the model: missing weights {name_list(missing)}; "
+                         f"unexpected weights {name_list(sorted(unexpected))}")
 
 
 @torch.no_grad()

@@ -65,3 +65,22 @@ def materialize(model: nn.Module, device: torch.device | str) -> None:
     model.to_empty(device=device)
     for name, param in model.named_parameters():
         vars(param).update(attrs.get(name, {}))
+
+
+def load_named_weight(name: str, param: nn.Parameter, tensor: torch.Tensor, file: str) -> None:
+    """param's weight_loader on tensor; a ValueError names the weight, the file and the shapes."""
+    try:
+        get_weight_loader(param)(param, tensor)
+    except WeightShapeError as err:
+        raise ValueError(f"Weight {name} has shape {err.loaded_shape} in {file}, "
+                         f"the model expects {err.expected_shape}") from None
+    except ValueError as err:
+        raise ValueError(f"Weight {name} in {file}: {err}") from err
+
+
+def name_list(names: list[str], limit: int = 10) -> str:
+    """'a, b, c and 7 more' (or 'none'): weight names in a load error."""
+    if not names:
+        return "none"
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
