@@ -132,6 +132,27 @@ def test_gemm_is_invariant_to_batch_and_threads(ggml_type: int):
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=NAMES.get)
+def test_passes_over_long_rows_change_no_bit(ggml_type: int):
+    """Past 1024 k both kernels carry their sums in float32 memory from one pass over k to the next
+    (the skinny kernel from eight rows of x on, the tiled GEMM always). At K = 1280 (two passes, the
+    second short): sixteen rows equal one row at a time, and with x zero past k = 1024 both kernels
+    give the one-pass result of the weight's first 1024 k, bit for bit (adding 0 * w changes no sum)."""
+    if not cpu_kernels_available():
+        pytest.skip("the C++ kernels are not available (the reference's GEMM is not batch-invariant)")
+    k, short = 1280, 1024
+    block, size = BLOCK_SIZES[ggml_type]
+    data = _blocks(ggml_type, 70, k, 7)
+    qw = GGUFWeight(data, ggml_type, k)
+    head = GGUFWeight(data[:, :short // block * size].contiguous(), ggml_type, short)
+    assert_batch_and_thread_invariant(lambda x: qw.apply(x, None), torch.randn(SKINNY_MAX_ROWS, k))
+    x = torch.randn(40, short)
+    padded = torch.cat([x, torch.zeros(40, k - short)], dim=1)
+    with torch.inference_mode():
+        for rows in (9, SKINNY_MAX_ROWS, 40):  # eight rows and one, sixteen, then the tiled GEMM
+            assert torch.equal(qw.apply(padded[:rows], None), head.apply(x[:rows], None))
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=NAMES.get)
 def test_embedding_is_rows_of_the_dequantized_weight(ggml_type: int):
     qw = GGUFWeight(_blocks(ggml_type, 40, 256, 7), ggml_type, 256)
     ids = torch.tensor([3, 0, 39, 3, 17])

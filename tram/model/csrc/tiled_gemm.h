@@ -11,7 +11,8 @@
 // on the row-major tile, and at::mm on it, measured slower: docs in the report of this change.)
 //
 // Arithmetic: each output is one float32 FMA chain over k = 0 .. K - 1 from 0, in that order, plus
-// the bias, rounded once to y's dtype. Nothing in it depends on M, on which rows share a micro-tile,
+// the bias, rounded once to y's dtype (past kPassK the chain is kept in float32 memory between passes
+// over k, which changes no bit). Nothing in it depends on M, on which rows share a micro-tile,
 // on the tiling or on the thread count: y's rows are bit for bit the same whatever rows come with
 // them and however many threads run. (It is not the skinny kernels' order: their 32 partial sums per
 // output are what makes them fast on a row or two, so results differ in the last bits across the
@@ -54,11 +55,30 @@ TRAM_INLINE vf16 broadcast(const float* p) {
 #endif
 }
 
-// x's rows per block: a block (float32) should stay in about 1 MiB of L2 while the thread's tiles
-// pass over it; fewer than 64 rows would decode each tile too often for the rows it serves.
-inline int64_t block_rows(int64_t ldx) {
-  return std::max<int64_t>(64, (int64_t{1} << 20) / (ldx * static_cast<int64_t>(sizeof(float))));
+// k per pass over a tile: a tile's panels for one pass (64 outputs x 1024 k, 256 KiB) and the
+// block of x's rows for it (below) stay in L2 together. Without passes a K = 4864 layer (ffn_down)
+// streamed 1.2 MiB of panels and 1.2 MiB of x per tile through a 2 MiB L2, 1.5x slower per FMA
+// than the K = 896 layers.
+constexpr int64_t kPassK = 1024;
+
+// x's rows per block: a block's pass (float32) should stay in about 1 MiB of L2 while the thread's
+// tiles go by; fewer than 64 rows would decode each tile too often for the rows it serves.
+inline int64_t block_rows(int64_t K) {
+  const int64_t k = std::min(K, kPassK);
+  return std::max<int64_t>(64, (int64_t{1} << 20) / (k * static_cast<int64_t>(sizeof(float))));
 }
+
+// Where a pass leaves its sums: a tile's outputs for the block's rows ([rows][kTileRows] float32)
+// between passes; the last pass adds the bias and stores y instead.
+template <typename T>
+struct Sums {
+  float* partial;  // row m - m_begin, output j of the tile: partial[(m - m_begin) * kTileRows + j]
+  int64_t m_begin;
+  bool first, last;
+  const T* bias;
+  T* y;
+  int64_t N;
+};
 
 // Rows r[0..15] transposed in place (lane j of row i <-> lane i of row j): four rounds of two-source
 // shuffles, exchanging blocks of 8, 4, 2 and 1 lanes between rows h apart.
@@ -101,13 +121,19 @@ inline void pack_panels(const float* rows, int64_t count, int64_t ld, float* pan
   }
 }
 
-// y[m0 .. m0 + MR - 1, n0 .. n0 + outputs - 1] from NP panels (NP * 16 >= outputs) and MR rows of x.
+// Outputs n0 .. n0 + outputs - 1 (the tile's j0 ..) of rows m0 .. m0 + MR - 1, for k0 <= k < k1, from
+// NP panels (NP * 16 >= outputs): each output's FMA chain goes on from where the last pass left it.
 template <typename T, int64_t MR, int64_t NP>
-TRAM_INLINE void micro_tile(const float* x, int64_t ldx, const float* panels, int64_t ld, int64_t K,
-                            const T* bias, T* y, int64_t N, int64_t m0, int64_t n0, int64_t outputs) {
+TRAM_INLINE void micro_tile(const float* x, int64_t ldx, const float* panels, int64_t ld, int64_t k0, int64_t k1,
+                            const Sums<T>& s, int64_t m0, int64_t n0, int64_t j0, int64_t outputs) {
   vf16 acc[MR][NP] = {};
+  if (!s.first) {
+    for (int64_t r = 0; r < MR; ++r) {
+      for (int64_t p = 0; p < NP; ++p) acc[r][p] = vload<vf16>(s.partial + (m0 + r - s.m_begin) * kTileRows + j0 + p * kPanel);
+    }
+  }
   const float* xm = x + m0 * ldx;
-  for (int64_t k = 0; k < K; ++k) {
+  for (int64_t k = k0; k < k1; ++k) {
     vf16 w[NP];
     for (int64_t p = 0; p < NP; ++p) w[p] = vload<vf16>(panels + (p * ld + k) * kPanel);
     for (int64_t r = 0; r < MR; ++r) {
@@ -115,67 +141,78 @@ TRAM_INLINE void micro_tile(const float* x, int64_t ldx, const float* panels, in
       for (int64_t p = 0; p < NP; ++p) acc[r][p] += xr * w[p];
     }
   }
+  if (!s.last) {
+    for (int64_t r = 0; r < MR; ++r) {
+      for (int64_t p = 0; p < NP; ++p) vstore(s.partial + (m0 + r - s.m_begin) * kTileRows + j0 + p * kPanel, acc[r][p]);
+    }
+    return;
+  }
   for (int64_t r = 0; r < MR; ++r) {
     float out[NP * kPanel];
     for (int64_t p = 0; p < NP; ++p) vstore(out + p * kPanel, acc[r][p]);
-    T* yr = y + (m0 + r) * N + n0;
-    for (int64_t j = 0; j < outputs; ++j) store(out[j] + (bias != nullptr ? load1(bias + n0 + j) : 0.0f), yr + j);
+    T* yr = s.y + (m0 + r) * s.N + n0;
+    for (int64_t j = 0; j < outputs; ++j) store(out[j] + (s.bias != nullptr ? load1(s.bias + n0 + j) : 0.0f), yr + j);
   }
 }
 
 // MR rows of x (m0 ..) times the tile's count outputs, two panels at a time.
 template <typename T, int64_t MR>
-void rows_times_tile(const float* x, int64_t ldx, const float* panels, int64_t ld, int64_t K, int64_t count,
-                     const T* bias, T* y, int64_t N, int64_t m0, int64_t n0) {
+void rows_times_tile(const float* x, int64_t ldx, const float* panels, int64_t ld, int64_t k0, int64_t k1,
+                     int64_t count, const Sums<T>& s, int64_t m0, int64_t n0) {
   int64_t j = 0;
   for (; j + 2 * kPanel <= count; j += 2 * kPanel) {
-    micro_tile<T, MR, 2>(x, ldx, panels + j * ld, ld, K, bias, y, N, m0, n0 + j, 2 * kPanel);
+    micro_tile<T, MR, 2>(x, ldx, panels + j * ld, ld, k0, k1, s, m0, n0 + j, j, 2 * kPanel);
   }
   if (j < count) {
     if (count - j > kPanel) {
-      micro_tile<T, MR, 2>(x, ldx, panels + j * ld, ld, K, bias, y, N, m0, n0 + j, count - j);
+      micro_tile<T, MR, 2>(x, ldx, panels + j * ld, ld, k0, k1, s, m0, n0 + j, j, count - j);
     } else {
-      micro_tile<T, MR, 1>(x, ldx, panels + j * ld, ld, K, bias, y, N, m0, n0 + j, count - j);
+      micro_tile<T, MR, 1>(x, ldx, panels + j * ld, ld, k0, k1, s, m0, n0 + j, j, count - j);
     }
   }
 }
 
 template <typename T, int64_t MR>
-void tail_rows(const float* x, int64_t ldx, const float* panels, int64_t ld, int64_t K, int64_t count,
-               const T* bias, T* y, int64_t N, int64_t m0, int64_t n0, int64_t rows) {
+void tail_rows(const float* x, int64_t ldx, const float* panels, int64_t ld, int64_t k0, int64_t k1, int64_t count,
+               const Sums<T>& s, int64_t m0, int64_t n0, int64_t rows) {
   if constexpr (MR > 1) {
-    if (rows < MR) return tail_rows<T, MR - 1>(x, ldx, panels, ld, K, count, bias, y, N, m0, n0, rows);
+    if (rows < MR) return tail_rows<T, MR - 1>(x, ldx, panels, ld, k0, k1, count, s, m0, n0, rows);
   }
-  rows_times_tile<T, MR>(x, ldx, panels, ld, K, count, bias, y, N, m0, n0);
+  rows_times_tile<T, MR>(x, ldx, panels, ld, k0, k1, count, s, m0, n0);
 }
 
-// Rows m_begin .. m_end - 1 of x times the packed tile (outputs n0 .. n0 + count - 1).
+// Rows m_begin .. m_end - 1 of x times the packed tile (outputs n0 .. n0 + count - 1), k0 <= k < k1.
 template <typename T>
-void block_times_tile(const float* x, int64_t ldx, const float* panels, int64_t ld, int64_t K, int64_t count,
-                      const T* bias, T* y, int64_t N, int64_t m_begin, int64_t m_end, int64_t n0) {
-  int64_t m = m_begin;
-  for (; m + kRowsX <= m_end; m += kRowsX) rows_times_tile<T, kRowsX>(x, ldx, panels, ld, K, count, bias, y, N, m, n0);
-  if (m < m_end) tail_rows<T, kRowsX - 1>(x, ldx, panels, ld, K, count, bias, y, N, m, n0, m_end - m);
+void block_times_tile(const float* x, int64_t ldx, const float* panels, int64_t ld, int64_t k0, int64_t k1,
+                      int64_t count, const Sums<T>& s, int64_t m_end, int64_t n0) {
+  int64_t m = s.m_begin;
+  for (; m + kRowsX <= m_end; m += kRowsX) rows_times_tile<T, kRowsX>(x, ldx, panels, ld, k0, k1, count, s, m, n0);
+  if (m < m_end) tail_rows<T, kRowsX - 1>(x, ldx, panels, ld, k0, k1, count, s, m, n0, m_end - m);
 }
 
 // y [M, N] = x [M, K] (float32, row stride ldx) times W^T + bias, W decoded by fill(n0, count, rows):
 // rows n0 .. n0 + count - 1 of W as float32 into rows [count, ld], ld >= K a multiple of 16, zeros
 // past K. Each thread allocates its buffers once; a tile is decoded again for each block of x past
-// the first (a block is >= 64 rows, so that costs little).
+// the first (a block is >= 64 rows, so that costs little), and multiplied in passes of kPassK k.
 template <typename T, typename Fill>
 void tiled_gemm(const float* x, int64_t ldx, int64_t M, int64_t N, int64_t K, int64_t ld, const T* bias, T* y,
                 const Fill& fill) {
   const int64_t tiles = (N + kTileRows - 1) / kTileRows;
-  const int64_t mc = block_rows(ldx);
+  const int64_t mc = block_rows(K);
   at::parallel_for(0, tiles, 1, [&](int64_t t_begin, int64_t t_end) {
     std::vector<float> rows(static_cast<size_t>(kTileRows * ld)), panels(static_cast<size_t>(kTileRows * ld));
+    std::vector<float> partial(K > kPassK ? static_cast<size_t>(mc * kTileRows) : 0);
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
       const int64_t m1 = std::min(M, m0 + mc);
       for (int64_t t = t_begin; t < t_end; ++t) {
         const int64_t n0 = t * kTileRows, count = std::min(kTileRows, N - n0);
         fill(n0, count, rows.data());
         pack_panels(rows.data(), count, ld, panels.data());
-        block_times_tile(x, ldx, panels.data(), ld, K, count, bias, y, N, m0, m1, n0);
+        for (int64_t k0 = 0; k0 < K; k0 += kPassK) {
+          const int64_t k1 = std::min(K, k0 + kPassK);
+          const Sums<T> s{partial.data(), m0, k0 == 0, k1 == K, bias, y, N};
+          block_times_tile(x, ldx, panels.data(), ld, k0, k1, count, s, m1, n0);
+        }
       }
     }
   });
