@@ -23,6 +23,7 @@
 // for any M, tile shape, thread count or instruction set (the integer sums are exact everywhere),
 // so a request's output does not depend on the batch it shares a step with.
 #include "kernels.h"
+#include "dynamic_for.h"
 #include "gguf_int8_blocks.h"
 #include "prefetch.h"
 #include "simd.h"
@@ -334,7 +335,7 @@ TRAM_INLINE void rows_of_x(const Args& a, int64_t m_begin, int64_t m_end, int64_
 template <typename F, typename T>
 void linear_impl(const Args& a) {
   const int64_t M = a.x->M;
-  at::parallel_for(0, a.N, kGrainRows, [&](int64_t begin, int64_t end) {
+  tram::parallel::dynamic_for(a.N, kGrainRows, [&](int64_t begin, int64_t end) {
     std::vector<Chunk> dec;
     for (int64_t mb = 0; mb < M; mb += kXRows) {
       const int64_t me = std::min(M, mb + kXRows);

@@ -31,6 +31,7 @@
 // (even and odd chunks of 16 k), folded in a fixed order, plus the bias, rounded once to x's dtype.
 // No output's order of additions depends on M, on the tiling or on the thread count.
 #include "kernels.h"
+#include "dynamic_for.h"
 #include "gguf_common.h"
 #include "prefetch.h"
 #include "simd.h"
@@ -458,7 +459,7 @@ void walk_many_rows(const Args& a, int64_t begin, int64_t end) {
 
 template <typename F, typename T>
 void linear_impl(const Args& a) {
-  at::parallel_for(0, a.N, kGrainRows, [&](int64_t begin, int64_t end) {
+  tram::parallel::dynamic_for(a.N, kGrainRows, [&](int64_t begin, int64_t end) {
     if (a.M == 1) {
       walk_rows<F, T, kWideRows>(a, begin, end);
     } else if (a.M >= 8) {

@@ -23,6 +23,7 @@
 // rows of W share registers, but no output's order of additions depends on M, on the tiling or on
 // the thread count.
 #include "kernels.h"
+#include "dynamic_for.h"
 #include "prefetch.h"
 #include "simd.h"
 #include "widen_int8.h"
@@ -192,7 +193,7 @@ void walk_rows(const Args& a, int64_t begin, int64_t end) {
 
 template <typename T>
 void quant_linear_impl(const Args& a) {
-  at::parallel_for(0, a.N, kGrainRows, [&](int64_t begin, int64_t end) {
+  tram::parallel::dynamic_for(a.N, kGrainRows, [&](int64_t begin, int64_t end) {
     if (a.M == 1) {
       walk_rows<T, kWideRows>(a, begin, end);
     } else {

@@ -18,6 +18,7 @@
 // MKL/oneDNN round bfloat16). The order never depends on M, on which rows of x share a tile, or on
 // the thread count, so a request's result is the same in any batch this kernel serves.
 #include "kernels.h"
+#include "dynamic_for.h"
 #include "prefetch.h"
 #include "simd.h"
 
@@ -198,7 +199,7 @@ void skinny_linear_impl(const at::Tensor& x, const std::vector<Part>& parts, int
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t k = 0; k < K; ++k) xs[m * k_pad + k] = static_cast<X>(xp[m * K + k]);
   }
-  at::parallel_for(0, total_rows, kGrainRows, [&](int64_t begin, int64_t end) {
+  tram::parallel::dynamic_for(total_rows, kGrainRows, [&](int64_t begin, int64_t end) {
     for (const Part& part : parts) {
       const int64_t lo = std::max(begin, part.first), hi = std::min(end, part.first + part.n);
       const T* w = static_cast<const T*>(part.w);

@@ -19,6 +19,7 @@
 // crossover.)
 #pragma once
 
+#include "dynamic_for.h"
 #include "simd.h"
 
 #include <ATen/Parallel.h>
@@ -199,9 +200,13 @@ void tiled_gemm(const float* x, int64_t ldx, int64_t M, int64_t N, int64_t K, in
                 const Fill& fill) {
   const int64_t tiles = (N + kTileRows - 1) / kTileRows;
   const int64_t mc = block_rows(K);
-  at::parallel_for(0, tiles, 1, [&](int64_t t_begin, int64_t t_end) {
-    std::vector<float> rows(static_cast<size_t>(kTileRows * ld)), panels(static_cast<size_t>(kTileRows * ld));
-    std::vector<float> partial(K > kPassK ? static_cast<size_t>(mc * kTileRows) : 0);
+  // Tiles are handed out as threads come for them (dynamic_for.h); each thread's buffers outlive the
+  // call (thread_local, grown as needed), where allocating ~2.5 MB per call showed up as munmap.
+  tram::parallel::dynamic_for(tiles, 1, [&](int64_t t_begin, int64_t t_end) {
+    thread_local std::vector<float> rows, panels, partial;
+    rows.resize(std::max(rows.size(), static_cast<size_t>(kTileRows * ld)));
+    panels.resize(std::max(panels.size(), static_cast<size_t>(kTileRows * ld)));
+    partial.resize(std::max(partial.size(), static_cast<size_t>(K > kPassK ? mc * kTileRows : 0)));
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
       const int64_t m1 = std::min(M, m0 + mc);
       for (int64_t t = t_begin; t < t_end; ++t) {
