@@ -189,3 +189,19 @@ def test_silu_and_mul_kernel(shape: tuple[int, int], dtype: torch.dtype) -> None
     assert out.shape == (rows, inter) and out.dtype == dtype and torch.isfinite(out).all()
     tol = {torch.float32: 1e-6, torch.bfloat16: 1e-2}[dtype]
     assert ((out.double() - ref.double()).abs() / (ref.double().abs() + 1)).max().item() < tol
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_silu_and_mul_pair_is_silu_and_mul_of_the_halves(dtype: torch.dtype) -> None:
+    """Gate and up as two tensors (a quantized model's two linears), or as column slices of one:
+    the same bits as silu_and_mul on them side by side."""
+    from tram.model.cpu_kernels import load_cpu_kernels
+
+    kernels = load_cpu_kernels()
+    gate_up = (torch.randn(37, 2 * 70, generator=torch.Generator().manual_seed(5)) * 4).to(dtype)
+    want = kernels.silu_and_mul(gate_up)
+    gate, up = gate_up[:, :70], gate_up[:, 70:]
+    assert torch.equal(kernels.silu_and_mul_pair(gate, up), want)
+    assert torch.equal(kernels.silu_and_mul_pair(gate.contiguous(), up.contiguous()), want)
+    with pytest.raises(RuntimeError, match="gate and up must be"):
+        kernels.silu_and_mul_pair(gate, up[:, :69])

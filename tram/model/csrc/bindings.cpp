@@ -64,6 +64,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("eps"));
   m.def("silu_and_mul", &tram::silu_and_mul,
         "silu(gate) * up, gate and up side by side (CPU): (gate_up [T,2I]) -> [T,I]", py::arg("gate_up"));
+  m.def("silu_and_mul_pair", &tram::silu_and_mul_pair, "silu(gate) * up from two tensors (CPU): (gate, up [T,I]) -> [T,I]",
+        py::arg("gate"), py::arg("up"));
   m.def("argmax_rows", &tram::argmax_rows,
         "torch.argmax(dim=-1) of float32 rows (CPU): (logits [N,V]) -> [N] int64", py::arg("logits"));
   m.def("widen_to_float", &tram::widen_to_float,

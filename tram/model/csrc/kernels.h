@@ -66,6 +66,7 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
 
 // silu_and_mul.cpp: silu(gate) * up from gate and up side by side ([T, 2I] -> [T, I]).
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
+at::Tensor silu_and_mul_pair(const at::Tensor& gate, const at::Tensor& up);
 
 // argmax.cpp: torch.argmax(dim=-1) of float32 rows (first index of the maximum, NaN first).
 at::Tensor argmax_rows(const at::Tensor& logits);

@@ -54,4 +54,7 @@ class GatedMLP(nn.Module):
             gate, up = gate_up.chunk(2, dim=-1)
             return self.down_proj(self.act(gate) * up)
         gate, up = linear_n(x, (self.gate_proj, self.up_proj))  # one skinny-kernel call for both on CPU
+        kernels = kernels_for(gate) if self.fused_silu else None
+        if kernels is not None:
+            return self.down_proj(kernels.silu_and_mul_pair(gate, up))
         return self.down_proj(self.act(gate) * up)
