@@ -84,7 +84,7 @@ def test_parse_proc_cpuinfo_counts_cores_not_threads() -> None:
 
 
 def test_falls_back_to_proc_cpuinfo_without_lscpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    text = "processor\t: 0\nmodel name\t: Fallback CPU\nflags\t\t: fma avx512f\n"
+    text = "processor\t: 0\nmodel name\t: Fallback CPU\nflags\t\t: fma avx512f avx512vbmi\n"
     monkeypatch.setattr(cpuinfo, "_run_lscpu", lambda: None)
     monkeypatch.setattr(cpuinfo, "_read_proc_cpuinfo", lambda: text)
     cpuinfo._cpu_info.cache_clear()
@@ -94,7 +94,7 @@ def test_falls_back_to_proc_cpuinfo_without_lscpu(monkeypatch: pytest.MonkeyPatc
         cpuinfo._cpu_info.cache_clear()
     assert cpu["model_name"] == "Fallback CPU" and cpu["source"] == "/proc/cpuinfo"
     assert cpu["isa"] == {"avx2": False, "fma": True, "avx512f": True, "avx512_vnni": False, "avx_vnni": False,
-                          "avx512_vbmi": False, "avx512_bf16": False, "amx_bf16": False}
+                          "avx512vbmi": True, "avx512_bf16": False, "amx_bf16": False}
 
 
 def test_write_json_is_strict_json(tmp_path: Path) -> None:

@@ -18,9 +18,10 @@ from typing import Any
 
 # The extensions that change which kernels run: AVX2 + FMA (the C++ kernels' baseline), AVX-512
 # (wider vectors), the int8 dot products and byte permutes of the int8-activation GGUF kernels
-# (avx512_vnni or avx_vnni, avx512_vbmi), and the bf16 dot-product / matrix instructions that make
-# bfloat16 fast.
-ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_vbmi", "avx512_bf16", "amx_bf16")
+# (avx512_vnni or avx_vnni, avx512vbmi), and the bf16 dot-product / matrix instructions that make
+# bfloat16 fast. Spelled as Linux lists them: "avx512vbmi" has no underscore where "avx512_vnni" has
+# one (asking for "avx512_vbmi" reported it missing on CPUs that have it).
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512vbmi", "avx512_bf16", "amx_bf16")
 
 
 def parse_lscpu(text: str) -> dict[str, Any]:
