@@ -434,7 +434,8 @@ void rows_times_block(const Args& a, int64_t m0, int64_t n0, int64_t n1, std::ve
   }
 }
 
-// From eight rows of x on. With AVX-512 each decoded chunk serves eight rows (kManyRows), where
+// From eight rows of x on (five with AVX-512). With AVX-512 each decoded chunk serves eight rows
+// (kManyRows; five to seven when that is all there is), where
 // decoding it again for every four cost as much as their FMAs (a 16-row step of a Q5_0 layer ~1.4x
 // faster); AVX2 has registers for four. A block of weight rows (~256 KiB, in L2) meets every group
 // of rows before the next block is read (walking all rows of x per weight row kept 16 rows' x, 56 KiB
@@ -447,6 +448,14 @@ void walk_many_rows(const Args& a, int64_t begin, int64_t end) {
     const int64_t n1 = std::min(end, n0 + step);
     int64_t m0 = 0;
     for (; m0 + kManyRows <= a.M; m0 += kManyRows) rows_times_block<F, T, kManyRows>(a, m0, n0, n1, carry);
+    if constexpr (kManyRows == 8) {  // 5-7 rows left: one decode for all of them (10-14 sums)
+      switch (a.M - m0) {
+        case 7: rows_times_block<F, T, 7>(a, m0, n0, n1, carry); m0 += 7; break;
+        case 6: rows_times_block<F, T, 6>(a, m0, n0, n1, carry); m0 += 6; break;
+        case 5: rows_times_block<F, T, 5>(a, m0, n0, n1, carry); m0 += 5; break;
+        default: break;
+      }
+    }
     for (; m0 + 4 <= a.M; m0 += 4) rows_times_block<F, T, 4>(a, m0, n0, n1, carry);
     switch (a.M - m0) {
       case 3: rows_times_block<F, T, 3>(a, m0, n0, n1, carry); break;
@@ -462,7 +471,7 @@ void linear_impl(const Args& a) {
   tram::parallel::dynamic_for(a.N, kGrainRows, [&](int64_t begin, int64_t end) {
     if (a.M == 1) {
       walk_rows<F, T, kWideRows>(a, begin, end);
-    } else if (a.M >= 8) {
+    } else if (a.M >= 8 || (kManyRows == 8 && a.M >= 5)) {
       walk_many_rows<F, T>(a, begin, end);
     } else {
       walk_rows<F, T, kNarrowRows>(a, begin, end);
