@@ -2,7 +2,7 @@
 # Installs Tram: what serving needs (`bash scripts/setup.sh`), or that plus the test and benchmark
 # tools (`bash scripts/setup.sh --dev`). torch is pinned first: that pin resolves to a local CPU
 # wheel here, while an unpinned torch would pull several GB of CUDA packages. Then the C++ CPU
-# kernels are built (about 2 minutes on 2 cores, once), so that the first `tram serve` does not wait for
+# kernels are built (about 2-2.5 minutes on 2 cores, once), so that the first `tram serve` does not wait for
 # them. A failed build (no g++ or ninja) does not fail the set-up: Tram then serves on its slower
 # PyTorch paths, and `tram build-kernels` says what is missing (TRAM_CPU_KERNELS=0 skips the kernels).
 set -euo pipefail

@@ -25,10 +25,11 @@ HEARTBEAT_SECONDS = 15.0
 # A fresh build on this project's 2-core VM with nothing else running: 34 s wall, 54 s CPU
 # (docs/benchmarks.md, "Set-up time") until the quantized and fp8 kernels came (issue 16); since
 # then 77-91 s wall, 145 s CPU, and with the int8-activation GGUF kernels (gguf_int8.cpp, one
-# instantiation per type, ISA and tile shape) 124-125 s wall, 216 s CPU. paged_decode.cpp (its fp8
-# instantiations) takes ~37 s alone, which more cores cannot shorten. A busy machine takes longer:
-# the heartbeat says so.
-_TWO_CORE_SECONDS = 125.0
+# instantiation per type, ISA and tile shape) 124-125 s wall, 216 s CPU; with the GGUF kernel's
+# 5-8-row tiles and passes over k 110-158 s wall on a day whose machine speed swung widely (~135
+# typical). paged_decode.cpp (its fp8 instantiations) takes ~37 s alone, which more cores cannot
+# shorten. A busy machine takes longer: the heartbeat says so.
+_TWO_CORE_SECONDS = 140.0
 _LONGEST_FILE_SECONDS = 40.0
 
 
