@@ -35,6 +35,7 @@
 #endif
 
 #include <algorithm>
+#include <type_traits>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -120,17 +121,27 @@ TRAM_INLINE void tile(const Args& a, int64_t m0, int64_t n0, Pass pass = {0, -1,
   }
 }
 
+// fn(std::integral_constant<int64_t, MB>{}, m0) for rows 0 .. M - 1 of x in groups: as many of kMax
+// rows as fit, then the rest as one group.
+template <int64_t R, typename Fn>
+TRAM_INLINE void last_group(int64_t rest, int64_t m0, const Fn& fn) {
+  if constexpr (R > 0) {
+    if (rest == R) return fn(std::integral_constant<int64_t, R>{}, m0);
+    last_group<R - 1>(rest, m0, fn);
+  }
+}
+
+template <int64_t kMax, typename Fn>
+TRAM_INLINE void row_groups(int64_t M, const Fn& fn) {
+  int64_t m0 = 0;
+  for (; m0 + kMax <= M; m0 += kMax) fn(std::integral_constant<int64_t, kMax>{}, m0);
+  last_group<kMax - 1>(M - m0, m0, fn);
+}
+
 // Every row of x for outputs n0 .. n0 + NB - 1, four rows of x at a time.
 template <typename F, typename T, int64_t NB>
 TRAM_INLINE void outputs(const Args& a, int64_t n0) {
-  int64_t m0 = 0;
-  for (; m0 + 4 <= a.M; m0 += 4) tile<F, T, 4, NB>(a, m0, n0);
-  switch (a.M - m0) {
-    case 3: tile<F, T, 3, NB>(a, m0, n0); break;
-    case 2: tile<F, T, 2, NB>(a, m0, n0); break;
-    case 1: tile<F, T, 1, NB>(a, m0, n0); break;
-    default: break;
-  }
+  row_groups<4>(a.M, [&](auto mb, int64_t m0) { tile<F, T, decltype(mb)::value, NB>(a, m0, n0); });
 }
 
 template <typename F, typename T, int64_t NB>
@@ -158,34 +169,19 @@ void rows_times_block(const Args& a, int64_t m0, int64_t n0, int64_t n1, std::ve
 }
 
 // From eight rows of x on (five with AVX-512). With AVX-512 each decoded chunk serves eight rows
-// (kManyRows; five to seven when that is all there is), where
-// decoding it again for every four cost as much as their FMAs (a 16-row step of a Q5_0 layer ~1.4x
-// faster); AVX2 has registers for four. A block of weight rows (~256 KiB, in L2) meets every group
-// of rows before the next block is read (walking all rows of x per weight row kept 16 rows' x, 56 KiB
-// at K = 896, in L2 and lost the gain).
+// (kManyRows; five to seven when that is all there is), where decoding it again for every four cost
+// as much as their FMAs (a 16-row step of a Q5_0 layer ~1.4x faster); AVX2 has registers for four.
+// A block of weight rows (~256 KiB, in L2) meets every group of rows before the next block is read
+// (walking all rows of x per weight row kept 16 rows' x, 56 KiB at K = 896, in L2 and lost the gain).
 template <typename F, typename T>
 void walk_many_rows(const Args& a, int64_t begin, int64_t end) {
   const int64_t step = std::max<int64_t>(1, (int64_t{256} << 10) / a.row_bytes);
   std::vector<vf16> carry;
   for (int64_t n0 = begin; n0 < end; n0 += step) {
     const int64_t n1 = std::min(end, n0 + step);
-    int64_t m0 = 0;
-    for (; m0 + kManyRows <= a.M; m0 += kManyRows) rows_times_block<F, T, kManyRows>(a, m0, n0, n1, carry);
-    if constexpr (kManyRows == 8) {  // 5-7 rows left: one decode for all of them (10-14 sums)
-      switch (a.M - m0) {
-        case 7: rows_times_block<F, T, 7>(a, m0, n0, n1, carry); m0 += 7; break;
-        case 6: rows_times_block<F, T, 6>(a, m0, n0, n1, carry); m0 += 6; break;
-        case 5: rows_times_block<F, T, 5>(a, m0, n0, n1, carry); m0 += 5; break;
-        default: break;
-      }
-    }
-    for (; m0 + 4 <= a.M; m0 += 4) rows_times_block<F, T, 4>(a, m0, n0, n1, carry);
-    switch (a.M - m0) {
-      case 3: rows_times_block<F, T, 3>(a, m0, n0, n1, carry); break;
-      case 2: rows_times_block<F, T, 2>(a, m0, n0, n1, carry); break;
-      case 1: rows_times_block<F, T, 1>(a, m0, n0, n1, carry); break;
-      default: break;
-    }
+    row_groups<kManyRows>(a.M, [&](auto mb, int64_t m0) {
+      rows_times_block<F, T, decltype(mb)::value>(a, m0, n0, n1, carry);
+    });
   }
 }
 
