@@ -71,15 +71,16 @@ def kernels(args: argparse.Namespace) -> None:
 def gguf_kernels(args: argparse.Namespace) -> None:
     """Each linear of the first two layers of GGUF files (their real block types: a Q4_K_M file
     mixes Q5_0, Q8_0, Q4_K and Q6_K) against float32 and bfloat16 on the same shape, with float32
-    activations (the default) and with --gguf-activations int8."""
+    activations (the default), with --gguf-activations int8 and with bfloat16 ones (--dtype bfloat16:
+    past 16 rows, bf16 slabs for oneDNN where bf16 GEMMs are native)."""
     import numpy as np
 
     from tram.model.gguf_file import open_gguf
     from tram.model.quant.gguf_weight import GGUF_KEPT_TYPES, GGUFWeight
 
-    print("| file | tensor | type | rows | float32 µs | bfloat16 µs | gguf µs | gguf int8 µs | gguf vs fp32 | "
-          "int8 vs fp32 | int8 vs gguf |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| file | tensor | type | rows | float32 µs | bfloat16 µs | gguf µs | gguf int8 µs | gguf bf16 µs | "
+          "gguf vs fp32 | int8 vs fp32 | int8 vs gguf | gguf bf16 vs bf16 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     with torch.inference_mode():
         for path in args.files:
             for t in open_gguf(path).tensors:
@@ -96,11 +97,13 @@ def gguf_kernels(args: argparse.Namespace) -> None:
                     ms = _interleaved_ms({"fp32": lambda: linear(x32, w32, None, packed32),
                                           "bf16": lambda: linear(x16, w16, None, packed16),
                                           "gguf": lambda: qw.apply(x32, None),
-                                          "int8": lambda: qi.apply(x32, None)}, args.repeats, args.calls)
-                    f32, b16, q, i8 = ms["fp32"], ms["bf16"], ms["gguf"], ms["int8"]
+                                          "int8": lambda: qi.apply(x32, None),
+                                          "gguf_bf16": lambda: qw.apply(x16, None)}, args.repeats, args.calls)
+                    f32, b16, q, i8, qb = ms["fp32"], ms["bf16"], ms["gguf"], ms["int8"], ms["gguf_bf16"]
                     print(f"| {path.rsplit('-', 1)[-1]} | {t.name} {qw.out_features}x{qw.in_features} | "
                           f"{t.type_name} | {m} | {f32 * 1e3:.0f} | {b16 * 1e3:.0f} | {q * 1e3:.0f} | {i8 * 1e3:.0f} | "
-                          f"{f32 / q:.2f}× | {f32 / i8:.2f}× | {q / i8:.2f}× |", flush=True)
+                          f"{qb * 1e3:.0f} | {f32 / q:.2f}× | {f32 / i8:.2f}× | {q / i8:.2f}× | {b16 / qb:.2f}× |",
+                          flush=True)
 
 
 def _run(model: str, method: str | None, requests: list, max_num_seqs: int) -> tuple[float, list]:

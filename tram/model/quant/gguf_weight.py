@@ -10,7 +10,9 @@ to). A row of a weight [N, K] is K / block_size blocks, each a run of bytes with
   * A few rows of x (a decode step): csrc/gguf_linear.cpp widens each block's weights to float32 in
     registers and reads each byte once per call.
   * More rows (big decode batches, a prefill): gguf_gemm decodes W a tile of rows at a time into a
-    per-thread float32 buffer and multiplies every row of x by it (csrc/tiled_gemm.h).
+    per-thread float32 buffer and multiplies every row of x by it (csrc/tiled_gemm.h). With
+    bfloat16 x on a CPU with native bf16 GEMMs (AMX, AVX512-BF16), W is decoded to bfloat16 a slab
+    at a time for oneDNN's GEMM instead (bf16_gemm.py), 4-6x faster there.
   * No kernels (TRAM_CPU_KERNELS=0, another device, float16): `dequantize_gguf` below, in PyTorch,
     then F.linear in float32 (`reference_linear`).
 
@@ -30,6 +32,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from tram.model.quant.bf16_gemm import bf16_gemm_fast, bf16_slab_linear
 from tram.model.quant.weights import SKINNY_MAX_ROWS, QuantizedWeight, _kernels, reference_linear
 
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 6, 7, 8, 12, 13, 14  # gguf.GGMLQuantizationType values
@@ -207,6 +210,11 @@ class GGUFWeight(QuantizedWeight):
             return reference_linear(x, self, bias)
         if x.shape[0] <= SKINNY_MAX_ROWS:
             return kernels.gguf_linear(x, self.data, self.ggml_type, bias)
+        if x.dtype == torch.bfloat16 and bf16_gemm_fast():
+            def decode(n0: int, n1: int, out: torch.Tensor) -> None:
+                kernels.gguf_dequantize_(out, self.data[n0:n1], self.ggml_type)
+
+            return bf16_slab_linear(x, self.out_features, self.in_features, decode, bias)
         return kernels.gguf_gemm(x, self.data, self.ggml_type, bias)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
