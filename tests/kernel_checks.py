@@ -29,3 +29,25 @@ def assert_close_to_reference(got: torch.Tensor, want: torch.Tensor, dtype: torc
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     scale = want.float().abs().max().item()
     torch.testing.assert_close(got.float(), want.float(), atol=tol * scale, rtol=tol)
+
+
+def assert_bf16_slabs_match(monkeypatch, qw, x: torch.Tensor, bias: torch.Tensor | None, slab_rows: int) -> None:
+    """qw.apply on bfloat16 x past the skinny kernel, through bf16_gemm.py's slabs of `slab_rows` weight
+    rows whatever the CPU (bf16 GEMMs forced on: where they are not native PyTorch still runs them,
+    slowly). Each slab's outputs from its own rows and bias: a slab that read another's would be off
+    by the weights' scale, far past one bf16 rounding of the output."""
+    from tram.model.quant import bf16_gemm
+    from tram.model.quant.weights import reference_linear
+
+    monkeypatch.setattr(bf16_gemm, "bf16_gemm_fast", lambda: True)
+    monkeypatch.setattr(bf16_gemm, "SLAB_BYTES", slab_rows * qw.in_features * 2)
+    slabs = []
+    real = torch.nn.functional.linear
+    monkeypatch.setattr(bf16_gemm.F, "linear", lambda a, w, b=None: slabs.append(w.shape[0]) or real(a, w, b))
+    with torch.inference_mode():
+        got = qw.apply(x, bias)
+    monkeypatch.undo()  # F.linear is torch's own: the reference below must not count
+    with torch.inference_mode():
+        want = reference_linear(x, qw, bias)
+    assert slabs and max(slabs) == slab_rows and sum(slabs) == qw.out_features, slabs
+    assert_close_to_reference(got, want, torch.bfloat16)

@@ -173,7 +173,7 @@ def test_bfloat16_is_as_near_the_oracle_as_its_own_bf16(monkeypatch, workdir: Pa
     this file: 3/4 prompts' greedy tokens equal, logprob gaps median 0.014, largest 0.046; transformers'
     own bf16 against its float32 differs as much (2/4 prompts, median 0.012, largest 0.053). A wrong
     slab or weight is off by the weights' scale, not by a rounding."""
-    from tram.model.quant import gguf_weight
+    from tram.model.quant import bf16_gemm, gguf_weight
 
     gguf = quantize(llama_256_f32, workdir / f"llama256-Q4_K_M-{len(MIXED)}.gguf", "Q4_K_M", MIXED)
     rows = []
@@ -183,7 +183,7 @@ def test_bfloat16_is_as_near_the_oracle_as_its_own_bf16(monkeypatch, workdir: Pa
     same, gaps = _greedy_and_logprob_gaps(llm, _oracle(gguf).to(torch.bfloat16))
     assert same >= 2, same
     assert max(gaps) < 0.1 and sorted(gaps)[len(gaps) // 2] < 0.03, gaps
-    if gguf_weight.bf16_gemm_fast():
+    if bf16_gemm.bf16_gemm_fast():
         assert rows and min(rows) > 16, rows  # the prefills took the bf16 path, the decodes did not
     assert_no_leak(llm.llm_engine)
 

@@ -10,7 +10,7 @@ import torch
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
-from kernel_checks import assert_batch_and_thread_invariant, assert_close_to_reference
+from kernel_checks import assert_batch_and_thread_invariant, assert_bf16_slabs_match, assert_close_to_reference
 from tram.model.cpu_kernels import cpu_kernels_available
 from tram.model.quant import weights
 from tram.model.quant.gguf_weight import (BLOCK_SIZES, GGUF_KEPT_TYPES, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
@@ -154,34 +154,13 @@ def test_passes_over_long_rows_change_no_bit(ggml_type: int):
 
 @pytest.mark.parametrize("ggml_type", [Q5_0, Q4_K, Q6_K, Q8_0], ids=NAMES.get)
 def test_bf16_many_rows_decode_slabs_for_onednn(monkeypatch, ggml_type: int):
-    """bfloat16 x past SKINNY_MAX_ROWS on a CPU with native bf16 GEMMs: W decoded to bfloat16 a slab
-    at a time (bf16_gemm.py), each slab's outputs from F.linear with that slab's bias. Slabs of 48
-    rows split 131 outputs 48 + 48 + 35: a slab that read another's weights or bias would be off by
-    the weights' scale, far past one bf16 rounding of the output."""
+    """bfloat16 x past SKINNY_MAX_ROWS where bf16 GEMMs are native: W decoded to bfloat16 a slab at a
+    time (bf16_gemm.py); 131 outputs in slabs of 48, 48 and 35."""
     if not cpu_kernels_available():
         pytest.skip("the C++ kernels are not available")
-    from tram.model.quant import bf16_gemm, gguf_weight
-
-    monkeypatch.setattr(gguf_weight, "bf16_gemm_fast", lambda: True)
-    monkeypatch.setattr(bf16_gemm, "SLAB_BYTES", 48 * 256 * 2)
-    slabs = []
-    real = bf16_gemm.bf16_slab_linear
-
-    def counted(x, n, k, decode, bias):
-        slabs.append(n)
-        return real(x, n, k, decode, bias)
-
-    monkeypatch.setattr(gguf_weight, "bf16_slab_linear", counted)
     qw = GGUFWeight(_blocks(ggml_type, 131, 256, 11), ggml_type, 256)
-    bias = torch.randn(131).bfloat16()
     x = torch.randn(40, 256).bfloat16()
-    with torch.inference_mode():
-        got = qw.apply(x, bias)
-        assert qw.apply(x[:SKINNY_MAX_ROWS], bias).dtype == torch.bfloat16  # the skinny kernel: no slabs
-    assert slabs == [131]
-    want = torch.nn.functional.linear(x, qw.dequantize(torch.bfloat16), bias)  # one slab, the same numerics
-    assert_close_to_reference(got, want, torch.bfloat16)
-    assert_close_to_reference(got, reference_linear(x, qw, bias), torch.bfloat16)
+    assert_bf16_slabs_match(monkeypatch, qw, x, torch.randn(131).bfloat16(), 48)
 
 
 def test_bf16_without_native_bf16_gemms_keeps_the_float32_tiled_gemm(monkeypatch):
@@ -189,9 +168,9 @@ def test_bf16_without_native_bf16_gemms_keeps_the_float32_tiled_gemm(monkeypatch
     tiled GEMM keeps the rows, bit for bit what gguf_gemm gives."""
     if not cpu_kernels_available():
         pytest.skip("the C++ kernels are not available")
-    from tram.model.quant import gguf_weight
+    from tram.model.quant import bf16_gemm
 
-    monkeypatch.setattr(gguf_weight, "bf16_gemm_fast", lambda: False)
+    monkeypatch.setattr(bf16_gemm, "bf16_gemm_fast", lambda: False)
     qw = GGUFWeight(_blocks(Q4_K, 70, 256, 12), Q4_K, 256)
     x = torch.randn(SKINNY_MAX_ROWS + 5, 256).bfloat16()
     with torch.inference_mode():

@@ -38,6 +38,12 @@ def bf16_gemm_fast() -> bool:
     return bf16_gemm_native()
 
 
+def wants_bf16_slabs(x: torch.Tensor) -> bool:
+    """Whether rows of x past the skinny kernels' go to bf16_slab_linear: bfloat16 x on a CPU with
+    native bf16 GEMMs."""
+    return x.dtype == torch.bfloat16 and x.device.type == "cpu" and bf16_gemm_fast()
+
+
 def bf16_slab_linear(x: torch.Tensor, out_features: int, in_features: int, decode: Decode,
                      bias: torch.Tensor | None) -> torch.Tensor:
     """x [M, K] bfloat16 @ W.T + bias with W decoded slab by slab; [M, out_features] bfloat16."""

@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from tram.model.quant.bf16_gemm import bf16_gemm_fast, bf16_slab_linear
+from tram.model.quant.bf16_gemm import bf16_slab_linear, wants_bf16_slabs
 from tram.model.quant.weights import SKINNY_MAX_ROWS, QuantizedWeight, _kernels, reference_linear
 
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 6, 7, 8, 12, 13, 14  # gguf.GGMLQuantizationType values
@@ -210,7 +210,7 @@ class GGUFWeight(QuantizedWeight):
             return reference_linear(x, self, bias)
         if x.shape[0] <= SKINNY_MAX_ROWS:
             return kernels.gguf_linear(x, self.data, self.ggml_type, bias)
-        if x.dtype == torch.bfloat16 and bf16_gemm_fast():
+        if wants_bf16_slabs(x):
             def decode(n0: int, n1: int, out: torch.Tensor) -> None:
                 kernels.gguf_dequantize_(out, self.data[n0:n1], self.ggml_type)
 

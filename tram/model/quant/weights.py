@@ -11,16 +11,20 @@ and reads each byte once per call. Past SKINNY_MAX_ROWS (big decode batches, pre
 decodes W a tile of rows at a time into a per-thread float32 buffer in L2 and multiplies every row of
 x by it (csrc/tiled_gemm.h): no weight-sized float temporary, and each output is one FMA chain over
 k, so a row's result does not depend on the other rows (it differs from the skinny kernel's in the
-last bits: a different order of additions).
+last bits: a different order of additions). bfloat16 x past SKINNY_MAX_ROWS on a CPU with native
+bf16 GEMMs goes to oneDNN on bf16 slabs of W instead (bf16_gemm.py).
 `dequantize()` gives the float weight both compute with; `reference_linear` multiplies by it with
 F.linear, the pure-PyTorch path that TRAM_CPU_KERNELS=0 selects and the tests compare against.
 """
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 import torch.nn.functional as F
 
 from tram.model.cpu_kernels import kernels_for
+from tram.model.quant.bf16_gemm import Decode, bf16_slab_linear, wants_bf16_slabs
 
 INT4_GROUP_SIZES = (128, 64, 32)  # the largest that divides K is used; the kernel reads 32 k at a time
 SKINNY_MAX_ROWS = 16  # past this the tiled GEMM (quant_gemm, gguf_gemm) wins on the 0.5B shapes
@@ -52,7 +56,17 @@ class QuantizedWeight:
             return reference_linear(x, self, bias)
         if x.shape[0] <= SKINNY_MAX_ROWS:
             return kernels.quant_linear(x, self.qweight, self.scale, self.group, bias)
+        if wants_bf16_slabs(x):
+            return bf16_slab_linear(x, self.out_features, self.in_features, self.bf16_rows(kernels), bias)
         return kernels.quant_gemm(x, self.qweight, self.scale, self.group, bias)
+
+    def bf16_rows(self, kernels: ModuleType, zero: torch.Tensor | None = None) -> Decode:
+        """Rows n0 .. n1 - 1 of the weight decoded into a bfloat16 slab (quant_dequantize_)."""
+        def decode(n0: int, n1: int, out: torch.Tensor) -> None:
+            kernels.quant_dequantize_(out, self.qweight[n0:n1], self.scale[n0:n1], self.group,
+                                      None if zero is None else zero[n0:n1])
+
+        return decode
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         raise NotImplementedError
