@@ -32,8 +32,8 @@ def assert_close_to_reference(got: torch.Tensor, want: torch.Tensor, dtype: torc
 
 
 def assert_bf16_slabs_match(monkeypatch, qw, x: torch.Tensor, bias: torch.Tensor | None, slab_rows: int) -> None:
-    """qw.apply on bfloat16 x past the skinny kernel, through bf16_gemm.py's slabs of `slab_rows` weight
-    rows whatever the CPU (bf16 GEMMs forced on: where they are not native PyTorch still runs them,
+    """qw.apply on bfloat16 x (at least bf16_gemm.MIN_ROWS rows), through bf16_gemm.py's slabs of
+    `slab_rows` weight rows whatever the CPU (bf16 GEMMs forced on: where they are not native PyTorch still runs them,
     slowly). Each slab's outputs from its own rows and bias: a slab that read another's would be off
     by the weights' scale, far past one bf16 rounding of the output."""
     from tram.model.quant import bf16_gemm
@@ -41,6 +41,7 @@ def assert_bf16_slabs_match(monkeypatch, qw, x: torch.Tensor, bias: torch.Tensor
 
     monkeypatch.setattr(bf16_gemm, "bf16_gemm_fast", lambda: True)
     monkeypatch.setattr(bf16_gemm, "SLAB_BYTES", slab_rows * qw.in_features * 2)
+    monkeypatch.setattr(bf16_gemm, "MIN_ROWS_MANY_SLABS", x.shape[0])  # several slabs at x's rows
     slabs = []
     real = torch.nn.functional.linear
     monkeypatch.setattr(bf16_gemm.F, "linear", lambda a, w, b=None: slabs.append(w.shape[0]) or real(a, w, b))

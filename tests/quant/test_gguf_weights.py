@@ -163,6 +163,25 @@ def test_bf16_many_rows_decode_slabs_for_onednn(monkeypatch, ggml_type: int):
     assert_bf16_slabs_match(monkeypatch, qw, x, torch.randn(131).bfloat16(), 48)
 
 
+def test_bf16_slabs_take_only_rows_that_repay_the_decode(monkeypatch):
+    """bfloat16 x, native bf16 GEMMs, and at least MIN_ROWS rows (MIN_ROWS_MANY_SLABS for a weight of
+    several slabs: an LM head); fewer rows keep the float32 tiled GEMM."""
+    from tram.model.quant import bf16_gemm
+
+    monkeypatch.setattr(bf16_gemm, "bf16_gemm_fast", lambda: True)
+    mlp, head = (4864, 896), (151936, 896)
+
+    def wants(rows: int, shape: tuple[int, int], dtype: torch.dtype = torch.bfloat16) -> bool:
+        return bf16_gemm.wants_bf16_slabs(torch.empty(rows, shape[1], dtype=dtype), *shape)
+
+    assert (bf16_gemm.MIN_ROWS, bf16_gemm.MIN_ROWS_MANY_SLABS) == (32, 128)
+    assert not wants(31, mlp) and wants(32, mlp)
+    assert not wants(127, head) and wants(128, head)
+    assert not wants(2048, mlp, torch.float32)
+    monkeypatch.setattr(bf16_gemm, "bf16_gemm_fast", lambda: False)
+    assert not wants(2048, mlp)
+
+
 def test_bf16_without_native_bf16_gemms_keeps_the_float32_tiled_gemm(monkeypatch):
     """Where oneDNN has no bf16 GEMM (AVX2 CPUs), PyTorch's bf16 F.linear is slower than float32: the
     tiled GEMM keeps the rows, bit for bit what gguf_gemm gives."""
@@ -172,7 +191,7 @@ def test_bf16_without_native_bf16_gemms_keeps_the_float32_tiled_gemm(monkeypatch
 
     monkeypatch.setattr(bf16_gemm, "bf16_gemm_fast", lambda: False)
     qw = GGUFWeight(_blocks(Q4_K, 70, 256, 12), Q4_K, 256)
-    x = torch.randn(SKINNY_MAX_ROWS + 5, 256).bfloat16()
+    x = torch.randn(40, 256).bfloat16()
     with torch.inference_mode():
         kernels = weights._kernels(x)
         assert torch.equal(qw.apply(x, None), kernels.gguf_gemm(x, qw.data, Q4_K, None))

@@ -3,10 +3,12 @@
 
 Why: with `--dtype bfloat16` a prefill's linears are compute-bound, and oneDNN's bf16 GEMM (AMX
 tiles) runs 4-6x faster than any float32 GEMM on such CPUs, ours (csrc/tiled_gemm.h) included.
-Decoding a weight costs about one pass over its bf16 bytes, which more than 16 rows repay; below
-that the skinny kernels, which read the blocks directly, stay faster (docs/benchmarks.md, "bfloat16
-prefill of a GGUF file"). Where bf16 GEMMs are not native (AVX2 CPUs such as AMD Zen 3), PyTorch's
-bf16 F.linear is slower than float32, and the callers keep their float32 tiled GEMM.
+Decoding a weight costs about one pass over its bf16 bytes (and oneDNN reorders an unpacked weight
+once more), which only enough rows repay: measured on the 0.5B preset's layers, from ~28 rows
+(MIN_ROWS), and from ~100 for a weight of many slabs, the 152K-row LM head (docs/benchmarks.md,
+"bfloat16 activations for quantized weights"). Fewer rows keep the callers' float32 tiled GEMM, as
+do CPUs without native bf16 GEMMs (AVX2 ones such as AMD Zen 3), where PyTorch's bf16 F.linear is
+slower than float32.
 
 Numerics are a bfloat16 checkpoint's: each weight rounded once to bfloat16, float32 accumulation
 inside oneDNN, the output rounded to bfloat16. oneDNN picks its blocking by shape, so a row's last
@@ -27,6 +29,8 @@ import torch.nn.functional as F
 from tram.model.cpu_packed import bf16_gemm_native
 
 SLAB_BYTES = 16 << 20  # a 4864 x 896 MLP weight (8.7 MB) is one slab
+MIN_ROWS = 32  # rows of x from which the slabs beat the float32 tiled GEMM on a weight of one slab
+MIN_ROWS_MANY_SLABS = 128  # the same for a weight of several slabs
 
 # decode(n0, n1, out): rows n0 .. n1 - 1 of the weight into out [n1 - n0, K] bfloat16
 Decode = Callable[[int, int, torch.Tensor], None]
@@ -38,10 +42,13 @@ def bf16_gemm_fast() -> bool:
     return bf16_gemm_native()
 
 
-def wants_bf16_slabs(x: torch.Tensor) -> bool:
-    """Whether rows of x past the skinny kernels' go to bf16_slab_linear: bfloat16 x on a CPU with
-    native bf16 GEMMs."""
-    return x.dtype == torch.bfloat16 and x.device.type == "cpu" and bf16_gemm_fast()
+def wants_bf16_slabs(x: torch.Tensor, out_features: int, in_features: int) -> bool:
+    """Whether x's rows times a [out_features, in_features] weight go to bf16_slab_linear: bfloat16 x
+    on a CPU with native bf16 GEMMs, and enough rows to repay decoding the weight."""
+    if x.dtype != torch.bfloat16 or x.device.type != "cpu" or not bf16_gemm_fast():
+        return False
+    one_slab = out_features * in_features * 2 <= SLAB_BYTES
+    return x.shape[0] >= (MIN_ROWS if one_slab else MIN_ROWS_MANY_SLABS)
 
 
 def bf16_slab_linear(x: torch.Tensor, out_features: int, in_features: int, decode: Decode,

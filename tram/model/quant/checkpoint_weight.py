@@ -56,7 +56,7 @@ class CheckpointInt4Weight(Int4Weight):
             x = x.index_select(1, self.perm)  # [M, K] in stored column order
         if x.shape[0] <= SKINNY_MAX_ROWS:
             return kernels.quant_linear(x, self.qweight, self.scale, self.group, bias, self.zero)
-        if wants_bf16_slabs(x):
+        if wants_bf16_slabs(x, self.out_features, self.in_features):
             return bf16_slab_linear(x, self.out_features, self.in_features, self.bf16_rows(kernels, self.zero), bias)
         return kernels.quant_gemm(x, self.qweight, self.scale, self.group, bias, self.zero)
 

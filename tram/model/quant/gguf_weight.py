@@ -11,8 +11,9 @@ to). A row of a weight [N, K] is K / block_size blocks, each a run of bytes with
     registers and reads each byte once per call.
   * More rows (big decode batches, a prefill): gguf_gemm decodes W a tile of rows at a time into a
     per-thread float32 buffer and multiplies every row of x by it (csrc/tiled_gemm.h). With
-    bfloat16 x on a CPU with native bf16 GEMMs (AMX, AVX512-BF16), W is decoded to bfloat16 a slab
-    at a time for oneDNN's GEMM instead (bf16_gemm.py), 4-6x faster there.
+    bfloat16 x on a CPU with native bf16 GEMMs (AMX, AVX512-BF16), from 32 rows on (128 for an
+    LM head), W is decoded to bfloat16 a slab at a time for oneDNN's GEMM instead (bf16_gemm.py),
+    up to 3-4x faster there.
   * No kernels (TRAM_CPU_KERNELS=0, another device, float16): `dequantize_gguf` below, in PyTorch,
     then F.linear in float32 (`reference_linear`).
 
@@ -210,7 +211,7 @@ class GGUFWeight(QuantizedWeight):
             return reference_linear(x, self, bias)
         if x.shape[0] <= SKINNY_MAX_ROWS:
             return kernels.gguf_linear(x, self.data, self.ggml_type, bias)
-        if wants_bf16_slabs(x):
+        if wants_bf16_slabs(x, self.out_features, self.in_features):
             def decode(n0: int, n1: int, out: torch.Tensor) -> None:
                 kernels.gguf_dequantize_(out, self.data[n0:n1], self.ggml_type)
 

@@ -11,8 +11,8 @@ and reads each byte once per call. Past SKINNY_MAX_ROWS (big decode batches, pre
 decodes W a tile of rows at a time into a per-thread float32 buffer in L2 and multiplies every row of
 x by it (csrc/tiled_gemm.h): no weight-sized float temporary, and each output is one FMA chain over
 k, so a row's result does not depend on the other rows (it differs from the skinny kernel's in the
-last bits: a different order of additions). bfloat16 x past SKINNY_MAX_ROWS on a CPU with native
-bf16 GEMMs goes to oneDNN on bf16 slabs of W instead (bf16_gemm.py).
+last bits: a different order of additions). bfloat16 x of enough rows on a CPU with native bf16
+GEMMs goes to oneDNN on bf16 slabs of W instead (bf16_gemm.py).
 `dequantize()` gives the float weight both compute with; `reference_linear` multiplies by it with
 F.linear, the pure-PyTorch path that TRAM_CPU_KERNELS=0 selects and the tests compare against.
 """
@@ -56,7 +56,7 @@ class QuantizedWeight:
             return reference_linear(x, self, bias)
         if x.shape[0] <= SKINNY_MAX_ROWS:
             return kernels.quant_linear(x, self.qweight, self.scale, self.group, bias)
-        if wants_bf16_slabs(x):
+        if wants_bf16_slabs(x, self.out_features, self.in_features):
             return bf16_slab_linear(x, self.out_features, self.in_features, self.bf16_rows(kernels), bias)
         return kernels.quant_gemm(x, self.qweight, self.scale, self.group, bias)
 
