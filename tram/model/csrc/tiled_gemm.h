@@ -43,18 +43,16 @@ constexpr int64_t kTileRows = 64;
 #if defined(__AVX512F__)
 constexpr int64_t kRowsX = 12;  // 24 accumulators of AVX-512's 32 registers
 #else
-constexpr int64_t kRowsX = 4;  // AVX2: a vf16 is two of its 16 registers
+constexpr int64_t kRowsX = 2;  // AVX2: 2 rows x 4 halves = 8 accumulators, 4 weight halves, a broadcast
 #endif
 
 // x[k] in every lane, straight from memory: a broadcast load is a load-port uop, where GCC's
 // load + register broadcast also takes port 5, which AVX-512 FMAs share (measured ~1.7x slower).
-TRAM_INLINE vf16 broadcast(const float* p) {
 #if defined(__AVX512F__)
-  return bitcast<vf16>(_mm512_set1_ps(*p));
+TRAM_INLINE vf16 broadcast(const float* p) { return bitcast<vf16>(_mm512_set1_ps(*p)); }
 #else
-  return splat16(*p);
+TRAM_INLINE vf8 broadcast(const float* p) { return vf8{} + *p; }  // vbroadcastss from memory
 #endif
-}
 
 // k per pass over a tile: a tile's panels for one pass (64 outputs x 1024 k, 256 KiB) and the
 // block of x's rows for it (below) stay in L2 together. Without passes a K = 4864 layer (ffn_down)
@@ -122,35 +120,45 @@ inline void pack_panels(const float* rows, int64_t count, int64_t ld, float* pan
   }
 }
 
+#if defined(__AVX512F__)
+using Lanes = vf16;  // one panel of 16 outputs per vector
+#else
+// Without AVX-512, GCC keeps arrays of 16-lane vectors in memory (a vmovdqa per use: this kernel ran
+// at scalar speed), so a panel is two 8-lane halves there; each output's FMA chain is the same.
+using Lanes = vf8;
+#endif
+constexpr int64_t kHalves = kPanel / (sizeof(Lanes) / sizeof(float));  // vectors per panel
+
 // Outputs n0 .. n0 + outputs - 1 (the tile's j0 ..) of rows m0 .. m0 + MR - 1, for k0 <= k < k1, from
 // NP panels (NP * 16 >= outputs): each output's FMA chain goes on from where the last pass left it.
 template <typename T, int64_t MR, int64_t NP>
 TRAM_INLINE void micro_tile(const float* x, int64_t ldx, const float* panels, int64_t ld, int64_t k0, int64_t k1,
                             const Sums<T>& s, int64_t m0, int64_t n0, int64_t j0, int64_t outputs) {
-  vf16 acc[MR][NP] = {};
+  constexpr int64_t kV = NP * kHalves, kW = kPanel / kHalves;  // vectors per row, lanes per vector
+  Lanes acc[MR][kV] = {};
   if (!s.first) {
     for (int64_t r = 0; r < MR; ++r) {
-      for (int64_t p = 0; p < NP; ++p) acc[r][p] = vload<vf16>(s.partial + (m0 + r - s.m_begin) * kTileRows + j0 + p * kPanel);
+      for (int64_t v = 0; v < kV; ++v) acc[r][v] = vload<Lanes>(s.partial + (m0 + r - s.m_begin) * kTileRows + j0 + v * kW);
     }
   }
   const float* xm = x + m0 * ldx;
   for (int64_t k = k0; k < k1; ++k) {
-    vf16 w[NP];
-    for (int64_t p = 0; p < NP; ++p) w[p] = vload<vf16>(panels + (p * ld + k) * kPanel);
+    Lanes w[kV];
+    for (int64_t v = 0; v < kV; ++v) w[v] = vload<Lanes>(panels + ((v / kHalves) * ld + k) * kPanel + (v % kHalves) * kW);
     for (int64_t r = 0; r < MR; ++r) {
-      const vf16 xr = broadcast(xm + r * ldx + k);
-      for (int64_t p = 0; p < NP; ++p) acc[r][p] += xr * w[p];
+      const Lanes xr = broadcast(xm + r * ldx + k);
+      for (int64_t v = 0; v < kV; ++v) acc[r][v] += xr * w[v];
     }
   }
   if (!s.last) {
     for (int64_t r = 0; r < MR; ++r) {
-      for (int64_t p = 0; p < NP; ++p) vstore(s.partial + (m0 + r - s.m_begin) * kTileRows + j0 + p * kPanel, acc[r][p]);
+      for (int64_t v = 0; v < kV; ++v) vstore(s.partial + (m0 + r - s.m_begin) * kTileRows + j0 + v * kW, acc[r][v]);
     }
     return;
   }
   for (int64_t r = 0; r < MR; ++r) {
     float out[NP * kPanel];
-    for (int64_t p = 0; p < NP; ++p) vstore(out + p * kPanel, acc[r][p]);
+    for (int64_t v = 0; v < kV; ++v) vstore(out + v * kW, acc[r][v]);
     T* yr = s.y + (m0 + r) * s.N + n0;
     for (int64_t j = 0; j < outputs; ++j) store(out[j] + (s.bias != nullptr ? load1(s.bias + n0 + j) : 0.0f), yr + j);
   }
