@@ -33,9 +33,9 @@ def assert_close_to_reference(got: torch.Tensor, want: torch.Tensor, dtype: torc
 
 def assert_bf16_slabs_match(monkeypatch, qw, x: torch.Tensor, bias: torch.Tensor | None, slab_rows: int) -> None:
     """qw.apply on bfloat16 x (at least bf16_gemm.MIN_ROWS rows), through bf16_gemm.py's slabs of
-    `slab_rows` weight rows whatever the CPU (bf16 GEMMs forced on: where they are not native PyTorch still runs them,
-    slowly). Each slab's outputs from its own rows and bias: a slab that read another's would be off
-    by the weights' scale, far past one bf16 rounding of the output."""
+    `slab_rows` weight rows whatever the CPU (bf16 GEMMs forced on: where they are not native,
+    PyTorch still runs them, slowly). Each slab's outputs from its own rows and bias: a slab that read
+    another's would be off by the weights' scale, far past one bf16 rounding of the output."""
     from tram.model.quant import bf16_gemm
     from tram.model.quant.weights import reference_linear
 

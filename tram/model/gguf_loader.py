@@ -102,12 +102,11 @@ def load_gguf_weights(model: nn.Module, path: str, hf_config: Any, int8_activati
         loaded.add(name)
     _check_complete(model, params, loaded, unexpected, path)
     close_gguf()  # the map's pages count in the resident set while a reader holds it
+    first = next(iter(params.values()))  # every float parameter has the model's dtype and device
     if converted:
         logger.info("GGUF types %s have no kernel in Tram: dequantized at load to %s",
-                    ", ".join(f"{k} ({n} tensors)" for k, n in sorted(converted.items())),
-                    next(iter(params.values())).dtype)
+                    ", ".join(f"{k} ({n} tensors)" for k, n in sorted(converted.items())), first.dtype)
     logger.info("Read %s: %d tensors kept quantized in %.2f s", path, kept, time.perf_counter() - start)
-    first = next(iter(params.values()))
     if kept and first.dtype == torch.float32 and first.device.type == "cpu" and not int8_activations \
             and bf16_gemm_fast():
         logger.info("GGUF linears take float32 activations (transformers' numbers); this CPU has native "

@@ -7,7 +7,8 @@
 // thread decodes a tile once (the caller's fill, the same per-weight decode as its dequantizer) into
 // a float32 buffer that stays in L2, repacks it k-major in panels of 16 outputs, and multiplies a
 // block of x's rows by it with a register-blocked kernel: kRowsX rows of x times 32 outputs, one
-// vector FMA per row and panel per k, the weights loaded once per kRowsX rows. (A dot-product kernel
+// vector FMA per row and panel per k (two 8-lane ones without AVX-512), the weights loaded once per
+// kRowsX rows. (A dot-product kernel
 // on the row-major tile, and at::mm on it, measured slower: docs in the report of this change.)
 //
 // Arithmetic: each output is one float32 FMA chain over k = 0 .. K - 1 from 0, in that order, plus

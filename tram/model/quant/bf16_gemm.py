@@ -3,10 +3,10 @@
 
 Why: with `--dtype bfloat16` a prefill's linears are compute-bound, and oneDNN's bf16 GEMM (AMX
 tiles) runs 3-6x faster than any float32 GEMM on such CPUs, ours (csrc/tiled_gemm.h) included.
-Decoding a weight costs about one pass over its bf16 bytes (and oneDNN may copy an unpacked weight
-into its own layout once more), which only enough rows repay: measured on the 0.5B preset's layers, from ~28 rows
-(MIN_ROWS), and from ~100 for a weight of many slabs, the 152K-row LM head (docs/benchmarks.md,
-"bfloat16 activations for quantized weights"). Fewer rows keep the callers' float32 tiled GEMM, as
+Decoding a weight costs about one pass over its bf16 bytes (and oneDNN may copy an unpacked
+weight into its own layout once more), which only enough rows repay: measured on the 0.5B preset's
+layers from ~28 rows (MIN_ROWS), and from ~100 for a weight of many slabs, the 152K-row LM head
+(docs/benchmarks.md, "bfloat16 activations for quantized weights"). Fewer rows keep the callers' float32 tiled GEMM, as
 do CPUs without native bf16 GEMMs (AVX2 ones such as AMD Zen 3), where PyTorch's bf16 F.linear is
 slower than float32.
 

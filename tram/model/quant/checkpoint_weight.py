@@ -35,7 +35,6 @@ class CheckpointInt4Weight(Int4Weight):
     contiguous, as the kernel needs, and x is permuted the same way (index_select) before it, so the
     product is that of the original weight."""
 
-    zero: torch.Tensor | None = None
     perm: torch.Tensor | None = None
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, group: int, zero: torch.Tensor | None = None,
@@ -57,7 +56,7 @@ class CheckpointInt4Weight(Int4Weight):
         if x.shape[0] <= SKINNY_MAX_ROWS:
             return kernels.quant_linear(x, self.qweight, self.scale, self.group, bias, self.zero)
         if wants_bf16_slabs(x, self.out_features, self.in_features):
-            return bf16_slab_linear(x, self.out_features, self.in_features, self.bf16_rows(kernels, self.zero), bias)
+            return bf16_slab_linear(x, self.out_features, self.in_features, self.bf16_rows(kernels), bias)
         return kernels.quant_gemm(x, self.qweight, self.scale, self.group, bias, self.zero)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -12,8 +12,8 @@ to). A row of a weight [N, K] is K / block_size blocks, each a run of bytes with
   * More rows (big decode batches, a prefill): gguf_gemm decodes W a tile of rows at a time into a
     per-thread float32 buffer and multiplies every row of x by it (csrc/tiled_gemm.h). With
     bfloat16 x on a CPU with native bf16 GEMMs (AMX, AVX512-BF16), from 32 rows on (128 for an
-    LM head), W is decoded to bfloat16 a slab at a time for oneDNN's GEMM instead (bf16_gemm.py),
-    up to 3-4x faster there.
+    LM head), W is decoded to bfloat16 a slab at a time for oneDNN's GEMM instead (bf16_gemm.py):
+    3-5x faster at a prefill's thousands of rows there.
   * No kernels (TRAM_CPU_KERNELS=0, another device, float16): `dequantize_gguf` below, in PyTorch,
     then F.linear in float32 (`reference_linear`).
 
@@ -28,12 +28,13 @@ module does not need the gguf package; the tests check them against it.
 """
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from tram.model.quant.bf16_gemm import bf16_slab_linear, wants_bf16_slabs
+from tram.model.quant.bf16_gemm import Decode, bf16_slab_linear, wants_bf16_slabs
 from tram.model.quant.weights import SKINNY_MAX_ROWS, QuantizedWeight, _kernels, reference_linear
 
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 6, 7, 8, 12, 13, 14  # gguf.GGMLQuantizationType values
@@ -212,11 +213,15 @@ class GGUFWeight(QuantizedWeight):
         if x.shape[0] <= SKINNY_MAX_ROWS:
             return kernels.gguf_linear(x, self.data, self.ggml_type, bias)
         if wants_bf16_slabs(x, self.out_features, self.in_features):
-            def decode(n0: int, n1: int, out: torch.Tensor) -> None:
-                kernels.gguf_dequantize_(out, self.data[n0:n1], self.ggml_type)
-
-            return bf16_slab_linear(x, self.out_features, self.in_features, decode, bias)
+            return bf16_slab_linear(x, self.out_features, self.in_features, self.bf16_rows(kernels), bias)
         return kernels.gguf_gemm(x, self.data, self.ggml_type, bias)
+
+    def bf16_rows(self, kernels: ModuleType) -> Decode:
+        """Rows n0 .. n1 - 1 of the blocks decoded into a bfloat16 slab (gguf_dequantize_)."""
+        def decode(n0: int, n1: int, out: torch.Tensor) -> None:
+            kernels.gguf_dequantize_(out, self.data[n0:n1], self.ggml_type)
+
+        return decode
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return dequantize_gguf(self.data, self.ggml_type, self.in_features).to(dtype)

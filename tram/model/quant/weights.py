@@ -46,6 +46,7 @@ class QuantizedWeight:
     qweight: torch.Tensor
     scale: torch.Tensor
     group = 0  # int8: one scale per row
+    zero: torch.Tensor | None = None  # [N, K / group] uint8 zero points (checkpoints); None: symmetric
 
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if x.is_cuda:  # Triton W8A16 / W4A16 GEMM; imported here: triton is the gpu extra's
@@ -60,8 +61,10 @@ class QuantizedWeight:
             return bf16_slab_linear(x, self.out_features, self.in_features, self.bf16_rows(kernels), bias)
         return kernels.quant_gemm(x, self.qweight, self.scale, self.group, bias)
 
-    def bf16_rows(self, kernels: ModuleType, zero: torch.Tensor | None = None) -> Decode:
+    def bf16_rows(self, kernels: ModuleType) -> Decode:
         """Rows n0 .. n1 - 1 of the weight decoded into a bfloat16 slab (quant_dequantize_)."""
+        zero = self.zero
+
         def decode(n0: int, n1: int, out: torch.Tensor) -> None:
             kernels.quant_dequantize_(out, self.qweight[n0:n1], self.scale[n0:n1], self.group,
                                       None if zero is None else zero[n0:n1])
