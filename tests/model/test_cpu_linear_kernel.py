@@ -142,3 +142,15 @@ def test_several_weights_in_one_call_equal_separate_calls(dtype: torch.dtype) ->
         assert all(torch.equal(f, F.linear(big, layer.weight, layer.bias)) for f, layer in zip(linear_n(big, layers), layers))
     with pytest.raises(RuntimeError, match="one bias"):
         kernels.skinny_linear_n(x, weights, biases[:2])
+
+
+def test_the_build_target_is_named_by_tram_cpu_march(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(cpu_kernels.MARCH_VAR, raising=False)
+    native = cpu_kernels.extension_name()
+    assert cpu_kernels.target_arch() == "native"
+    monkeypatch.setenv(cpu_kernels.MARCH_VAR, "x86-64-v3")
+    assert cpu_kernels.target_arch() == "x86-64-v3"
+    assert cpu_kernels.extension_name() != native  # two targets never share a cached build
+    monkeypatch.setenv(cpu_kernels.MARCH_VAR, "native -O0")
+    with pytest.raises(ValueError, match="TRAM_CPU_MARCH"):
+        cpu_kernels.target_arch()

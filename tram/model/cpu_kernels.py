@@ -17,6 +17,9 @@ default ~/.cache/torch_extensions), keyed by sources and flags, so later process
 happens at start logs its progress (kernel_build.py).
 It is compiled with -march=native, so the module name carries a hash of the CPU's features (and of
 the headers) and a cache shared between different machines never hands one a binary for another.
+TRAM_CPU_MARCH names another target (x86-64-v3: AVX2 + FMA, the kernels' floor; x86-64-v4: AVX-512)
+for a build that must run on other CPUs than the one building it, or to test one ISA's code on a
+CPU that has more.
 
 If the build fails, or TRAM_CPU_KERNELS=0, `load_cpu_kernels()` returns None (a warning is logged
 once on failure) and callers keep the pure-PyTorch paths.
@@ -28,6 +31,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import threading
 from types import ModuleType
 
@@ -46,9 +50,10 @@ _SOURCES = [os.path.join(_CSRC, name) for name in (
 # -fopenmp: at::parallel_for is header code that only runs in parallel when compiled with OpenMP
 # (the extension then shares the libgomp torch already loaded). No -ffast-math: the kernels' loops
 # are written to vectorise without it (vector extensions, omp simd reductions, a polynomial exp).
-_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-DNDEBUG"]
+_CFLAGS = ["-O3", "-fopenmp", "-DNDEBUG"]
 _LDFLAGS = ["-fopenmp"]
 ENV_SWITCH = "TRAM_CPU_KERNELS"
+MARCH_VAR = "TRAM_CPU_MARCH"
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 _lock = threading.Lock()
@@ -56,10 +61,18 @@ _loaded = False
 _module: ModuleType | None = None
 
 
+def target_arch() -> str:
+    """The -march the kernels are built for: TRAM_CPU_MARCH, else native."""
+    march = os.environ.get(MARCH_VAR, "").strip() or "native"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", march):
+        raise ValueError(f"{MARCH_VAR}={march!r} is not a -march name (e.g. native, x86-64-v3, x86-64-v4)")
+    return march
+
+
 def _build_tag() -> str:
-    """A short hash of the CPU's instruction-set features (the build uses -march=native), of the
-    source folder and of the headers (torch's build cache hashes the sources it is given, not what
-    they include)."""
+    """A short hash of the CPU's instruction-set features and the target (-march), of the source
+    folder and of the headers (torch's build cache hashes the sources it is given, not what they
+    include)."""
     flags = ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -71,7 +84,7 @@ def _build_tag() -> str:
         pass
     # The source folder too: torch's build cache hashes the include paths, so two checkouts on one
     # machine under one module name would rebuild over each other on every start.
-    key = f"{platform.machine()}|{platform.processor()}|{flags}|{_CSRC}"
+    key = f"{platform.machine()}|{platform.processor()}|{flags}|{_CSRC}|{target_arch()}"
     for header in sorted(glob.glob(os.path.join(_CSRC, "*.h"))):
         with open(header) as f:
             key += f.read()
@@ -91,7 +104,7 @@ def _build() -> ModuleType:
         name=name,
         sources=list(_SOURCES),
         extra_include_paths=[_CSRC],
-        extra_cflags=list(_CFLAGS),  # copies: load() appends to extra_ldflags in place
+        extra_cflags=[*_CFLAGS, f"-march={target_arch()}"],  # copies: load() appends to the lists in place
         extra_ldflags=list(_LDFLAGS),
         verbose=False,
     ))

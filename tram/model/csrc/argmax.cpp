@@ -38,8 +38,7 @@ int64_t row_argmax(const float* x, int64_t n) {
   vf16 m[kAcc] = {ninf, ninf, ninf, ninf};
   vi16 idx[kAcc] = {};
   vi16 nan_seen{};
-  vi16 pos{};
-  for (int l = 0; l < kLanes; ++l) pos[l] = l;
+  const vi16 pos = iota16();
   int64_t i = 0;
   for (; i + kAcc * kLanes <= n && i + kAcc * kLanes < (int64_t{1} << 31); i += kAcc * kLanes) {
     for (int a = 0; a < kAcc; ++a) {
@@ -47,8 +46,8 @@ int64_t row_argmax(const float* x, int64_t n) {
       // A NaN compares false both ways, so it never replaces a maximum; it is noted instead.
       nan_seen |= v != v;
       const vi16 gt = v > m[a];
-      m[a] = gt ? v : m[a];
-      idx[a] = gt ? pos + static_cast<int32_t>(i + a * kLanes) : idx[a];
+      m[a] = select(gt, v, m[a]);
+      idx[a] = select(gt, pos + static_cast<int32_t>(i + a * kLanes), idx[a]);
     }
   }
   float best = -std::numeric_limits<float>::infinity();

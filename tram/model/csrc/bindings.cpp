@@ -73,4 +73,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary_", &tram::rotary_,
         "Rotate-half rotary embedding in place (CPU): (query [T,H,D], key [T,Hkv,D], cos [T,R], sin [T,R])",
         py::arg("query"), py::arg("key"), py::arg("cos"), py::arg("sin"));
+  m.def("vector_bits", [] {
+#if defined(__AVX512F__)
+    return 512;
+#elif defined(__AVX__)
+    return 256;
+#else
+    return 128;
+#endif
+  }, "The widest vector registers the build targets (-march): 512 with AVX-512, 256 with AVX2");
 }

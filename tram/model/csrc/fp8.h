@@ -70,7 +70,7 @@ TRAM_INLINE vf8 fix_nan(vf8 f, const c10::Float8_e4m3fn*) {
 
 TRAM_INLINE vf16 fix_nan(vf16 f, const c10::Float8_e4m3fn*) {
   const vf16 a = simd::bitcast<vf16>(simd::bitcast<simd::vu32x16>(f) & 0x7FFFFFFFu);
-  return a == 1.875f ? vf16{} + __builtin_nanf("") : f;
+  return simd::select(a == 1.875f, vf16{} + __builtin_nanf(""), f);
 }
 
 template <typename V>
@@ -107,8 +107,7 @@ TRAM_INLINE vf16 widen16_raw(const F8* p) {
 #else
 template <typename F8>
 TRAM_INLINE vf16 widen16_raw(const F8* p) {
-  const vf8 lo = widen8_raw(p), hi = widen8_raw(p + 8);
-  return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  return simd::join8(widen8_raw(p), widen8_raw(p + 8));
 }
 #endif
 

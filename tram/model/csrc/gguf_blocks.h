@@ -45,10 +45,8 @@ TRAM_INLINE vf16 rounded(vf16 v) {
   asm("" : "+v"(v));
   return v;
 #elif defined(__AVX__)
-  vf8 lo = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
-  vf8 hi = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  asm("" : "+x"(lo), "+x"(hi));
-  return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  asm("" : "+x"(v.lo), "+x"(v.hi));
+  return v;
 #else
   asm("" : "+m"(v));
   return v;

@@ -57,14 +57,9 @@ TRAM_INLINE vf16 fmadd(vf16 a, vf16 b, vf16 c) {
 #if defined(__AVX512F__)
   return bitcast<vf16>(_mm512_fmadd_ps(bitcast<__m512>(a), bitcast<__m512>(b), bitcast<__m512>(c)));
 #elif defined(__FMA__)
-  const vf8 lo = bitcast<vf8>(_mm256_fmadd_ps(bitcast<__m256>(__builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7)),
-                                              bitcast<__m256>(__builtin_shufflevector(b, b, 0, 1, 2, 3, 4, 5, 6, 7)),
-                                              bitcast<__m256>(__builtin_shufflevector(c, c, 0, 1, 2, 3, 4, 5, 6, 7))));
-  const vf8 hi = bitcast<vf8>(
-      _mm256_fmadd_ps(bitcast<__m256>(__builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15)),
-                      bitcast<__m256>(__builtin_shufflevector(b, b, 8, 9, 10, 11, 12, 13, 14, 15)),
-                      bitcast<__m256>(__builtin_shufflevector(c, c, 8, 9, 10, 11, 12, 13, 14, 15))));
-  return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m256 lo = _mm256_fmadd_ps(bitcast<__m256>(low8(a)), bitcast<__m256>(low8(b)), bitcast<__m256>(low8(c)));
+  const __m256 hi = _mm256_fmadd_ps(bitcast<__m256>(high8(a)), bitcast<__m256>(high8(b)), bitcast<__m256>(high8(c)));
+  return join8(bitcast<vf8>(lo), bitcast<vf8>(hi));
 #else
   vf16 r;
   for (int i = 0; i < 16; ++i) r[i] = std::fma(a[i], b[i], c[i]);
@@ -74,7 +69,7 @@ TRAM_INLINE vf16 fmadd(vf16 a, vf16 b, vf16 c) {
 
 // ---- the integer dot product of one chunk: 16 lanes of sum(u[4l..4l+3] * q[4l..4l+3]) + init ----
 
-typedef int32_t vi32x16 __attribute__((vector_size(64)));
+using vi32x16 = vi16;
 
 #if defined(__AVX512VNNI__) || defined(__AVX512BW__)
 TRAM_INLINE __m512i m512(vu8x64 v) { return bitcast<__m512i>(v); }
@@ -146,8 +141,6 @@ TRAM_INLINE vi32x16 dot_signed(vi32x16 init, vu8x64 w, const int8_t* q) {
   return r;
 #endif
 }
-
-TRAM_INLINE vf16 to_float(vi32x16 v) { return __builtin_convertvector(v, vf16); }
 
 template <typename F>
 constexpr bool kLegacy = F::kBlock == 32;

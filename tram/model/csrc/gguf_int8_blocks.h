@@ -27,17 +27,25 @@ using namespace tram::gguf;
 typedef uint8_t vu8x16 __attribute__((vector_size(16)));
 typedef uint8_t vu8x32 __attribute__((vector_size(32)));
 typedef uint16_t vu16x16_ __attribute__((vector_size(32)));
+#if TRAM_VF16_NATIVE
 typedef uint8_t vu8x64 __attribute__((vector_size(64)));
+#else
+using vu8x64 = Pair<vu8x32>;  // in two registers (simd_pair.h)
+#endif
 
 #if defined(__AVX512VBMI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define TRAM_GGUF_VBMI 1
 #endif
 
 TRAM_INLINE vu8x64 concat(vu8x32 lo, vu8x32 hi) {
+#if !TRAM_VF16_NATIVE
+  return {lo, hi};
+#else
   return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
                                  21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41,
                                  42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62,
                                  63);
+#endif
 }
 
 // (v >> shift) & mask in every byte, with 16-bit shifts (x86 has no byte shifts; the mask drops
@@ -73,7 +81,7 @@ TRAM_INLINE vu8x32 high_bits32(const uint8_t* p) {
 }
 
 // Lanes 0..7 a, 8..15 b.
-TRAM_INLINE vf16 halves(float a, float b) { return vf16{a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b}; }
+TRAM_INLINE vf16 halves(float a, float b) { return join8(vf8{} + a, vf8{} + b); }
 
 struct Chunk {
   vu8x64 u;
@@ -266,7 +274,7 @@ struct Q6_K {
     const vu8x32 h1 = shr_bits(hb, static_cast<int>(4 * j + 2), 3) << 4;
     out.u = concat(l0 | h0, l1 | h1);
     const float s0 = ds[4 * c], s1 = ds[4 * c + 1], s2 = ds[4 * c + 2], s3 = ds[4 * c + 3];
-    out.s = vf16{s0, s0, s0, s0, s1, s1, s1, s1, s2, s2, s2, s2, s3, s3, s3, s3};
+    out.s = join8(vf8{s0, s0, s0, s0, s1, s1, s1, s1}, vf8{s2, s2, s2, s2, s3, s3, s3, s3});
 #endif
   }
 };

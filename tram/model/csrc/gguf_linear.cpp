@@ -203,8 +203,8 @@ void linear_impl(const Args& a) {
 TRAM_INLINE void store16(vf16 v, float* out) { vstore(out, v); }
 
 TRAM_INLINE void store16(vf16 v, c10::BFloat16* out) {
-  store_bf16x8(out, round_bf16x8(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7)));
-  store_bf16x8(out + 8, round_bf16x8(__builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15)));
+  store_bf16x8(out, round_bf16x8(low8(v)));
+  store_bf16x8(out + 8, round_bf16x8(high8(v)));
 }
 
 // Row n of W into out (float32 or bfloat16): the weights the tiles compute with.

@@ -107,7 +107,7 @@ TRAM_INLINE float softmax_numerators(float* __restrict x, int64_t n) {
   vf16 m = splat16(-std::numeric_limits<float>::infinity());
   for (int64_t i = 0; i < n; i += kScorePad) {
     const vf16 v = vload<vf16>(x + i);
-    m = m < v ? v : m;
+    m = select(m < v, v, m);
   }
   float mx = m[0];
   for (int l = 1; l < kScorePad; ++l) mx = std::max(mx, m[l]);

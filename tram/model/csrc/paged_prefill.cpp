@@ -117,7 +117,7 @@ void load_segment(const C* k_cache, const C* v_cache, const Request& rq, int64_t
 // segment starting at key k0, masked, into s ([row][key]); returns each row's maximum.
 TRAM_INLINE void score_rows(const float* q, int64_t D, const float* kt, int64_t k0, int64_t c0, int64_t c1,
                             const int64_t* p, int64_t window, float scale, float* s, float* row_max) {
-  const vi16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const vi16 iota = iota16();
   vf16 mx[kRows];
   for (int r = 0; r < kRows; ++r) mx[r] = splat16(kNegInf);
   for (int64_t c = c0; c < c1; ++c) {
@@ -135,10 +135,10 @@ TRAM_INLINE void score_rows(const float* q, int64_t D, const float* kt, int64_t 
       if (partial) {
         const vi16 pr = vi16{} + static_cast<int32_t>(p[r]);
         const vi16 keep = window > 0 ? ((pos <= pr) & (pos > pr - static_cast<int32_t>(window))) : (pos <= pr);
-        sc = keep ? sc : splat16(kNegInf);
+        sc = select(keep, sc, splat16(kNegInf));
       }
       vstore(s + r * kSegment + c * kChunk, sc);
-      mx[r] = mx[r] < sc ? sc : mx[r];
+      mx[r] = select(mx[r] < sc, sc, mx[r]);
     }
   }
   for (int r = 0; r < kRows; ++r) row_max[r] = hmax(mx[r]);

@@ -29,9 +29,9 @@ constexpr int64_t kGrainRows = 4;
 
 TRAM_INLINE vf16 silu16(vf16 g) {
   const vf16 zero{};
-  const vf16 neg_abs = g < zero ? g : -g;
+  const vf16 neg_abs = select(g < zero, g, -g);
   const vf16 e = exp_nonpos(neg_abs);
-  const vf16 num = g < zero ? g * e : g;
+  const vf16 num = select(g < zero, g * e, g);
   return num / (e + 1.0f);
 }
 

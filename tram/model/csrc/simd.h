@@ -11,36 +11,66 @@
 
 #define TRAM_INLINE __attribute__((always_inline)) inline
 
+#include "simd_pair.h"
+
 namespace tram::simd {
 
 typedef float vf4 __attribute__((vector_size(4 * sizeof(float))));
 typedef float vf8 __attribute__((vector_size(8 * sizeof(float))));
-typedef float vf16 __attribute__((vector_size(16 * sizeof(float))));
-typedef int32_t vi16 __attribute__((vector_size(16 * sizeof(int32_t))));
+typedef int32_t vi32x8 __attribute__((vector_size(8 * sizeof(int32_t))));
 typedef uint16_t vu16x8 __attribute__((vector_size(8 * sizeof(uint16_t))));
 typedef uint32_t vu32x8 __attribute__((vector_size(8 * sizeof(uint32_t))));
 typedef uint16_t vu16x16 __attribute__((vector_size(16 * sizeof(uint16_t))));
-typedef uint32_t vu32x16 __attribute__((vector_size(16 * sizeof(uint32_t))));
 
-// Unaligned loads and stores without aliasing trouble (memcpy compiles to one vector move).
+// 16 lanes: one register with AVX-512, two halves elsewhere (simd_pair.h says why). Code that must
+// compile both ways uses the helpers below for selects, halves, conversions and lane lists.
+#if defined(__AVX512F__)
+#define TRAM_VF16_NATIVE 1
+typedef float vf16 __attribute__((vector_size(16 * sizeof(float))));
+typedef int32_t vi16 __attribute__((vector_size(16 * sizeof(int32_t))));
+typedef uint32_t vu32x16 __attribute__((vector_size(16 * sizeof(uint32_t))));
+#else
+#define TRAM_VF16_NATIVE 0
+using vf16 = Pair<vf8>;
+using vi16 = Pair<vi32x8>;
+using vu32x16 = Pair<vu32x8>;
+#endif
+
+// Unaligned loads and stores without aliasing trouble (memcpy compiles to one vector move). A pair
+// moves half by half: one memcpy of the whole struct went through the stack in 16-byte pieces.
 template <typename V>
 TRAM_INLINE V vload(const void* p) {
-  V v;
-  std::memcpy(&v, p, sizeof(V));
-  return v;
+  if constexpr (kIsPair<V>) {
+    using H = decltype(V::lo);
+    return V{vload<H>(p), vload<H>(static_cast<const char*>(p) + sizeof(H))};
+  } else {
+    V v;
+    std::memcpy(&v, p, sizeof(V));
+    return v;
+  }
 }
 
 template <typename V>
 TRAM_INLINE void vstore(void* p, const V& v) {
-  std::memcpy(p, &v, sizeof(V));
+  if constexpr (kIsPair<V>) {
+    vstore(p, v.lo);
+    vstore(static_cast<char*>(p) + sizeof(v.lo), v.hi);
+  } else {
+    std::memcpy(p, &v, sizeof(V));
+  }
 }
 
 template <typename To, typename From>
 TRAM_INLINE To bitcast(const From& v) {
   static_assert(sizeof(To) == sizeof(From));
-  To r;
-  std::memcpy(&r, &v, sizeof(To));
-  return r;
+  if constexpr (kIsPair<To> && kIsPair<From>) {
+    using H = decltype(To::lo);
+    return To{bitcast<H>(v.lo), bitcast<H>(v.hi)};
+  } else {
+    To r;
+    std::memcpy(&r, &v, sizeof(To));
+    return r;
+  }
 }
 
 // One element widened to float32, and one float32 rounded to the element type.
@@ -51,10 +81,29 @@ TRAM_INLINE void store(float v, float* dst) { *dst = v; }
 TRAM_INLINE void store(float v, c10::BFloat16* dst) { *dst = c10::BFloat16(v); }
 TRAM_INLINE void store(float v, c10::Half* dst) { *dst = c10::Half(v); }
 
+// ---- 16 lanes in either representation.
+
+#if TRAM_VF16_NATIVE
+TRAM_INLINE vf8 low8(vf16 v) { return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7); }
+TRAM_INLINE vf8 high8(vf16 v) { return __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15); }
+TRAM_INLINE vf16 join8(vf8 lo, vf8 hi) {
+  return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+TRAM_INLINE vf16 select(vi16 mask, vf16 a, vf16 b) { return mask ? a : b; }
+TRAM_INLINE vi16 select(vi16 mask, vi16 a, vi16 b) { return mask ? a : b; }
+TRAM_INLINE vf16 to_float(vi16 v) { return __builtin_convertvector(v, vf16); }
+TRAM_INLINE vi16 iota16() { return vi16{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}; }
+#else
+TRAM_INLINE vf8 low8(vf16 v) { return v.lo; }
+TRAM_INLINE vf8 high8(vf16 v) { return v.hi; }
+TRAM_INLINE vf16 join8(vf8 lo, vf8 hi) { return {lo, hi}; }
+TRAM_INLINE vf16 to_float(vi16 v) { return {__builtin_convertvector(v.lo, vf8), __builtin_convertvector(v.hi, vf8)}; }
+TRAM_INLINE vi16 iota16() { return {vi32x8{0, 1, 2, 3, 4, 5, 6, 7}, vi32x8{8, 9, 10, 11, 12, 13, 14, 15}}; }
+#endif
+
 // Fixed-order horizontal sum: halves folded pairwise, 16 -> 8 -> 4 -> 2 -> 1, in registers.
 TRAM_INLINE float hsum(vf16 v) {
-  const vf8 s8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                 __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const vf8 s8 = low8(v) + high8(v);
   const vf4 s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) + __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
   const float s0 = s4[0] + s4[2], s1 = s4[1] + s4[3];
   return s0 + s1;
@@ -62,8 +111,7 @@ TRAM_INLINE float hsum(vf16 v) {
 
 // The largest lane (the order does not matter for a maximum).
 TRAM_INLINE float hmax(vf16 v) {
-  const vf8 m8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
-  const vf8 h8 = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const vf8 m8 = low8(v), h8 = high8(v);
   const vf8 s8 = m8 < h8 ? h8 : m8;
   float m = s8[0];
   for (int i = 1; i < 8; ++i) m = std::max(m, s8[i]);
@@ -91,11 +139,20 @@ TRAM_INLINE void store_bf16x8(c10::BFloat16* p, vf8 rounded) {
   vstore(p, __builtin_convertvector(bitcast<vu32x8>(rounded) >> 16, vu16x8));
 }
 
+// 16 bfloat16 widened to float32 (exact).
+TRAM_INLINE vf16 widen_bf16x16(const c10::BFloat16* p) {
+#if TRAM_VF16_NATIVE
+  return bitcast<vf16>(__builtin_convertvector(vload<vu16x16>(p), vu32x16) << 16);
+#else
+  return {widen_bf16x8(p), widen_bf16x8(p + 8)};
+#endif
+}
+
 // exp(x) for x <= 0 (scores minus their max): Cephes expf's range reduction and polynomial (about
 // 1 ulp); below -87 (and for the -inf padding) the result is 0.
 TRAM_INLINE vf16 exp_nonpos(vf16 x) {
   const vf16 lo = splat16(-87.0f);
-  const vf16 xc = x < lo ? lo : x;
+  const vf16 xc = select(x < lo, lo, x);
   const vf16 magic = splat16(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
   const vf16 t = xc * 1.44269504088896341f + magic;
   const vf16 fx = t - magic;  // round(xc / ln 2), in [-126, 0]
@@ -110,7 +167,7 @@ TRAM_INLINE vf16 exp_nonpos(vf16 x) {
   y = y * r + 5.0000001201e-1f;
   y = y * r * r + r + 1.0f;
   const vf16 scaled = y * bitcast<vf16>((n + 127) << 23);
-  return x < lo ? vf16{} : scaled;
+  return select(x < lo, vf16{}, scaled);
 }
 
 }  // namespace tram::simd

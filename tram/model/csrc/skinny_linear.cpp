@@ -52,10 +52,7 @@ TRAM_INLINE vf16 load_widened<float>(const float* p) {
 
 template <>
 TRAM_INLINE vf16 load_widened<c10::BFloat16>(const c10::BFloat16* p) {
-  const vu32x16 bits = __builtin_convertvector(vload<vu16x16>(p), vu32x16) << 16;
-  vf16 out;
-  std::memcpy(&out, &bits, sizeof(out));
-  return out;
+  return widen_bf16x16(p);
 }
 
 // The last K % 16 weights of a row, zero-padded, without reading past the row.

@@ -41,10 +41,13 @@ constexpr int64_t kPanel = 16;  // outputs per packed panel: one vector
 // Rows of W per tile: whole pairs of panels, few enough that N = 128 is still two tiles for two
 // threads; K = 4864 makes it 1.9 MB of float32 buffers per thread (rows + panels), in L2.
 constexpr int64_t kTileRows = 64;
+// Rows of x and panels of W per micro-tile.
 #if defined(__AVX512F__)
-constexpr int64_t kRowsX = 12;  // 24 accumulators of AVX-512's 32 registers
+constexpr int64_t kRowsX = 12, kPanelsX = 2;  // 24 accumulators of AVX-512's 32 registers
 #else
-constexpr int64_t kRowsX = 2;  // AVX2: 2 rows x 4 halves = 8 accumulators, 4 weight halves, a broadcast
+// AVX2 (16 registers): 6 rows x 2 halves = 12 accumulators, 2 weight halves and a broadcast, the
+// 6x16 shape of AVX2 SGEMM kernels: 8 loads per 12 FMAs, and 12 chains to cover the FMA latency.
+constexpr int64_t kRowsX = 6, kPanelsX = 1;
 #endif
 
 // x[k] in every lane, straight from memory: a broadcast load is a load-port uop, where GCC's
@@ -81,27 +84,46 @@ struct Sums {
 };
 
 // Rows r[0..15] transposed in place (lane j of row i <-> lane i of row j): four rounds of two-source
-// shuffles, exchanging blocks of 8, 4, 2 and 1 lanes between rows h apart.
-TRAM_INLINE void transpose16(vf16* r) {
+// shuffles, exchanging blocks of 8, 4, 2 and 1 lanes between rows h apart. Within a half of 8 lanes
+// the rounds of 4, 2 and 1 are the same 8-lane shuffle on both halves; the round of 8 swaps halves.
 #define TRAM_ARGS(...) __VA_ARGS__
-#define TRAM_ROUND(H, LO, HI)                                        \
-  for (int i = 0; i < 16; ++i) {                                     \
-    if (i & H) continue;                                             \
-    const vf16 a = r[i], b = r[i + H];                               \
-    r[i] = __builtin_shufflevector(a, b, LO);                        \
-    r[i + H] = __builtin_shufflevector(a, b, HI);                    \
+TRAM_INLINE void transpose16(vf16* r) {
+  for (int i = 0; i < 8; ++i) {
+    const vf16 a = r[i], b = r[i + 8];
+    r[i] = join8(low8(a), low8(b));
+    r[i + 8] = join8(high8(a), high8(b));
   }
-  TRAM_ROUND(8, TRAM_ARGS(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23),
-             TRAM_ARGS(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31))
-  TRAM_ROUND(4, TRAM_ARGS(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27),
+// LO8 / HI8: a round's 8-lane pattern (a's lanes 0..7, b's 8..15); LO16 / HI16 the same on 16 lanes
+// (the upper lanes repeat it 8 higher, b's lanes are 16..31).
+#if TRAM_VF16_NATIVE
+#define TRAM_ROUND(H, LO8, HI8, LO16, HI16)             \
+  for (int i = 0; i < 16; ++i) {                       \
+    if (i & H) continue;                               \
+    const vf16 a = r[i], b = r[i + H];                 \
+    r[i] = __builtin_shufflevector(a, b, LO16);        \
+    r[i + H] = __builtin_shufflevector(a, b, HI16);    \
+  }
+#else
+#define TRAM_ROUND(H, LO8, HI8, LO16, HI16)                                                           \
+  for (int i = 0; i < 16; ++i) {                                                                     \
+    if (i & H) continue;                                                                             \
+    const vf16 a = r[i], b = r[i + H];                                                               \
+    r[i] = vf16{__builtin_shufflevector(a.lo, b.lo, LO8), __builtin_shufflevector(a.hi, b.hi, LO8)};     \
+    r[i + H] = vf16{__builtin_shufflevector(a.lo, b.lo, HI8), __builtin_shufflevector(a.hi, b.hi, HI8)}; \
+  }
+#endif
+  TRAM_ROUND(4, TRAM_ARGS(0, 1, 2, 3, 8, 9, 10, 11), TRAM_ARGS(4, 5, 6, 7, 12, 13, 14, 15),
+             TRAM_ARGS(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27),
              TRAM_ARGS(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31))
-  TRAM_ROUND(2, TRAM_ARGS(0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29),
+  TRAM_ROUND(2, TRAM_ARGS(0, 1, 8, 9, 4, 5, 12, 13), TRAM_ARGS(2, 3, 10, 11, 6, 7, 14, 15),
+             TRAM_ARGS(0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29),
              TRAM_ARGS(2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31))
-  TRAM_ROUND(1, TRAM_ARGS(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30),
+  TRAM_ROUND(1, TRAM_ARGS(0, 8, 2, 10, 4, 12, 6, 14), TRAM_ARGS(1, 9, 3, 11, 5, 13, 7, 15),
+             TRAM_ARGS(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30),
              TRAM_ARGS(1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31))
 #undef TRAM_ROUND
-#undef TRAM_ARGS
 }
+#undef TRAM_ARGS
 
 // Row-major rows [count, ld] (count <= kTileRows, zero-padded to ld, a multiple of 16) -> panels
 // [kTileRows / 16][ld][16]: panel p's k-th vector is weight k of outputs 16p .. 16p + 15 (rows past
@@ -165,17 +187,18 @@ TRAM_INLINE void micro_tile(const float* x, int64_t ldx, const float* panels, in
   }
 }
 
-// MR rows of x (m0 ..) times the tile's count outputs, two panels at a time.
+// MR rows of x (m0 ..) times the tile's count outputs, kPanelsX panels at a time.
 template <typename T, int64_t MR>
 void rows_times_tile(const float* x, int64_t ldx, const float* panels, int64_t ld, int64_t k0, int64_t k1,
                      int64_t count, const Sums<T>& s, int64_t m0, int64_t n0) {
+  constexpr int64_t kStep = kPanelsX * kPanel;
   int64_t j = 0;
-  for (; j + 2 * kPanel <= count; j += 2 * kPanel) {
-    micro_tile<T, MR, 2>(x, ldx, panels + j * ld, ld, k0, k1, s, m0, n0 + j, j, 2 * kPanel);
+  for (; j + kStep <= count; j += kStep) {
+    micro_tile<T, MR, kPanelsX>(x, ldx, panels + j * ld, ld, k0, k1, s, m0, n0 + j, j, kStep);
   }
   if (j < count) {
-    if (count - j > kPanel) {
-      micro_tile<T, MR, 2>(x, ldx, panels + j * ld, ld, k0, k1, s, m0, n0 + j, j, count - j);
+    if (kPanelsX == 2 && count - j > kPanel) {
+      micro_tile<T, MR, kPanelsX>(x, ldx, panels + j * ld, ld, k0, k1, s, m0, n0 + j, j, count - j);
     } else {
       micro_tile<T, MR, 1>(x, ldx, panels + j * ld, ld, k0, k1, s, m0, n0 + j, j, count - j);
     }

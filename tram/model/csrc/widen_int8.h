@@ -24,12 +24,12 @@ TRAM_INLINE vf16 to_float(vi8x16 v) {
   const __m128i b = bitcast<__m128i>(v);
   const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
   const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(b, b)));
-  vf16 out;
-  std::memcpy(&out, &lo, sizeof(lo));
-  std::memcpy(reinterpret_cast<char*>(&out) + sizeof(lo), &hi, sizeof(hi));
-  return out;
+  return join8(bitcast<vf8>(lo), bitcast<vf8>(hi));
 #else
-  return __builtin_convertvector(v, vf16);
+  typedef int8_t vi8x8 __attribute__((vector_size(8)));
+  const vi8x8 lo = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  const vi8x8 hi = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  return join8(__builtin_convertvector(lo, vf8), __builtin_convertvector(hi, vf8));
 #endif
 }
 
