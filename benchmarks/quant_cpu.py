@@ -72,7 +72,7 @@ def gguf_kernels(args: argparse.Namespace) -> None:
     """Each linear of the first two layers of GGUF files (their real block types: a Q4_K_M file
     mixes Q5_0, Q8_0, Q4_K and Q6_K) against float32 and bfloat16 on the same shape, with float32
     activations (the default), with --gguf-activations int8 and with bfloat16 ones (--dtype bfloat16:
-    from bf16_gemm.MIN_ROWS rows on, bf16 slabs for oneDNN where bf16 GEMMs are native)."""
+    from slab_gemm.MIN_ROWS rows on, bf16 slabs for oneDNN where bf16 GEMMs are native)."""
     import numpy as np
 
     from tram.model.gguf_file import open_gguf

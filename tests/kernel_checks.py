@@ -31,24 +31,26 @@ def assert_close_to_reference(got: torch.Tensor, want: torch.Tensor, dtype: torc
     torch.testing.assert_close(got.float(), want.float(), atol=tol * scale, rtol=tol)
 
 
-def assert_bf16_slabs_match(monkeypatch, qw, x: torch.Tensor, bias: torch.Tensor | None, slab_rows: int) -> None:
-    """qw.apply on bfloat16 x (at least bf16_gemm.MIN_ROWS rows), through bf16_gemm.py's slabs of
-    `slab_rows` weight rows whatever the CPU (bf16 GEMMs forced on: where they are not native,
-    PyTorch still runs them, slowly). Each slab's outputs from its own rows and bias: a slab that read
-    another's would be off by the weights' scale, far past one bf16 rounding of the output."""
-    from tram.model.quant import bf16_gemm
+def assert_slabs_match(monkeypatch, qw, x: torch.Tensor, bias: torch.Tensor | None, slab_rows: int) -> None:
+    """qw.apply on bfloat16 or float32 x (at least slab_gemm.MIN_ROWS rows), through slab_gemm.py's
+    slabs of `slab_rows` weight rows whatever the CPU (slabs forced on for both dtypes: where bf16 GEMMs
+    are not native, PyTorch still runs them, slowly). Each slab's outputs from its own rows and bias: a
+    slab that read another's would be off by the weights' scale, far past the tolerance."""
+    from tram.model.quant import slab_gemm
     from tram.model.quant.weights import reference_linear
 
-    monkeypatch.setattr(bf16_gemm, "bf16_gemm_fast", lambda: True)
-    monkeypatch.setattr(bf16_gemm, "SLAB_BYTES", slab_rows * qw.in_features * 2)
-    monkeypatch.setattr(bf16_gemm, "MIN_ROWS_MANY_SLABS", x.shape[0])  # several slabs at x's rows
+    monkeypatch.setattr(slab_gemm, "bf16_gemm_fast", lambda: True)
+    monkeypatch.setattr(slab_gemm, "float32_gemm_faster", lambda kernels: True)
+    monkeypatch.setattr(slab_gemm, "SLAB_WEIGHTS", slab_rows * qw.in_features)
+    monkeypatch.setattr(slab_gemm, "MIN_ROWS_MANY_SLABS", x.shape[0])  # several slabs at x's rows
     slabs = []
     real = torch.nn.functional.linear
-    monkeypatch.setattr(bf16_gemm.F, "linear", lambda a, w, b=None: slabs.append(w.shape[0]) or real(a, w, b))
+    monkeypatch.setattr(slab_gemm.F, "linear", lambda a, w, b=None: slabs.append((w.shape[0], w.dtype)) or real(a, w, b))
     with torch.inference_mode():
         got = qw.apply(x, bias)
     monkeypatch.undo()  # F.linear is torch's own: the reference below must not count
     with torch.inference_mode():
         want = reference_linear(x, qw, bias)
-    assert slabs and max(slabs) == slab_rows and sum(slabs) == qw.out_features, slabs
-    assert_close_to_reference(got, want, torch.bfloat16)
+    assert slabs and max(n for n, _ in slabs) == slab_rows and sum(n for n, _ in slabs) == qw.out_features, slabs
+    assert {dtype for _, dtype in slabs} == {x.dtype}, slabs
+    assert_close_to_reference(got, want, x.dtype)

@@ -168,25 +168,42 @@ def test_int8_activations_are_the_oracle_s_with_quantized_inputs(workdir: Path, 
 
 def test_bfloat16_is_as_near_the_oracle_as_its_own_bf16(monkeypatch, workdir: Path, llama_256_f32: Path):
     """--dtype bfloat16 on all eight kept types: prefill rows past 16 go through bf16 slabs and oneDNN
-    where bf16 GEMMs are native (bf16_gemm.py), decode rows through the block-layout kernel. Against
+    where bf16 GEMMs are native (slab_gemm.py), decode rows through the block-layout kernel. Against
     transformers on the file in bfloat16 each side rounds its own intermediates to bf16. Measured on
     this file: 3/4 prompts' greedy tokens equal, logprob gaps median 0.014, largest 0.046; transformers'
     own bf16 against its float32 differs as much (2/4 prompts, median 0.012, largest 0.053). A wrong
     slab or weight is off by the weights' scale, not by a rounding."""
-    from tram.model.quant import bf16_gemm, gguf_weight
+    from tram.model.quant import gguf_weight, slab_gemm
 
     gguf = quantize(llama_256_f32, workdir / f"llama256-Q4_K_M-{len(MIXED)}.gguf", "Q4_K_M", MIXED)
     rows = []
-    monkeypatch.setattr(bf16_gemm, "MIN_ROWS", 17)  # this test's prefills are 22 rows
-    real = gguf_weight.bf16_slab_linear
-    monkeypatch.setattr(gguf_weight, "bf16_slab_linear", lambda *a: rows.append(a[0].shape[0]) or real(*a))
+    monkeypatch.setattr(slab_gemm, "MIN_ROWS", 17)  # this test's prefills are 22 rows
+    real = gguf_weight.slab_linear
+    monkeypatch.setattr(gguf_weight, "slab_linear", lambda *a: rows.append(a[0].shape[0]) or real(*a))
     llm = _llm(gguf, tokenizer=STORIES_DIR, dtype="bfloat16")
     same, gaps = _greedy_and_logprob_gaps(llm, _oracle(gguf).to(torch.bfloat16))
     assert same >= 2, same
     assert max(gaps) < 0.1 and sorted(gaps)[len(gaps) // 2] < 0.03, gaps
-    if bf16_gemm.bf16_gemm_fast():
+    if slab_gemm.bf16_gemm_fast():
         assert rows and min(rows) > 16, rows  # the prefills took the bf16 path, the decodes did not
     assert_no_leak(llm.llm_engine)
+
+
+def test_float32_slabs_keep_the_oracle_s_greedy_tokens(monkeypatch, workdir: Path, llama_256_f32: Path):
+    """Where the kernels are built without AVX-512, float32 prefill rows past MIN_ROWS go to MKL on
+    float32 slabs of the decoded weights (slab_gemm.py), forced on here for all eight kept types: the
+    oracle's own computation (F.linear on the dequantized weights), so its greedy tokens hold."""
+    from tram.model.quant import gguf_weight, slab_gemm
+
+    gguf = quantize(llama_256_f32, workdir / f"llama256-Q4_K_M-{len(MIXED)}.gguf", "Q4_K_M", MIXED)
+    rows = []
+    monkeypatch.setattr(slab_gemm, "MIN_ROWS", 17)  # this test's prefills are 22 rows
+    monkeypatch.setattr(slab_gemm, "float32_gemm_faster", lambda kernels: True)
+    real = gguf_weight.slab_linear
+    monkeypatch.setattr(gguf_weight, "slab_linear", lambda *a: rows.append((a[0].shape[0], a[0].dtype)) or real(*a))
+    llm = _llm(gguf, tokenizer=STORIES_DIR)
+    assert_matches_oracle(llm, gguf)
+    assert rows and min(n for n, _ in rows) > 16 and {d for _, d in rows} == {torch.float32}, rows
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3"])  # Mistral files are llama files

@@ -10,7 +10,7 @@ import torch
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
-from kernel_checks import assert_batch_and_thread_invariant, assert_bf16_slabs_match, assert_close_to_reference
+from kernel_checks import assert_batch_and_thread_invariant, assert_slabs_match, assert_close_to_reference
 from tram.model.cpu_kernels import cpu_kernels_available
 from tram.model.quant import weights
 from tram.model.quant.gguf_weight import (BLOCK_SIZES, GGUF_KEPT_TYPES, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
@@ -132,11 +132,16 @@ def test_gemm_is_invariant_to_batch_and_threads(ggml_type: int):
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=NAMES.get)
-def test_passes_over_long_rows_change_no_bit(ggml_type: int):
+def test_passes_over_long_rows_change_no_bit(monkeypatch, ggml_type: int):
     """Past 1024 k both kernels carry their sums in float32 memory from one pass over k to the next
     (the skinny kernel from eight rows of x on, the tiled GEMM always). At K = 1280 (two passes, the
     second short): sixteen rows equal one row at a time, and with x zero past k = 1024 both kernels
-    give the one-pass result of the weight's first 1024 k, bit for bit (adding 0 * w changes no sum)."""
+    give the one-pass result of the weight's first 1024 k, bit for bit (adding 0 * w changes no sum).
+    Kernels built without AVX-512 would send the 40 rows to MKL's slabs (slab_gemm.py), whose order
+    of additions is MKL's: kept on the tiled GEMM here."""
+    from tram.model.quant import slab_gemm
+
+    monkeypatch.setattr(slab_gemm, "float32_gemm_faster", lambda kernels: False)
     if not cpu_kernels_available():
         pytest.skip("the C++ kernels are not available (the reference's GEMM is not batch-invariant)")
     k, short = 1280, 1024
@@ -152,34 +157,51 @@ def test_passes_over_long_rows_change_no_bit(ggml_type: int):
             assert torch.equal(qw.apply(padded[:rows], None), head.apply(x[:rows], None))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("ggml_type", [Q5_0, Q4_K, Q6_K, Q8_0], ids=NAMES.get)
-def test_bf16_many_rows_decode_slabs_for_onednn(monkeypatch, ggml_type: int):
-    """bfloat16 x past SKINNY_MAX_ROWS where bf16 GEMMs are native: W decoded to bfloat16 a slab at a
-    time (bf16_gemm.py); 131 outputs in slabs of 48, 48 and 35."""
+def test_many_rows_decode_slabs_for_the_library_gemm(monkeypatch, ggml_type: int, dtype: torch.dtype):
+    """x past SKINNY_MAX_ROWS where the library GEMM wins (bf16: native bf16 GEMMs; float32: kernels
+    built without AVX-512): W decoded to x's dtype a slab at a time (slab_gemm.py); 131 outputs in
+    slabs of 48, 48 and 35."""
     if not cpu_kernels_available():
         pytest.skip("the C++ kernels are not available")
     qw = GGUFWeight(_blocks(ggml_type, 131, 256, 11), ggml_type, 256)
-    x = torch.randn(40, 256).bfloat16()
-    assert_bf16_slabs_match(monkeypatch, qw, x, torch.randn(131).bfloat16(), 48)
+    x = torch.randn(40, 256).to(dtype)
+    assert_slabs_match(monkeypatch, qw, x, torch.randn(131).to(dtype), 48)
 
 
-def test_bf16_slabs_take_only_rows_that_repay_the_decode(monkeypatch):
-    """bfloat16 x, native bf16 GEMMs, and at least MIN_ROWS rows (MIN_ROWS_MANY_SLABS for a weight of
-    several slabs: an LM head); fewer rows keep the float32 tiled GEMM."""
-    from tram.model.quant import bf16_gemm
+class _Build:
+    """A stand-in for the kernels module's build facts."""
 
-    monkeypatch.setattr(bf16_gemm, "bf16_gemm_fast", lambda: True)
+    def __init__(self, bits: int) -> None:
+        self.bits = bits
+
+    def vector_bits(self) -> int:
+        return self.bits
+
+
+def test_slabs_take_only_rows_that_repay_the_decode(monkeypatch):
+    """bfloat16 x with native bf16 GEMMs, float32 x with kernels built without AVX-512, and at least
+    MIN_ROWS rows (MIN_ROWS_MANY_SLABS for a weight of several slabs: an LM head); fewer rows, and
+    the other builds and CPUs, keep the tiled GEMM."""
+    from tram.model.quant import slab_gemm
+
+    monkeypatch.setattr(slab_gemm, "bf16_gemm_fast", lambda: True)
     mlp, head = (4864, 896), (151936, 896)
+    avx2, avx512 = _Build(256), _Build(512)
 
-    def wants(rows: int, shape: tuple[int, int], dtype: torch.dtype = torch.bfloat16) -> bool:
-        return bf16_gemm.wants_bf16_slabs(torch.empty(rows, shape[1], dtype=dtype), *shape)
+    def wants(rows: int, shape: tuple[int, int], dtype: torch.dtype = torch.bfloat16, build=avx512) -> bool:
+        return slab_gemm.wants_slabs(torch.empty(rows, shape[1], dtype=dtype), *shape, build)
 
-    assert (bf16_gemm.MIN_ROWS, bf16_gemm.MIN_ROWS_MANY_SLABS) == (32, 128)
+    assert (slab_gemm.MIN_ROWS, slab_gemm.MIN_ROWS_MANY_SLABS) == (32, 128)
     assert not wants(31, mlp) and wants(32, mlp)
     assert not wants(127, head) and wants(128, head)
-    assert not wants(2048, mlp, torch.float32)
-    monkeypatch.setattr(bf16_gemm, "bf16_gemm_fast", lambda: False)
-    assert not wants(2048, mlp)
+    assert not wants(2048, mlp, torch.float32)  # AVX-512: the tiled GEMM keeps float32
+    assert not wants(31, mlp, torch.float32, avx2) and wants(32, mlp, torch.float32, avx2)
+    assert not wants(127, head, torch.float32, avx2) and wants(128, head, torch.float32, avx2)
+    assert not wants(2048, mlp, torch.float16, avx2)
+    monkeypatch.setattr(slab_gemm, "bf16_gemm_fast", lambda: False)
+    assert not wants(2048, mlp) and not wants(2048, mlp, build=avx2)
 
 
 def test_bf16_without_native_bf16_gemms_keeps_the_float32_tiled_gemm(monkeypatch):
@@ -187,9 +209,9 @@ def test_bf16_without_native_bf16_gemms_keeps_the_float32_tiled_gemm(monkeypatch
     tiled GEMM keeps the rows, bit for bit what gguf_gemm gives."""
     if not cpu_kernels_available():
         pytest.skip("the C++ kernels are not available")
-    from tram.model.quant import bf16_gemm
+    from tram.model.quant import slab_gemm
 
-    monkeypatch.setattr(bf16_gemm, "bf16_gemm_fast", lambda: False)
+    monkeypatch.setattr(slab_gemm, "bf16_gemm_fast", lambda: False)
     qw = GGUFWeight(_blocks(Q4_K, 70, 256, 12), Q4_K, 256)
     x = torch.randn(40, 256).bfloat16()
     with torch.inference_mode():

@@ -13,7 +13,7 @@ import torch
 
 from conftest import assert_no_leak
 from hf_models import make_hf_model_dir
-from kernel_checks import assert_bf16_slabs_match
+from kernel_checks import assert_slabs_match
 from hf_quant_packers import (AWQ_ORDER, awq_tensors, compressed_tensors, gptq_tensors, pack_rows, quantize,
                               write_quantized)
 from tram import LLM, SamplingParams
@@ -135,14 +135,15 @@ def test_zero_point_kernel_matches_dequantize_then_matmul(dtype: torch.dtype, ze
         torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("zero,perm", [(True, True), (False, True), (True, False)])
-def test_bf16_many_rows_decode_slabs_with_zero_points(monkeypatch, zero: bool, perm: bool):
-    """The bf16 slabs (bf16_gemm.py) of a checkpoint's int4: each slab's rows of the zero points, and
-    x permuted to the stored column order first."""
+def test_many_rows_decode_slabs_with_zero_points(monkeypatch, zero: bool, perm: bool, dtype: torch.dtype):
+    """The slabs (slab_gemm.py) of a checkpoint's int4: each slab's rows of the zero points, and x
+    permuted to the stored column order first."""
     if not cpu_kernels_available():
         pytest.skip("the C++ kernels are not available")
     qw = _int4(100, 256, 64, zero, perm)
-    assert_bf16_slabs_match(monkeypatch, qw, torch.randn(33, 256).bfloat16(), torch.randn(100).bfloat16(), 48)
+    assert_slabs_match(monkeypatch, qw, torch.randn(33, 256).to(dtype), torch.randn(100).to(dtype), 48)
 
 
 def test_zero_point_kernel_is_invariant_to_batch_and_threads():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import assert_no_leak
-from kernel_checks import assert_batch_and_thread_invariant, assert_bf16_slabs_match, assert_close_to_reference
+from kernel_checks import assert_batch_and_thread_invariant, assert_slabs_match, assert_close_to_reference
 from hf_models import make_hf_model_dir
 from tram import LLM, SamplingParams
 from tram.model.cpu_kernels import cpu_kernels_available
@@ -45,14 +45,16 @@ def test_kernels_match_dequantize_then_matmul(n: int, k: int, dtype: torch.dtype
         assert_close_to_reference(got, want, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("method", ["int8", "int4"])
-def test_bf16_many_rows_decode_slabs_for_onednn(monkeypatch, method: str):
-    """bfloat16 x past SKINNY_MAX_ROWS where bf16 GEMMs are native: W decoded to bfloat16 a slab at a
-    time (quant_dequantize_ on row ranges of the quants and scales); 131 outputs in slabs of 48."""
+def test_many_rows_decode_slabs_for_the_library_gemm(monkeypatch, method: str, dtype: torch.dtype):
+    """x past SKINNY_MAX_ROWS where the library GEMM wins (bf16: native bf16 GEMMs; float32: kernels
+    built without AVX-512): W decoded to x's dtype a slab at a time (quant_dequantize_ on row ranges
+    of the quants and scales); 131 outputs in slabs of 48."""
     if not cpu_kernels_available():
         pytest.skip("the C++ kernels are not available")
     qw = _quantized(method, _weight(131, 256, 3))
-    assert_bf16_slabs_match(monkeypatch, qw, torch.randn(40, 256).bfloat16(), torch.randn(131).bfloat16(), 48)
+    assert_slabs_match(monkeypatch, qw, torch.randn(40, 256).to(dtype), torch.randn(131).to(dtype), 48)
 
 
 @pytest.mark.parametrize("n,k", [(131, 512), (70, 96)])  # N past a tile of 64 and odd; K not a multiple of 32

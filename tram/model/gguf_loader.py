@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from tram.model.gguf_file import IGNORED_TENSORS, close_gguf, gguf_architecture, hf_name, open_gguf, unpermute_rows
-from tram.model.quant.bf16_gemm import bf16_gemm_fast
+from tram.model.quant.slab_gemm import bf16_gemm_fast
 from tram.model.quant.gguf_weight import GGUF_KEPT_TYPES, GGUFWeight
 from tram.model.weight_utils import load_named_weight, name_list
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from tram.model.quant.bf16_gemm import bf16_slab_linear, wants_bf16_slabs
+from tram.model.quant.slab_gemm import slab_linear, wants_slabs
 from tram.model.quant.weights import (SKINNY_MAX_ROWS, Int4Weight, Int8Weight, _kernels, pack_int4,
                                       reference_linear, unpack_int4)
 
@@ -55,8 +55,8 @@ class CheckpointInt4Weight(Int4Weight):
             x = x.index_select(1, self.perm)  # [M, K] in stored column order
         if x.shape[0] <= SKINNY_MAX_ROWS:
             return kernels.quant_linear(x, self.qweight, self.scale, self.group, bias, self.zero)
-        if wants_bf16_slabs(x, self.out_features, self.in_features):
-            return bf16_slab_linear(x, self.out_features, self.in_features, self.bf16_rows(kernels), bias)
+        if wants_slabs(x, self.out_features, self.in_features, kernels):
+            return slab_linear(x, self.out_features, self.in_features, self.decoded_rows(kernels), bias)
         return kernels.quant_gemm(x, self.qweight, self.scale, self.group, bias, self.zero)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -12,8 +12,9 @@ to). A row of a weight [N, K] is K / block_size blocks, each a run of bytes with
   * More rows (big decode batches, a prefill): gguf_gemm decodes W a tile of rows at a time into a
     per-thread float32 buffer and multiplies every row of x by it (csrc/tiled_gemm.h). With
     bfloat16 x on a CPU with native bf16 GEMMs (AMX, AVX512-BF16), from 32 rows on (128 for an
-    LM head), W is decoded to bfloat16 a slab at a time for oneDNN's GEMM instead (bf16_gemm.py):
-    3-5x faster at a prefill's thousands of rows there.
+    LM head), W is decoded to bfloat16 a slab at a time for oneDNN's GEMM instead (slab_gemm.py):
+    3-5x faster at a prefill's thousands of rows there; so is float32 x to float32 slabs for MKL
+    where the kernels were built without AVX-512 (1.1-1.4x).
   * No kernels (TRAM_CPU_KERNELS=0, another device, float16): `dequantize_gguf` below, in PyTorch,
     then F.linear in float32 (`reference_linear`).
 
@@ -34,7 +35,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from tram.model.quant.bf16_gemm import Decode, bf16_slab_linear, wants_bf16_slabs
+from tram.model.quant.slab_gemm import Decode, slab_linear, wants_slabs
 from tram.model.quant.weights import SKINNY_MAX_ROWS, QuantizedWeight, _kernels, reference_linear
 
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 6, 7, 8, 12, 13, 14  # gguf.GGMLQuantizationType values
@@ -212,12 +213,12 @@ class GGUFWeight(QuantizedWeight):
             return reference_linear(x, self, bias)
         if x.shape[0] <= SKINNY_MAX_ROWS:
             return kernels.gguf_linear(x, self.data, self.ggml_type, bias)
-        if wants_bf16_slabs(x, self.out_features, self.in_features):
-            return bf16_slab_linear(x, self.out_features, self.in_features, self.bf16_rows(kernels), bias)
+        if wants_slabs(x, self.out_features, self.in_features, kernels):
+            return slab_linear(x, self.out_features, self.in_features, self.decoded_rows(kernels), bias)
         return kernels.gguf_gemm(x, self.data, self.ggml_type, bias)
 
-    def bf16_rows(self, kernels: ModuleType) -> Decode:
-        """Rows n0 .. n1 - 1 of the blocks decoded into a bfloat16 slab (gguf_dequantize_)."""
+    def decoded_rows(self, kernels: ModuleType) -> Decode:
+        """Rows n0 .. n1 - 1 of the blocks decoded into a float32 or bfloat16 slab (gguf_dequantize_)."""
         def decode(n0: int, n1: int, out: torch.Tensor) -> None:
             kernels.gguf_dequantize_(out, self.data[n0:n1], self.ggml_type)
 

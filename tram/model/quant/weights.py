@@ -12,7 +12,8 @@ decodes W a tile of rows at a time into a per-thread float32 buffer in L2 and mu
 x by it (csrc/tiled_gemm.h): no weight-sized float temporary, and each output is one FMA chain over
 k, so a row's result does not depend on the other rows (it differs from the skinny kernel's in the
 last bits: a different order of additions). bfloat16 x of enough rows on a CPU with native bf16
-GEMMs goes to oneDNN on bf16 slabs of W instead (bf16_gemm.py).
+GEMMs goes to oneDNN on bf16 slabs of W instead, float32 x to MKL on float32 slabs where the kernels
+were built without AVX-512 (slab_gemm.py).
 `dequantize()` gives the float weight both compute with; `reference_linear` multiplies by it with
 F.linear, the pure-PyTorch path that TRAM_CPU_KERNELS=0 selects and the tests compare against.
 """
@@ -24,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from tram.model.cpu_kernels import kernels_for
-from tram.model.quant.bf16_gemm import Decode, bf16_slab_linear, wants_bf16_slabs
+from tram.model.quant.slab_gemm import Decode, slab_linear, wants_slabs
 
 INT4_GROUP_SIZES = (128, 64, 32)  # the largest that divides K is used; the kernel reads 32 k at a time
 SKINNY_MAX_ROWS = 16  # past this the tiled GEMM (quant_gemm, gguf_gemm) wins on the 0.5B shapes
@@ -57,12 +58,12 @@ class QuantizedWeight:
             return reference_linear(x, self, bias)
         if x.shape[0] <= SKINNY_MAX_ROWS:
             return kernels.quant_linear(x, self.qweight, self.scale, self.group, bias)
-        if wants_bf16_slabs(x, self.out_features, self.in_features):
-            return bf16_slab_linear(x, self.out_features, self.in_features, self.bf16_rows(kernels), bias)
+        if wants_slabs(x, self.out_features, self.in_features, kernels):
+            return slab_linear(x, self.out_features, self.in_features, self.decoded_rows(kernels), bias)
         return kernels.quant_gemm(x, self.qweight, self.scale, self.group, bias)
 
-    def bf16_rows(self, kernels: ModuleType) -> Decode:
-        """Rows n0 .. n1 - 1 of the weight decoded into a bfloat16 slab (quant_dequantize_)."""
+    def decoded_rows(self, kernels: ModuleType) -> Decode:
+        """Rows n0 .. n1 - 1 of the weight decoded into a float32 or bfloat16 slab (quant_dequantize_)."""
         zero = self.zero
 
         def decode(n0: int, n1: int, out: torch.Tensor) -> None:
