@@ -12,6 +12,10 @@ Steps, each also runnable alone:
     convert  save the model (dummy weights are materialised with a fixed seed) and convert it to GGUF
     compare  serve the model with `tram serve` and llama-server and run `tram bench serve` against each,
              the two taking turns level by level
+
+TRAM_LLAMA_CPP_MARCH=x86-64-v3 builds and serves a llama.cpp for that target instead of this CPU (its
+own build folder), the peer of Tram built with TRAM_CPU_MARCH=x86-64-v3: both as an AVX2-only CPU
+(AMD Zen 3) would run them.
 """
 from __future__ import annotations
 
@@ -56,8 +60,13 @@ def source_dir() -> Path:
 TOOLS = ("llama-server", "llama-quantize")
 
 
+def build_dir() -> Path:
+    march = os.environ.get("TRAM_LLAMA_CPP_MARCH", "").strip()
+    return CACHE / (f"build-{march}" if march else "build")
+
+
 def tool_binary(name: str) -> Path:
-    return CACHE / "build" / "bin" / name
+    return build_dir() / "bin" / name
 
 
 def server_binary() -> Path:
@@ -72,18 +81,23 @@ NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 def build() -> Path:
     """llama-server and llama-quantize (the GGUF tests' quantizer), built once; returns llama-server."""
-    binary = server_binary()
-    cache = CACHE / "build" / "CMakeCache.txt"
-    if all(tool_binary(name).exists() for name in TOOLS) and NO_AMX in cache.read_text():
+    binary, folder = server_binary(), build_dir()
+    march = os.environ.get("TRAM_LLAMA_CPP_MARCH", "").strip()
+    cache = folder / "CMakeCache.txt"
+    if all(tool_binary(name).exists() for name in TOOLS) and (march or NO_AMX in cache.read_text()):
         return binary
     src = source_dir()
-    log(f"building {' and '.join(TOOLS)} from {src} (about 8 minutes on 2 cores)")
-    flags = ["-DCMAKE_C_FLAGS=" + NO_AMX, "-DCMAKE_CXX_FLAGS=" + NO_AMX]
-    subprocess.run(["cmake", "-S", str(src), "-B", str(CACHE / "build"), "-G", "Ninja",
+    log(f"building {' and '.join(TOOLS)} from {src} into {folder} (about 8 minutes on 2 cores)")
+    if march:  # -march names the target; ggml's own switches for what x86-64-v3 has
+        flags = ["-DGGML_NATIVE=OFF", f"-DCMAKE_C_FLAGS=-march={march}", f"-DCMAKE_CXX_FLAGS=-march={march}",
+                 *(f"-DGGML_{isa}=ON" for isa in ("AVX", "AVX2", "FMA", "F16C", "BMI2"))]
+    else:
+        flags = ["-DGGML_NATIVE=ON", "-DCMAKE_C_FLAGS=" + NO_AMX, "-DCMAKE_CXX_FLAGS=" + NO_AMX]
+    subprocess.run(["cmake", "-S", str(src), "-B", str(folder), "-G", "Ninja",
                     "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_CURL=OFF",
-                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DGGML_NATIVE=ON", *flags],
+                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", *flags],
                    check=True)
-    subprocess.run(["cmake", "--build", str(CACHE / "build"), "--target", *TOOLS,
+    subprocess.run(["cmake", "--build", str(folder), "--target", *TOOLS,
                     "-j", str(os.cpu_count() or 2)], check=True)
     return binary
 
