@@ -41,10 +41,10 @@ constexpr int64_t kChunk = 32;  // k per decoded chunk: two vectors
 // v, rounded to float32 now: without it GCC contracts `q * scale - min` into one FMA, which rounds
 // once and makes the weight differ from gguf's dequantized value.
 TRAM_INLINE vf16 rounded(vf16 v) {
-#if defined(__AVX512F__)
+#if TRAM_VF16_NATIVE
   asm("" : "+v"(v));
   return v;
-#elif defined(__AVX__)
+#elif defined(__AVX__)  // a pair of ymm halves
   asm("" : "+x"(v.lo), "+x"(v.hi));
   return v;
 #else

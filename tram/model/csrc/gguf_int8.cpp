@@ -69,20 +69,18 @@ TRAM_INLINE vf16 fmadd(vf16 a, vf16 b, vf16 c) {
 
 // ---- the integer dot product of one chunk: 16 lanes of sum(u[4l..4l+3] * q[4l..4l+3]) + init ----
 
-using vi32x16 = vi16;
-
 #if defined(__AVX512VNNI__) || defined(__AVX512BW__)
 TRAM_INLINE __m512i m512(vu8x64 v) { return bitcast<__m512i>(v); }
 #endif
 
 // u unsigned 0..255 (0..63 without VNNI: vpmaddubsw's pairs must not saturate int16).
-TRAM_INLINE vi32x16 dot_unsigned(vi32x16 init, vu8x64 u, const int8_t* q) {
+TRAM_INLINE vi16 dot_unsigned(vi16 init, vu8x64 u, const int8_t* q) {
   const vu8x64 x = vload<vu8x64>(q);
 #if defined(__AVX512VNNI__)
-  return bitcast<vi32x16>(_mm512_dpbusd_epi32(bitcast<__m512i>(init), m512(u), m512(x)));
+  return bitcast<vi16>(_mm512_dpbusd_epi32(bitcast<__m512i>(init), m512(u), m512(x)));
 #elif defined(__AVX512BW__)
   const __m512i p = _mm512_madd_epi16(_mm512_maddubs_epi16(m512(u), m512(x)), _mm512_set1_epi16(1));
-  return init + bitcast<vi32x16>(p);
+  return init + bitcast<vi16>(p);
 #elif defined(__AVX2__)
   __m256i r[2];
   for (int h = 0; h < 2; ++h) {
@@ -96,9 +94,9 @@ TRAM_INLINE vi32x16 dot_unsigned(vi32x16 init, vu8x64 u, const int8_t* q) {
     r[h] = _mm256_add_epi32(ih, _mm256_madd_epi16(_mm256_maddubs_epi16(uh, xh), _mm256_set1_epi16(1)));
 #endif
   }
-  return bitcast<vi32x16>(r);
+  return bitcast<vi16>(r);
 #else
-  vi32x16 r = init;
+  vi16 r = init;
   for (int l = 0; l < 16; ++l) {
     for (int i = 0; i < 4; ++i) r[l] += static_cast<int32_t>(u[4 * l + i]) * static_cast<int32_t>(q[4 * l + i]);
   }
@@ -109,7 +107,7 @@ TRAM_INLINE vi32x16 dot_unsigned(vi32x16 init, vu8x64 u, const int8_t* q) {
 // Q8_0's signed weights w: sum(w * q) per lane. With VNNI, (w ^ 0x80) = w + 128 is unsigned and
 // init holds -128 * sum(q); without it, vpmaddubsw takes |w| and q with w's sign (llama.cpp's way,
 // exact because q is never -128) and init is not needed. The integers agree.
-TRAM_INLINE vi32x16 dot_signed(vi32x16 init, vu8x64 w, const int8_t* q) {
+TRAM_INLINE vi16 dot_signed(vi16 init, vu8x64 w, const int8_t* q) {
 #if defined(__AVX512VNNI__) || (defined(__AVXVNNI__) && !defined(__AVX512BW__))
   return dot_unsigned(init, w ^ 0x80, q);
 #elif defined(__AVX512BW__)
@@ -118,7 +116,7 @@ TRAM_INLINE vi32x16 dot_signed(vi32x16 init, vu8x64 w, const int8_t* q) {
   const __m512i ws = m512(w);
   const __mmask64 neg = _mm512_movepi8_mask(ws);
   const __m512i xs = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
-  return bitcast<vi32x16>(_mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(ws), xs), _mm512_set1_epi16(1)));
+  return bitcast<vi16>(_mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(ws), xs), _mm512_set1_epi16(1)));
 #elif defined(__AVX2__)
   (void)init;
   __m256i r[2];
@@ -129,10 +127,10 @@ TRAM_INLINE vi32x16 dot_signed(vi32x16 init, vu8x64 w, const int8_t* q) {
     r[h] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wh, wh), _mm256_sign_epi8(xh, wh)),
                              _mm256_set1_epi16(1));
   }
-  return bitcast<vi32x16>(r);
+  return bitcast<vi16>(r);
 #else
   (void)init;
-  vi32x16 r = {};
+  vi16 r = {};
   for (int l = 0; l < 16; ++l) {
     for (int i = 0; i < 4; ++i) {
       r[l] += static_cast<int32_t>(static_cast<int8_t>(w[4 * l + i])) * static_cast<int32_t>(q[4 * l + i]);
@@ -220,9 +218,9 @@ TRAM_INLINE void accumulate(const Args& a, int64_t m0, int64_t lc, const Chunk (
     const int8_t* q = x.qrow(m0 + m) + lc * kChunk;
     const int64_t l0 = x.lane0(m0 + m) + lc * kLanes;
     const vf16 dl = vload<vf16>(x.dl.data() + l0);
-    const vi32x16 init = F::kZero != 0 ? vload<vi32x16>(x.init.data() + l0) : vi32x16{};
+    const vi16 init = F::kZero != 0 ? vload<vi16>(x.init.data() + l0) : vi16{};
     for (int64_t j = 0; j < NB; ++j) {
-      const vi32x16 i = F::kSigned ? dot_signed(init, ch[j].u, q) : dot_unsigned(init, ch[j].u, q);
+      const vi16 i = F::kSigned ? dot_signed(init, ch[j].u, q) : dot_unsigned(init, ch[j].u, q);
       acc[m][j] = fmadd(to_float(i), ch[j].s * dl, acc[m][j]);
       if constexpr (F::kOffset) acc[m][j] = fmadd(ch[j].m, vload<vf16>(x.sd.data() + l0), acc[m][j]);
     }

@@ -49,8 +49,10 @@ def bf16_gemm_fast() -> bool:
     return bf16_gemm_native()
 
 
+@functools.cache
 def float32_gemm_faster(kernels: ModuleType) -> bool:
-    """Whether float32 x goes to slabs: the C++ kernels were built without AVX-512."""
+    """Whether float32 x goes to slabs: the C++ kernels were built without AVX-512 (asked once per
+    build, not on every call)."""
     return kernels.vector_bits() < 512
 
 
