@@ -1,6 +1,6 @@
 """GPU benchmark of Tram on a Llama-3-8B-shaped model with dummy weights, in one command.
 
-    python3 benchmarks/gpu_bench.py [--out results.json] [--sections decode,kernels,throughput] [--smoke]
+    python3 benchmarks/gpu_bench.py [--out results.json] [--sections decode,kernels,quant,throughput] [--smoke]
 
 Sections (each runs in its own child process by default, so that a crash, a CUDA error or a timeout
 in one loses nothing of the others; results are written to --out after every section):
@@ -12,6 +12,10 @@ in one loses nothing of the others; results are written to --out after every sec
               shape; plus the compute floor of the workload at the measured matmul rate.
   kernels     Tram's Triton kernels (write_kv_cache, paged_attention) against PyTorch SDPA on the
               equivalent dense problems, with a correctness check against a float32 reference.
+  quant       Tram's Triton weight-only GEMMs (int8 per channel, int4 in groups of 128) against
+              F.linear in --dtype on the model's linear shapes at 1/16/64/256 rows: time, weight
+              bytes read over the copy bandwidth, and a check against the float32 dequantized
+              reference.
 
 --smoke runs everything on the CPU with tiny sizes (kernels under TRITON_INTERPRET=1) in well under a
 minute; tests/bench/test_gpu_bench_smoke.py uses it. `--smoke --device cuda` runs the same tiny sizes

@@ -18,7 +18,8 @@ SMOKE_DEFAULTS: dict[str, Any] = dict(
     num_requests=6, input_len=24, output_len=6, hf_num_blocks=64, hf_max_batch_tokens=256,
     kernel_batches="1,2", kernel_context=64, kernel_splits="1,2", prefill_len=64, chunk_prefix=32,
     chunk_len=32, kernel_warmup=1, kernel_iters=2, copy_mib=32, matmul_n=256,
-    section_timeouts="decode=120,kernels=120,throughput=120", hf_timeout=60,
+    quant_rows="1,17", quant_shapes="64x128,64x256",
+    section_timeouts="decode=120,kernels=120,quant=120,throughput=120", hf_timeout=60,
 )
 
 
@@ -77,13 +78,20 @@ def add_kernel_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prefill-len", type=int, default=1024)
     g.add_argument("--chunk-prefix", type=int, default=512)
     g.add_argument("--chunk-len", type=int, default=512)
-    g.add_argument("--kernel-warmup", type=int, default=3, help="CPU timing only (CUDA uses do_bench)")
-    g.add_argument("--kernel-iters", type=int, default=20, help="CPU timing only (CUDA uses do_bench)")
+    g.add_argument("--kernel-warmup", type=int, default=3, help="CPU timing only (CUDA uses do_bench); also quant's")
+    g.add_argument("--kernel-iters", type=int, default=20, help="CPU timing only (CUDA uses do_bench); also quant's")
+
+
+def add_quant_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("quant")
+    g.add_argument("--quant-rows", default="1,16,64,256", help="rows of x (tokens) at every shape")
+    g.add_argument("--quant-shapes", default="",
+                   help="'NxK,...' (out x in features) instead of the preset's linear shapes")
 
 
 def add_running_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("running")
-    g.add_argument("--section-timeouts", default="decode=150,kernels=120,throughput=290",
+    g.add_argument("--section-timeouts", default="decode=150,kernels=120,quant=120,throughput=290",
                    help="seconds per section child process")
     g.add_argument("--no-isolate", action="store_true", help="run sections in this process")
     g.add_argument("--child-section", help=argparse.SUPPRESS)
@@ -93,7 +101,8 @@ def add_running_flags(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpu_bench.py", description=DESCRIPTION)
-    for add in (add_common_flags, add_decode_flags, add_throughput_flags, add_kernel_flags, add_running_flags):
+    for add in (add_common_flags, add_decode_flags, add_throughput_flags, add_kernel_flags, add_quant_flags,
+                add_running_flags):
         add(p)
     return p
 

@@ -28,12 +28,15 @@ from tram.bench.report import device_info, git_revision, machine_info, versions,
 from gpu.common import GOALS, Ctx, free_memory, log, resolve_bench_device  # isort: skip
 from gpu.decode import run_decode  # isort: skip
 from gpu.kernels import run_kernels  # isort: skip
+from gpu.quant import run_quant  # isort: skip
 from gpu.throughput import run_throughput  # isort: skip
 
 SECTIONS: dict[str, Callable[[Ctx, dict[str, Any]], None]] = {
-    "decode": run_decode, "kernels": run_kernels, "throughput": run_throughput,
+    "decode": run_decode, "kernels": run_kernels, "quant": run_quant, "throughput": run_throughput,
 }
-SECTION_NAMES = ("decode", "kernels", "throughput")
+# The default set and its order: the cheap kernel sections before throughput, whose transformers
+# run is the longest and likeliest to be cut off.
+SECTION_NAMES = ("decode", "kernels", "quant", "throughput")
 ENTRY = Path(__file__).resolve().parent.parent / "gpu_bench.py"  # what a child runs
 
 

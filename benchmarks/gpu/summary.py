@@ -60,7 +60,34 @@ def print_kernels(res: dict[str, Any]) -> None:
               f"{'ok' if r['correct'] else 'WRONG':>5}")
 
 
-PRINTERS = {"decode": print_decode, "throughput": print_throughput, "kernels": print_kernels}
+def quant_cells(entry: dict[str, Any] | None) -> str:
+    """ms, speedup over F.linear, GB/s, % of copy bandwidth, error and check of one quantized GEMM."""
+    if entry is None:  # no int4 group divides K
+        return f"{'-':>8} {'':>5} {'':>5} {'':>5} {'':>7} {'':>5}"
+    return (f"{entry['ms']:>8.4f} {entry['speedup_vs_float']:>5.2f} {entry['GBps']:>5.0f} "
+            f"{100 * entry['fraction_of_copy_bw']:>4.0f}% {entry['rel_err']:>7.1e} "
+            f"{'ok' if entry['correct'] else 'WRONG':>5}")
+
+
+def print_quant(res: dict[str, Any]) -> None:
+    setup, copy = res.get("setup", {}), res.get("copy", {})
+    print(f"{setup.get('dtype')} x, copy bandwidth {copy.get('bandwidth_GBps', float('nan')):.0f} GB/s, "
+          f"TRITON_INTERPRET={setup.get('triton_interpret')}; all outputs correct: {res.get('all_correct')}")
+    cells = f"{'ms':>8} {'vs F':>5} {'GB/s':>5} {'%copy':>5} {'rel err':>7} {'check':>5}"  # 40 wide
+    print(f"{'':<35} {'F.linear':<14} | {'Triton int8':<40} | Triton int4")
+    print(f"{'shape':<18} {'N':>5} {'K':>5} {'rows':>4} {'ms':>8} {'GB/s':>5} | {cells} | {cells}")
+    for r in res.get("rows", []):
+        f = r["float"]
+        print(f"{r['shape']:<18} {r['N']:>5} {r['K']:>5} {r['rows']:>4} {f['ms']:>8.4f} {f['GBps']:>5.0f} | "
+              f"{quant_cells(r.get('int8'))} | {quant_cells(r.get('int4'))}")
+    for t in res.get("layer", []):  # the preset's shapes only
+        print(f"one decoder layer's linears, {t['rows']} rows: F.linear {t['float_ms']:.4f} ms"
+              + "".join(f", {k} {t[k + '_ms']:.4f} ms ({t[k + '_speedup_vs_float']:.2f}x)"
+                        for k in ("int8", "int4") if k + "_ms" in t))
+
+
+PRINTERS = {"decode": print_decode, "throughput": print_throughput, "kernels": print_kernels,
+            "quant": print_quant}
 
 
 def print_report(report: dict[str, Any]) -> None:

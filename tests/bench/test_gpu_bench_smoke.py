@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_bench.py"
-# The smoke run takes ~30 s on a small CPU; the limit only catches a hang, not slowness.
+# The smoke run takes ~35 s on a small CPU; the limit only catches a hang, not slowness.
 TIMEOUT_S = 300
 
 
@@ -57,9 +57,9 @@ def test_meta_and_table(smoke: dict[str, Any]) -> None:
         assert meta["versions"][pkg], pkg
     assert meta["device"]["type"] == "cpu" and meta["device"]["name"]
     assert "model_name" in meta["machine"]["cpu"] and set(meta["machine"]["cpu"]["isa"]) >= {"avx2", "amx_bf16"}
-    assert set(smoke["report"]["sections"]) == {"decode", "kernels", "throughput"}
+    assert set(smoke["report"]["sections"]) == {"decode", "kernels", "quant", "throughput"}
     stdout = smoke["proc"].stdout
-    for name in ("decode", "kernels", "throughput"):
+    for name in ("decode", "kernels", "quant", "throughput"):
         assert f"== {name}:" in stdout, stdout
 
 
@@ -102,6 +102,45 @@ def test_kernels_section(smoke: dict[str, Any]) -> None:
         assert row["all_written"] is True and row["correct"] is True, row
         assert row["rel_err"] < 2e-2, row  # bf16 operands against a float32 reference
         assert_positive(row, "tram_ms", "sdpa_ms", "speedup_vs_sdpa", "tram_GBps", "tram_TFLOPs")
+
+
+def test_quant_section(smoke: dict[str, Any]) -> None:
+    res = section(smoke, "quant")
+    assert res["setup"]["triton_interpret"] == "1" and res["setup"]["from_preset"] is False
+    assert res["all_correct"] is True
+    assert [(r["N"], r["K"], r["rows"]) for r in res["rows"]] == [(64, 128, 1), (64, 128, 17),
+                                                                  (64, 256, 1), (64, 256, 17)]
+    for row in res["rows"]:
+        n, k = row["N"], row["K"]
+        assert_positive(row["float"], "ms", "GBps", "TFLOPs")
+        assert row["float"]["weight_bytes"] == n * k * 2  # bf16
+        for name, group, packed in (("int8", 0, n * k + 4 * n), ("int4", 128, n * k // 2 + 4 * n * k // 128)):
+            entry = row[name]
+            assert entry["group"] == group and entry["weight_bytes"] == packed, (name, entry)
+            assert entry["correct"] is True and entry["finite"] is True, (name, row)
+            assert entry["rel_err"] < res["setup"]["rel_tol"] == 1e-2, (name, entry)
+            assert_positive(entry, "ms", "speedup_vs_float", "GBps", "fraction_of_copy_bw", "TFLOPs")
+
+
+def test_quant_shapes_of_the_default_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The GPU run's shapes come from the preset, which --smoke replaces with fixed tiny ones: checked
+    # here in-process, with the per-layer totals, and that the section is in the default set.
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    from gpu.cli import parse_args
+    from gpu.common import hf_config
+    from gpu.quant import layer_totals, model_shapes
+
+    args = parse_args([])
+    assert "quant" in args.sections and args.quant_rows == "1,16,64,256" and "quant" in args.timeouts
+    shapes = model_shapes(hf_config(args))
+    assert [(s.label, s.out_features, s.in_features) for s in shapes] == [
+        ("q_proj/o_proj", 4096, 4096), ("k_proj/v_proj", 1024, 4096), ("gate_proj/up_proj", 14336, 4096),
+        ("down_proj", 4096, 14336)]
+    rows = [{"shape": s.label, "rows": 1, "float": {"ms": 2.0}, "int8": {"ms": 1.0}, "int4": {"ms": 0.5}}
+            for s in shapes]
+    (total,) = layer_totals(rows, shapes, [1])
+    assert total["float_ms"] == 14.0 and total["int8_ms"] == 7.0 and total["int4_ms"] == 3.5  # 7 linears
+    assert total["int4_speedup_vs_float"] == 4.0
 
 
 def test_smoke_is_quick(smoke: dict[str, Any]) -> None:
