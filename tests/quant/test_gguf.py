@@ -5,6 +5,7 @@ layouts, so the greedy tokens must be the oracle's and logprobs within 1e-3 (flo
 only: both sides use the same dequantized values, which test_gguf_weights.py checks bit for bit)."""
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import torch
 from conftest import assert_no_leak
 from gguf_tools import convert, quantize
 from hf_models import STORIES_DIR, make_hf_model_dir
+from quant_oracle import assert_matches_oracle as assert_matches_dequantized
 from tram import LLM, SamplingParams
 
 PROMPTS = [[1, 17, 300, 45, 9], [1, 200, 201, 202, 203, 204, 205, 206], [1, 5], [1, 99, 98, 97, 96, 95, 94]]
@@ -77,19 +79,7 @@ def _int8_activations(oracle: torch.nn.Module) -> torch.nn.Module:
 
 def assert_matches_oracle(llm: LLM, gguf: Path, prompts: list[list[int]] = PROMPTS) -> None:
     """Greedy tokens equal transformers' on the same file, chosen-token logprobs within 1e-3."""
-    oracle = _oracle(gguf)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                        SamplingParams(temperature=0, max_tokens=MAX_TOKENS, logprobs=1, ignore_eos=True),
-                        use_tqdm=False)
-    for p, out in zip(prompts, outs):
-        comp = out.outputs[0]
-        with torch.no_grad():
-            want = oracle.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None,
-                                   pad_token_id=0, attention_mask=torch.ones(1, len(p), dtype=torch.long))
-            ref = torch.log_softmax(oracle(torch.tensor([p + comp.token_ids])).logits[0].float(), dim=-1)
-        assert comp.token_ids == want[0, len(p):].tolist(), f"prompt {p}"
-        for i, (tid, row) in enumerate(zip(comp.token_ids, comp.logprobs)):
-            assert row[tid].logprob == pytest.approx(ref[len(p) - 1 + i, tid].item(), abs=1e-3)
+    assert_matches_dequantized(llm, _oracle(gguf), prompts, MAX_TOKENS, ignore_eos=True)
     assert_no_leak(llm.llm_engine)
 
 
@@ -204,6 +194,26 @@ def test_float32_slabs_keep_the_oracle_s_greedy_tokens(monkeypatch, workdir: Pat
     llm = _llm(gguf, tokenizer=STORIES_DIR)
     assert_matches_oracle(llm, gguf)
     assert rows and min(n for n, _ in rows) > 16 and {d for _, d in rows} == {torch.float32}, rows
+
+
+def test_on_a_gpu_every_tensor_is_dequantized_at_load(monkeypatch, caplog, workdir: Path, llama_256_f32: Path):
+    """GGUF's block kernels are CPU kernels: on CUDA the loader keeps no tensor quantized (the plan
+    a CUDA device gets, forced here on CPU), so the file runs as its dequantized float model."""
+    from tram.model import loader
+    from tram.model.gguf_loader import check_gguf_placement
+
+    monkeypatch.setattr(logging.getLogger("tram"), "propagate", True)  # tram's own handler keeps it from caplog
+    with caplog.at_level(logging.WARNING, logger="tram.model.gguf_loader"):
+        check_gguf_placement("cuda")
+    assert "dequantized to the model's dtype at load" in caplog.text
+    with pytest.raises(ValueError, match="GGUF files run on CPU and CUDA devices, not 'mps'"):
+        check_gguf_placement("mps")
+    real = loader.plan_gguf_weights
+    monkeypatch.setattr(loader, "plan_gguf_weights", lambda model, path, keep_quantized: real(model, path, False))
+    gguf = quantize(llama_256_f32, workdir / f"llama256-Q4_K_M-{len(MIXED)}.gguf", "Q4_K_M", MIXED)
+    llm = _llm(gguf, tokenizer=STORIES_DIR)
+    assert _kept_types(llm) == {}
+    assert_matches_oracle(llm, gguf)
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3"])  # Mistral files are llama files

@@ -12,10 +12,9 @@ import pytest
 import torch
 
 from conftest import assert_no_leak
-from hf_models import make_hf_model_dir
+from quant_oracle import assert_matches_oracle, float_model_dir, hf_oracle, write_checkpoints
 from kernel_checks import assert_slabs_match
-from hf_quant_packers import (AWQ_ORDER, awq_tensors, compressed_tensors, gptq_tensors, pack_rows, quantize,
-                              write_quantized)
+from hf_quant_packers import AWQ_ORDER, awq_tensors, compressed_tensors, gptq_tensors, pack_rows, quantize
 from tram import LLM, SamplingParams
 from tram.config import ModelConfig
 from tram.model.cpu_kernels import cpu_kernels_available
@@ -81,20 +80,13 @@ END_TO_END = ("gptq-g128-asym-actorder", "awq-g128", "ct-w4a16-g128-sym", "ct-w8
 
 @pytest.fixture(scope="module")
 def float_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    # 256 and 512 wide rows, so that groups of 64 and 128 fit; biases on every linear.
-    return make_hf_model_dir(tmp_path_factory.mktemp("float"), "llama_untied", hidden_size=256,
-                             intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
+    return float_model_dir(tmp_path_factory.mktemp("float"))
 
 
 @pytest.fixture(scope="module")
 def checkpoints(float_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]:
     """scheme -> (quantized folder, float folder of its dequantized weights)."""
-    root = tmp_path_factory.mktemp("quantized")
-    out = {}
-    for name, (config, writer) in SCHEMES.items():
-        path = str(root / name)
-        out[name] = (path, write_quantized(float_dir, path, config, writer))
-    return out
+    return write_checkpoints(float_dir, tmp_path_factory.mktemp("quantized"), SCHEMES)
 
 
 # ---- formats and kernels -----------------------------------------------------------------------
@@ -174,15 +166,24 @@ def test_zero_points_of_8_are_the_symmetric_kernel_bit_for_bit():
     assert torch.equal(asym.dequantize(), sym.dequantize())
 
 
-def test_shapes_the_kernel_cannot_take_run_dequantized():
-    # K = 172 (stories260K's down_proj): no whole groups of 128, and not a multiple of 32.
+def test_partial_and_unequal_groups_run_in_runs_of_32_and_the_rest_dequantized():
+    # K = 172 (stories260K's down_proj): groups of 128 leave a last one of 44 columns; act-order
+    # groups of 32 come in unequal sizes. Both are stored as runs of 32 columns, the last run of a
+    # group padded with zero weights. Per channel, the group (172) is no multiple of 32: dense.
     w = torch.randn(64, 172, generator=torch.Generator().manual_seed(2)) * 0.1
-    for group, act_order in ((128, False), (-1, True)):
+    x = torch.randn(5, 172, generator=torch.Generator().manual_seed(3))
+    for group, act_order, width in ((128, False, 128 + 64), (32, True, None), (-1, True, None)):
         qw = quantize(w, group, sym=False, act_order=act_order)
         parts = Int4Parts(qw.q.to(torch.uint8), qw.scale.float(), qw.zero.to(torch.uint8),
                           172 if group < 0 else group, qw.g_idx.long())
-        dense = int4_weight(parts)
-        assert isinstance(dense, torch.Tensor) and torch.equal(dense, qw.dequantize())
+        weight = int4_weight(parts)
+        if group < 0:
+            assert isinstance(weight, torch.Tensor) and torch.equal(weight, qw.dequantize())
+            continue
+        assert isinstance(weight, CheckpointInt4Weight) and weight.group == 32 and weight.x_features == 172
+        assert width is None or weight.in_features == width
+        assert torch.equal(weight.dequantize(), qw.dequantize())
+        torch.testing.assert_close(weight.apply(x, None), reference_linear(x, weight, None), atol=1e-5, rtol=1e-5)
 
 
 # ---- loading -----------------------------------------------------------------------------------
@@ -209,23 +210,10 @@ PROMPTS = [[1, 17, 300, 45, 9], [1, 200, 201, 202, 203, 204, 205, 206], [1, 5]]
 
 @pytest.mark.parametrize("scheme", END_TO_END)
 def test_greedy_and_logprobs_match_transformers_on_the_dequantized_checkpoint(checkpoints, scheme: str):
-    import transformers
-
     path, oracle_dir = checkpoints[scheme]
     llm = LLM(path, max_num_seqs=4, max_model_len=256, max_num_batched_tokens=8)
     assert llm.llm_engine.config.model_config.quantization == SCHEMES[scheme][0]["quant_method"]
-    oracle = transformers.AutoModelForCausalLM.from_pretrained(oracle_dir, dtype=torch.float32).eval()
-    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
-                        SamplingParams(temperature=0, max_tokens=10, logprobs=1), use_tqdm=False)
-    for p, out in zip(PROMPTS, outs):
-        comp = out.outputs[0]
-        with torch.no_grad():
-            want = oracle.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=None,
-                                   pad_token_id=0, attention_mask=torch.ones(1, len(p), dtype=torch.long))
-            ref = torch.log_softmax(oracle(torch.tensor([p + comp.token_ids])).logits[0].float(), dim=-1)
-        assert comp.token_ids == want[0, len(p):].tolist()
-        for i, (tid, row) in enumerate(zip(comp.token_ids, comp.logprobs)):
-            assert row[tid].logprob == pytest.approx(ref[len(p) - 1 + i, tid].item(), abs=1e-3)
+    assert_matches_oracle(llm, hf_oracle(oracle_dir), PROMPTS, 10)
     assert_no_leak(llm.llm_engine)
 
 
@@ -268,10 +256,9 @@ def test_refusals_happen_at_start_with_clear_messages(checkpoints, float_dir: st
         LLM(gptq, quantization="awq")
     with pytest.raises(ValueError, match="'gptq' reads a gptq checkpoint.*no quantization_config"):
         LLM(float_dir, quantization="gptq")
-    with pytest.raises(ValueError, match="tensor_parallel_size 1 for now"):
-        LLM(gptq, tensor_parallel_size=2)
-    with pytest.raises(ValueError, match="CPU only for now"):
-        check_quantization("awq", "cuda")
+    check_quantization("awq", "cuda")  # the Triton GEMM (test_triton_quant_linear.py)
+    with pytest.raises(ValueError, match="runs on CPU and CUDA devices, not 'mps'"):
+        check_quantization("awq", "mps")
     bad = tmp_path / "gptq3"
     bad.mkdir()
     with open(os.path.join(gptq, "config.json")) as f:
@@ -282,3 +269,24 @@ def test_refusals_happen_at_start_with_clear_messages(checkpoints, float_dir: st
         LLM(str(bad))
     assert LLM(gptq, quantization="gptq", max_model_len=64).generate(
         [{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids
+
+
+def test_quantized_layers_never_allocate_their_float_weight(checkpoints):
+    # A GPU holds the packed weights only: `plan` drops the float weights on the meta-device model,
+    # before anything is allocated, and the layers that the checkpoint does not quantize keep theirs.
+    from tram.model.loader import safetensors_files
+    from tram.model.quant.checkpoints import checkpoint_loader
+    from tram.model.registry import get_model_class
+    from tram.model.attention import get_attention_backend
+
+    path, _ = checkpoints["awq-g128"]
+    config = ModelConfig(path, device="cpu")
+    config.resolve()
+    with torch.device("meta"):
+        model = get_model_class(config.architecture)(config.hf_config, config.torch_dtype,
+                                                     get_attention_backend(config.attention_backend))
+    quant = checkpoint_loader(config.quantization, config.hf_config, torch.device("cpu"), model)
+    quant.plan(safetensors_files(path))
+    emptied = {name for name, p in model.named_parameters() if p.numel() == 0}
+    assert emptied == {name + ".weight" for name in quant.quantized} and len(emptied) == 2 * 7
+    assert model.lm_head.weight.numel() > 0

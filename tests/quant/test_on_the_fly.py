@@ -8,7 +8,7 @@ import torch
 
 from conftest import assert_no_leak
 from kernel_checks import assert_batch_and_thread_invariant, assert_slabs_match, assert_close_to_reference
-from hf_models import make_hf_model_dir
+from quant_oracle import assert_matches_oracle, float_model_dir
 from tram import LLM, SamplingParams
 from tram.model.cpu_kernels import cpu_kernels_available
 from tram.model.quant import weights
@@ -156,23 +156,9 @@ PROMPTS = [[1, 17, 300, 45, 9], [1, 200, 201, 202, 203, 204, 205, 206], [1, 5], 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_greedy_and_logprobs_match_transformers_on_dequantized_weights(tmp_path, method: str):
-    # 256-wide rows, so that int4 uses groups of 128 everywhere; biases on every linear.
-    path = make_hf_model_dir(tmp_path, "llama_untied", hidden_size=256, intermediate_size=512,
-                             num_attention_heads=4, num_key_value_heads=2)
+    path = float_model_dir(tmp_path)  # int4 groups of 128 everywhere
     llm = LLM(path, quantization=method, max_num_seqs=4, max_model_len=256, max_num_batched_tokens=8)
-    oracle = _dequantized_hf_model(path, method)
-    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
-                        SamplingParams(temperature=0, max_tokens=12, logprobs=1), use_tqdm=False)
-    for p, out in zip(PROMPTS, outs):
-        comp = out.outputs[0]
-        with torch.no_grad():
-            want = oracle.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None,
-                                   pad_token_id=0, attention_mask=torch.ones(1, len(p), dtype=torch.long))
-        assert comp.token_ids == want[0, len(p):].tolist()
-        with torch.no_grad():
-            ref = torch.log_softmax(oracle(torch.tensor([p + comp.token_ids])).logits[0].float(), dim=-1)
-        for i, (tid, row) in enumerate(zip(comp.token_ids, comp.logprobs)):
-            assert row[tid].logprob == pytest.approx(ref[len(p) - 1 + i, tid].item(), abs=1e-3)
+    assert_matches_oracle(llm, _dequantized_hf_model(path, method), PROMPTS, 12)
     assert_no_leak(llm.llm_engine)
 
 

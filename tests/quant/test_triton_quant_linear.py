@@ -11,6 +11,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from tram.model.quant.checkpoint_weight import CheckpointInt4Weight  # noqa: E402
 from tram.model.quant.weights import Int4Weight, Int8Weight, QuantizedWeight, reference_linear  # noqa: E402
 from triton_interp import interpreter_on, load_interpreted  # noqa: E402
 
@@ -109,5 +110,58 @@ def test_apply_on_cuda_goes_through_triton(method: str):
     want = reference_linear(want_x, qw, None)
     qw.qweight, qw.scale = qw.qweight.cuda(), qw.scale.cuda()
     got = qw.apply(want_x.cuda(), None)
+    assert got.is_cuda
+    torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
+
+
+def _checkpoint_int4(n: int, k: int, group: int, zero: bool, perm: bool, seed: int) -> CheckpointInt4Weight:
+    """A checkpoint's int4 weight: random nibbles, group scales, zero points 0..15 (asymmetric, as
+    AWQ and GPTQ asym store them) and an act-order permutation of the input columns."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), generator=g)
+    scale = torch.rand(n, k // group, generator=g) * 0.01 + 0.001
+    zeros = torch.randint(0, 16, (n, k // group), generator=g) if zero else None
+    order = torch.randperm(k, generator=g) if perm else None
+    return CheckpointInt4Weight(q, scale, group, zeros, order)
+
+
+@pytest.mark.parametrize("zero,perm", [(True, False), (True, True), (False, True)])
+@pytest.mark.parametrize("dtype", [FP32, BF16])
+def test_checkpoint_zero_points_and_act_order_match_reference(zero: bool, perm: bool, dtype: torch.dtype,
+                                                              monkeypatch: pytest.MonkeyPatch):
+    # Through CheckpointInt4Weight.apply, as a GPU runs it (use_triton: on CPU tensors, interpreted).
+    import tram.model.quant.triton_linear as triton_linear
+
+    monkeypatch.setattr(triton_linear, "triton_quant_linear", tl_mod.triton_quant_linear)
+    qw = _checkpoint_int4(40, 128, 32 if perm else 64, zero, perm, seed=6)
+    qw.use_triton = True
+    for m in (1, 17):
+        x = torch.randn(m, 128, generator=torch.Generator().manual_seed(m)).to(dtype)
+        bias = torch.randn(40).to(dtype)
+        got = qw.apply(x, bias)
+        torch.testing.assert_close(got.float(), reference_linear(x, qw, bias).float(), **TOL[dtype])
+    got = qw.apply(torch.ones(2, 3, 128, dtype=dtype), None)  # lead dimensions kept around the permutation
+    assert got.shape == (2, 3, 40)
+
+
+def test_zero_points_of_8_are_the_symmetric_kernel():
+    sym = _checkpoint_int4(40, 128, 32, zero=False, perm=False, seed=7)
+    eights = torch.full_like(sym.scale, 8, dtype=torch.uint8)
+    x = torch.randn(5, 128)
+    got = tl_mod.triton_quant_linear(x, sym.qweight, sym.scale, 32, zero=eights)
+    assert torch.equal(got, tl_mod.triton_quant_linear(x, sym.qweight, sym.scale, 32))
+
+
+def test_quantized_weights_move_to_a_device_whole():
+    qw = _checkpoint_int4(16, 64, 32, zero=True, perm=True, seed=8).to_(torch.device("meta"))
+    assert all(t.is_meta for t in (qw.qweight, qw.scale, qw.zero, qw.perm))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_checkpoint_apply_on_cuda_goes_through_triton():
+    qw = _checkpoint_int4(256, 512, 128, zero=True, perm=True, seed=9)
+    x = torch.randn(33, 512)
+    want = reference_linear(x, qw, None)
+    got = qw.to_(torch.device("cuda")).apply(x.cuda(), None)
     assert got.is_cuda
     torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)

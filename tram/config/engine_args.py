@@ -56,7 +56,7 @@ class EngineArgs(CliSettings):
                                             choices=ATTENTION_BACKENDS)
     device: str = setting("auto", "cpu, cuda, cuda:N, or auto (CUDA when visible)")
     quantization: str | None = setting(None, "quantize a float checkpoint's linear layers at load: int8 (per "
-                                       "output channel) or int4 (groups of 128 input channels); CPU only. "
+                                       "output channel) or int4 (groups of 128 input channels). "
                                        "A GPTQ, AWQ or compressed-tensors checkpoint sets it (gptq, awq, "
                                        "compressed-tensors) from its quantization_config",
                                        aliases=("-q",))

@@ -65,9 +65,16 @@ def load_model(model_config: ModelConfig) -> nn.Module:
     if pp.size > 1:
         cut_to_stage(model, pp.rank, pp.size)
     gguf = model_config.load_format != "dummy" and is_gguf(model_config.model)
+    files: list[str] = []
+    quant: CheckpointLoader | None = None
     if gguf:
         check_gguf_placement(model_config.torch_device.type)
-        plan_gguf_weights(model, model_config.model)
+        plan_gguf_weights(model, model_config.model, keep_quantized=model_config.torch_device.type == "cpu")
+    elif model_config.load_format != "dummy":
+        files = safetensors_files(resolve_model_path(model_config.model, model_config.revision))
+        quant = checkpoint_loader(model_config.quantization, model_config.hf_config, model_config.torch_device, model)
+        if quant is not None:
+            quant.plan(files)
     materialize(model, model_config.torch_device)
     if model_config.load_format == "dummy":
         init_dummy_weights(model, model_config.seed)
@@ -75,10 +82,7 @@ def load_model(model_config: ModelConfig) -> nn.Module:
         load_gguf_weights(model, model_config.model, model_config.hf_config,
                           int8_activations=model_config.gguf_activations == "int8")
     else:
-        path = resolve_model_path(model_config.model, model_config.revision)
-        quant = checkpoint_loader(model_config.quantization, model_config.hf_config,
-                                  model_config.torch_device.type, model)
-        load_safetensors_weights(model, safetensors_files(path), tied=_is_tied(model_config.hf_config),
+        load_safetensors_weights(model, files, tied=_is_tied(model_config.hf_config),
                                  skip=getattr(model, "missing_prefixes", ()), quant=quant)
     model.eval()
     model.requires_grad_(False)
@@ -103,7 +107,8 @@ def _is_tied(hf_config: Any) -> bool:
 def load_safetensors_weights(model: nn.Module, files: list[str], tied: bool, skip: tuple[str, ...] = (),
                              quant: CheckpointLoader | None = None) -> None:
     """Hand each checkpoint tensor to the weight loader of the parameter of the same name; with
-    `quant` (a quantized checkpoint), the quantized Linears' tensors go to it instead.
+    `quant` (a quantized checkpoint, `plan`ned on the files), the quantized Linears' tensors go to it
+    instead.
 
     Streams tensor by tensor so peak host memory is one tensor, not the checkpoint.
     ValueError names every missing or unexpected weight (a wrong architecture or a broken file),
@@ -114,10 +119,6 @@ def load_safetensors_weights(model: nn.Module, files: list[str], tied: bool, ski
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     unexpected: list[str] = []
-    if quant is not None:
-        for file in files:
-            with safe_open(file, framework="pt", device="cpu") as f:
-                quant.scan(list(f.keys()))
     for file in files:
         with safe_open(file, framework="pt", device="cpu") as f:
             for name in f.keys():

@@ -7,9 +7,12 @@
 
 With one rank the slices are the whole tensors and the layers are plain `Linear`s. The loaders check
 the checkpoint tensor's full shape before slicing, so a wrong checkpoint fails as it does unsharded.
+Each layer keeps its `shard`, so that loaders other than the float weight's (a quantized checkpoint's
+packed tensors, quant/checkpoint_shards.py) cut the same slice.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,15 +52,38 @@ def slice_loader(dim: int, start: int, size: int, full: int) -> WeightLoader:
     return load
 
 
+@dataclass(frozen=True)
+class Shard:
+    """The part of a full [out, in] weight that a rank's linear holds: [start, start + size) of the
+    `full` entries along `dim` (0: output rows, 1: input columns)."""
+
+    dim: int
+    start: int
+    size: int
+    full: int
+
+    @property
+    def whole(self) -> bool:
+        return self.size == self.full
+
+    def full_shape(self, out_features: int, in_features: int) -> tuple[int, int]:
+        """The whole layer's (out, in), given this rank's."""
+        return (self.full, in_features) if self.dim == 0 else (out_features, self.full)
+
+    def loader(self) -> WeightLoader:
+        return slice_loader(self.dim, self.start, self.size, self.full)
+
+
 class ColumnParallelLinear(Linear):
     """Rows [start, start + size) of a [full_out, in_features] linear."""
 
     def __init__(self, in_features: int, full_out: int, start: int, size: int, *, bias: bool,
                  dtype: torch.dtype) -> None:
         super().__init__(in_features, size, bias=bias, dtype=dtype)
-        set_weight_loader(self.weight, slice_loader(0, start, size, full_out))
+        self.shard = Shard(0, start, size, full_out)
+        set_weight_loader(self.weight, self.shard.loader())
         if self.bias is not None:
-            set_weight_loader(self.bias, slice_loader(0, start, size, full_out))
+            set_weight_loader(self.bias, self.shard.loader())
 
 
 class RowParallelLinear(Linear):
@@ -67,7 +93,8 @@ class RowParallelLinear(Linear):
                  dtype: torch.dtype) -> None:
         super().__init__(size, out_features, bias=bias, dtype=dtype)
         self.tp_size = get_tp().size
-        set_weight_loader(self.weight, slice_loader(1, start, size, full_in))
+        self.shard = Shard(1, start, size, full_in)
+        set_weight_loader(self.weight, self.shard.loader())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in / tp] -> [T, out]
         if self.tp_size == 1:

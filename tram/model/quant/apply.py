@@ -34,9 +34,8 @@ def check_quantization(method: str | None, device_type: str, hf_config: Any = No
         raise ValueError(f"quantization {method!r} is not supported: choose {' or '.join(ON_THE_FLY)} "
                          "(weight-only, made from a float checkpoint at load), or serve a GPTQ, AWQ or "
                          "compressed-tensors checkpoint (its config.json's quantization_config selects it)")
-    if device_type != "cpu":
-        raise ValueError(f"quantization {method!r} runs on CPU only for now (torch's CPU weight-only kernels); "
-                         "on GPU, serve the float checkpoint")
+    if device_type not in ("cpu", "cuda"):
+        raise ValueError(f"quantization {method!r} runs on CPU and CUDA devices, not {device_type!r}")
 
 
 def quantize_weight(method: str, weight: torch.Tensor) -> tuple[QuantizedWeight, str]:

@@ -14,8 +14,10 @@ an int32 (4-bit value i of a word at bits 4i), differing in which dimension is p
     of z + 8; weight_g_idx [K] with actorder "group". 8-bit: four per int32 of q + 128.
   * compressed-tensors int-quantized: weight [N, K] int8, weight_scale [N, 1].
 
-A layer the int4 kernel cannot take (K not a multiple of 32 or of the group, unequal act-order
-groups) gets its dequantized float weight instead: same function, no compression.
+Groups of unequal sizes (act-order groups that a checkpoint made so, a last group cut short where K
+is no multiple of the group, a tensor-parallel rank's share of groups: checkpoint_shards.py) are
+stored as runs of 32 columns (`int4_runs`). A group size that is no multiple of 32 (a per-channel
+layer whose K is not) gets the dequantized float weight instead: same function, no compression.
 """
 from __future__ import annotations
 
@@ -117,16 +119,43 @@ def int4_weight(p: Int4Parts) -> QuantizedWeight | torch.Tensor:
     """The kernel's weight for these parts, or their dequantized float weight [N, K] where the
     kernel cannot take the shape (see the module docstring)."""
     n, k = p.q.shape
-    if p.group % _KERNEL_GROUP or k % p.group:
+    if p.group % _KERNEL_GROUP:
         return p.dequantize()
+    if k % p.group:
+        return int4_runs(p)  # a last group of fewer columns
     perm = None
     if p.g_idx is not None and not torch.equal(p.g_idx, torch.arange(k) // p.group):
         perm = torch.argsort(p.g_idx, stable=True)
         if not torch.equal(p.g_idx[perm], torch.arange(k) // p.group):
-            return p.dequantize()  # groups of unequal sizes: no contiguous layout of them
+            return int4_runs(p)  # groups of unequal sizes
     q = p.q if perm is None else p.q.index_select(1, perm)
     groups = k // p.group
     scale, zero = p.scale[:, :groups], None if p.zero is None else p.zero[:, :groups]
     if zero is not None and bool((zero == 8).all()):
         zero = None  # symmetric after all: the plain int4 path
     return CheckpointInt4Weight(q, scale, p.group, zero, perm)
+
+
+def int4_runs(p: Int4Parts) -> CheckpointInt4Weight:
+    """Groups of any sizes as the kernel's groups of 32: each group's columns (sorted by group) in
+    runs of 32, each run with its group's scale and zero point, the last run of a group padded with
+    zero weights (q = the zero point, so (q - zero) * scale is exactly 0) that multiply column 0 of x.
+    A group of c columns takes ceil(c / 32) runs; the scales cost 32 bits per 32 weights."""
+    n, k = p.q.shape
+    cols = p.groups_of_columns()
+    order = torch.argsort(cols, stable=True)  # x's columns, grouped
+    groups, counts = torch.unique_consecutive(cols[order], return_counts=True)
+    runs = (counts + _KERNEL_GROUP - 1) // _KERNEL_GROUP
+    first_run = torch.cumsum(runs, 0) - runs
+    first_col = torch.cumsum(counts, 0) - counts
+    within = torch.arange(k) - torch.repeat_interleave(first_col, counts)  # position inside its group
+    dest = torch.repeat_interleave(first_run * _KERNEL_GROUP, counts) + within  # stored column of order[i]
+    width = int(runs.sum()) * _KERNEL_GROUP
+    run_group = torch.repeat_interleave(groups, runs)  # [width / 32] the checkpoint group of each run
+    zero = None if p.zero is None else p.zero[:, run_group]
+    pad = torch.full((n, width // _KERNEL_GROUP), 8, dtype=torch.uint8) if zero is None else zero
+    q = pad.repeat_interleave(_KERNEL_GROUP, dim=1)  # [N, width]: every column a zero weight ...
+    q[:, dest] = p.q[:, order].to(torch.uint8)  # ... but the real ones
+    perm = torch.zeros(width, dtype=torch.int64)
+    perm[dest] = order
+    return CheckpointInt4Weight(q, p.scale[:, run_group], _KERNEL_GROUP, zero, perm, x_features=k)

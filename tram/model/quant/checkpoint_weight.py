@@ -33,14 +33,17 @@ class CheckpointInt4Weight(Int4Weight):
     8, symmetric). `perm` [K] int64: for each stored input column, the column of x it multiplies.
     Act-order checkpoints assign input columns to groups by salience; sorted by group, every group is
     contiguous, as the kernel needs, and x is permuted the same way (index_select) before it, so the
-    product is that of the original weight."""
+    product is that of the original weight. Groups of unequal sizes are stored as runs of 32 columns
+    (checkpoint_formats.int4_runs), the last of each padded with zero weights whose `perm` entry is
+    any column of x: then in_features (the stored width) exceeds `x_features`, x's width."""
 
     perm: torch.Tensor | None = None
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, group: int, zero: torch.Tensor | None = None,
-                 perm: torch.Tensor | None = None) -> None:
+                 perm: torch.Tensor | None = None, x_features: int | None = None) -> None:
         # q [N, K] values 0..15 in stored column order; scale (and zero) [N, K / group]
         self.out_features, self.in_features = q.shape
+        self.x_features = self.in_features if x_features is None else x_features
         self.group = group
         self.qweight = pack_int4(q)  # [N, K / 2]
         self.scale = scale.float().contiguous()
@@ -48,6 +51,11 @@ class CheckpointInt4Weight(Int4Weight):
         self.perm = None if perm is None else perm.to(torch.int64).contiguous()
 
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if x.is_cuda or self.use_triton:
+            if self.perm is None:
+                return self.triton_apply(x, bias)
+            y = self.triton_apply(x.reshape(-1, x.shape[-1]).index_select(1, self.perm), bias)
+            return y.view(*x.shape[:-1], self.out_features)
         kernels = _kernels(x)
         if kernels is None:
             return reference_linear(x, self, bias)
@@ -65,8 +73,8 @@ class CheckpointInt4Weight(Int4Weight):
         else:
             q = unpack_int4(self.qweight).float().view(self.out_features, -1, self.group)  # [N, K / g, g]
             w = ((q - self.zero.float()[..., None]) * self.scale[..., None]).view(self.out_features, -1)
-        if self.perm is not None:
-            w = torch.empty_like(w).index_copy_(1, self.perm, w)  # back to x's column order
+        if self.perm is not None:  # back to x's column order; padding columns add exact zeros
+            w = w.new_zeros(self.out_features, self.x_features).index_add_(1, self.perm, w)
         return w.to(dtype)
 
     @property

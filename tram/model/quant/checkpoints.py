@@ -2,10 +2,11 @@
 config.json names them (ModelConfig.quantization carries the method).
 
 `parse_scheme` reads that config and raises ValueError, naming the scheme and what is supported, for
-anything Tram cannot run; `check` adds the placement rules (CPU, one tensor-parallel rank). While
-loading, a `CheckpointLoader` takes the quantized Linears' tensors (qweight/qzeros/scales/g_idx,
+anything Tram cannot run; `check` adds the placement rules (CPU or CUDA). While loading, a
+`CheckpointLoader` takes the quantized Linears' tensors (qweight/qzeros/scales/g_idx,
 weight_packed/weight_scale/...) out of the stream, and at the end gives each such Linear its `quant`
-(checkpoint_formats.py repacks them) and an empty float weight; every other tensor loads as usual.
+(checkpoint_formats.py repacks them; checkpoint_shards.py cuts a rank's slice first) and an empty
+float weight; every other tensor loads as usual.
 """
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from tram.model.quant.checkpoint_formats import (Parts, awq_parts, compressed_int4_parts, compressed_int8,
-                                                 gptq_parts, int4_weight)
+from tram.model.quant.checkpoint_formats import (Int4Parts, Parts, awq_parts, compressed_int4_parts,
+                                                 compressed_int8, gptq_parts, int4_weight)
+from tram.model.quant.checkpoint_shards import Unpacked, full_shape, layer_shard, shard_weight
 
 logger = logging.getLogger(__name__)
 
@@ -188,12 +190,9 @@ def _compressed_scheme(name: str, scheme: Any, fmt: str | None) -> LayerScheme:
 
 def check(method: str, device_type: str, hf_config: Any = None, tensor_parallel_size: int = 1) -> None:
     """ValueError at start for a quantized checkpoint Tram cannot run here."""
-    if device_type != "cpu":
-        raise ValueError(f"quantization {method!r} (a quantized checkpoint) runs on CPU only for now; "
-                         "on GPU, serve a float checkpoint")
-    if tensor_parallel_size > 1:
-        raise ValueError(f"quantization {method!r} (a quantized checkpoint) needs tensor_parallel_size 1 for now "
-                         f"(got {tensor_parallel_size}): its packed tensors are not split across ranks yet")
+    if device_type not in ("cpu", "cuda"):
+        raise ValueError(f"quantization {method!r} (a quantized checkpoint) runs on CPU and CUDA devices, "
+                         f"not {device_type!r}")
     if hf_config is not None:
         scheme = parse_scheme(hf_config)
         if scheme.method != method:
@@ -203,14 +202,15 @@ def check(method: str, device_type: str, hf_config: Any = None, tensor_parallel_
 
 class CheckpointLoader:
     """Takes a quantized checkpoint's per-Linear tensors out of the loading loop, then sets each
-    Linear's `quant` from them (`finish`). Contract with loader.load_safetensors_weights: `scan` the
-    files first, hand every tensor name that `claims` to `add`, and count `finish`'s parameter names
-    as loaded."""
+    Linear's `quant` from them (`finish`). Contract with loader.load_model: `plan` on the meta-device
+    model (it scans the files); then load_safetensors_weights hands every tensor name that `claims`
+    to `add`, and counts `finish`'s parameter names as loaded."""
 
-    def __init__(self, scheme: CheckpointScheme, model: nn.Module) -> None:
+    def __init__(self, scheme: CheckpointScheme, model: nn.Module, device: torch.device | str = "cpu") -> None:
         from tram.model.linear import Linear
 
         self.scheme = scheme
+        self.device = torch.device(device)  # where the built weights go
         self.linears = {name: m for name, m in model.named_modules() if isinstance(m, Linear)}
         self.suffixes = set(_SUFFIXES[scheme.kind])
         self.quantized: set[str] = set()  # module names whose tensors are quantized
@@ -221,6 +221,20 @@ class CheckpointLoader:
         compressed-tensors' int8 `weight` sorts before the `weight_scale` that marks it)."""
         marker = "." + _MARKERS[self.scheme.kind]
         self.quantized.update(name[:-len(marker)] for name in names if name.endswith(marker))
+
+    def plan(self, files: list[str]) -> None:
+        """On the meta-device model, before it is materialised: `scan` the files, and drop the float
+        weight of every quantized Linear, so that no device ever allocates the float model."""
+        from safetensors import safe_open
+
+        for file in files:
+            with safe_open(file, framework="pt", device="cpu") as f:
+                self.scan(list(f.keys()))
+        for prefix in self.quantized:
+            module = self.linears.get(prefix)
+            if module is not None and module.weight.is_meta:
+                module.weight = nn.Parameter(torch.empty(0, dtype=module.weight.dtype, device="meta"),
+                                             requires_grad=False)
 
     def claims(self, name: str) -> bool:
         prefix, _, suffix = name.rpartition(".")
@@ -241,7 +255,7 @@ class CheckpointLoader:
                 raise ValueError(f"Checkpoint has quantized tensors for {prefix}, which is no linear layer of "
                                  "the model")
             weight = self._build(prefix, self.parts.pop(prefix))
-            _install(module, weight)
+            _install(module, weight, self.device)
             if isinstance(weight, torch.Tensor):
                 dense.append(prefix)
             filled.add(prefix + ".weight")
@@ -252,44 +266,51 @@ class CheckpointLoader:
         return filled
 
     def _build(self, prefix: str, parts: Parts) -> Any:  # QuantizedWeight, or a dense float weight
-        scheme = self.scheme.layer_scheme(prefix)
         module = self.linears[prefix]
         try:
-            if scheme.kind == "gptq":
-                weight = int4_weight(gptq_parts(parts, scheme.group_size, scheme.v1))
-            elif scheme.kind == "awq":
-                weight = int4_weight(awq_parts(parts, scheme.group_size))
-            elif scheme.bits == 8:
-                weight = compressed_int8(parts)
-            else:
-                weight = int4_weight(compressed_int4_parts(parts, scheme.group_size, scheme.symmetric))
+            weight = _unpack(self.scheme.layer_scheme(prefix), parts)
         except KeyError as err:
             raise ValueError(f"Quantized layer {prefix} lacks its {err.args[0]} tensor") from None
-        shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else (weight.out_features, weight.in_features)
-        if shape != (module.out_features, module.in_features):
+        shape = tuple(weight.q.shape) if isinstance(weight, Int4Parts) else (weight.out_features, weight.in_features)
+        expected = full_shape(module)  # of the whole layer, whichever slice this rank keeps
+        if shape != expected:
             raise ValueError(f"Quantized layer {prefix} holds a {shape[0]}x{shape[1]} weight, the model expects "
-                             f"{module.out_features}x{module.in_features}")
-        return weight
+                             f"{expected[0]}x{expected[1]}")
+        shard = layer_shard(module)
+        if shard is not None:
+            weight = shard_weight(weight, shard)
+        return int4_weight(weight) if isinstance(weight, Int4Parts) else weight
 
 
-def _install(module: nn.Module, weight: Any) -> None:
-    """The Linear computes with `weight`: a QuantizedWeight (its float weight becomes empty, as
-    quant/apply.py leaves it) or a dense tensor copied into its float weight."""
-    if isinstance(weight, torch.Tensor):
-        module.weight.copy_(weight)
-        return
-    old = module.weight
-    module.quant = weight
-    module.weight = nn.Parameter(torch.empty(0, dtype=old.dtype, device=old.device), requires_grad=False)
+def _unpack(scheme: LayerScheme, parts: Parts) -> Unpacked:
+    """A whole layer's int4 values, scales and zero points (to repack), or its int8 weight."""
+    if scheme.kind == "gptq":
+        return gptq_parts(parts, scheme.group_size, scheme.v1)
+    if scheme.kind == "awq":
+        return awq_parts(parts, scheme.group_size)
+    if scheme.bits == 8:
+        return compressed_int8(parts)
+    return compressed_int4_parts(parts, scheme.group_size, scheme.symmetric)
+
+
+def _install(module: nn.Module, weight: Any, device: torch.device) -> None:
+    """The Linear computes with `weight` on `device` (it was repacked on the CPU): a QuantizedWeight
+    (the float weight stays empty, as quant/apply.py leaves it) or a dense float weight."""
+    dtype = module.weight.dtype
     module.packed_weight = None
+    if isinstance(weight, torch.Tensor):
+        module.weight = nn.Parameter(weight.to(device=device, dtype=dtype), requires_grad=False)
+        return
+    module.quant = weight.to_(device)
+    module.weight = nn.Parameter(torch.empty(0, dtype=dtype, device=device), requires_grad=False)
 
 
-def checkpoint_loader(method: str | None, hf_config: Any, device_type: str,
+def checkpoint_loader(method: str | None, hf_config: Any, device: torch.device,
                       model: nn.Module) -> CheckpointLoader | None:
     """The loader of a quantized checkpoint's Linears (None for a float checkpoint), after `check`."""
     if method not in CHECKPOINT_METHODS:
         return None
     from tram.distributed import get_tp
 
-    check(method, device_type, hf_config, get_tp().size)
-    return CheckpointLoader(parse_scheme(hf_config), model)
+    check(method, device.type, hf_config, get_tp().size)
+    return CheckpointLoader(parse_scheme(hf_config), model, device)

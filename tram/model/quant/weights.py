@@ -48,11 +48,12 @@ class QuantizedWeight:
     scale: torch.Tensor
     group = 0  # int8: one scale per row
     zero: torch.Tensor | None = None  # [N, K / group] uint8 zero points (checkpoints); None: symmetric
+    # The Triton GEMM on any device: set on CPU by tests, which run it under Triton's interpreter.
+    use_triton = False
 
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if x.is_cuda:  # Triton W8A16 / W4A16 GEMM; imported here: triton is the gpu extra's
-            from tram.model.quant.triton_linear import triton_quant_linear
-            return triton_quant_linear(x, self.qweight, self.scale, self.group, bias)
+        if x.is_cuda or self.use_triton:
+            return self.triton_apply(x, bias)
         kernels = _kernels(x)
         if kernels is None:
             return reference_linear(x, self, bias)
@@ -61,6 +62,19 @@ class QuantizedWeight:
         if wants_slabs(x, self.out_features, self.in_features, kernels):
             return slab_linear(x, self.out_features, self.in_features, self.decoded_rows(kernels), bias)
         return kernels.quant_gemm(x, self.qweight, self.scale, self.group, bias)
+
+    def triton_apply(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """The Triton W8A16 / W4A16 GEMM; imported here: triton is the gpu extra's."""
+        from tram.model.quant.triton_linear import triton_quant_linear
+
+        return triton_quant_linear(x, self.qweight, self.scale, self.group, bias, zero=self.zero)
+
+    def to_(self, device: torch.device) -> QuantizedWeight:
+        """Every tensor of the weight moved to `device` (checkpoints are repacked on the CPU)."""
+        for name, value in vars(self).items():
+            if isinstance(value, torch.Tensor):
+                setattr(self, name, value.to(device))
+        return self
 
     def decoded_rows(self, kernels: ModuleType) -> Decode:
         """Rows n0 .. n1 - 1 of the weight decoded into a float32 or bfloat16 slab (quant_dequantize_)."""
