@@ -202,16 +202,16 @@ def test_on_a_gpu_every_tensor_is_dequantized_at_load(monkeypatch, caplog, workd
     from tram.model import loader
     from tram.model.gguf_loader import check_gguf_placement
 
-    monkeypatch.setattr(logging.getLogger("tram"), "propagate", True)  # tram's own handler keeps it from caplog
-    with caplog.at_level(logging.WARNING, logger="tram.model.gguf_loader"):
-        check_gguf_placement("cuda")
-    assert "dequantized to the model's dtype at load" in caplog.text
+    check_gguf_placement("cuda")
     with pytest.raises(ValueError, match="GGUF files run on CPU and CUDA devices, not 'mps'"):
         check_gguf_placement("mps")
     real = loader.plan_gguf_weights
     monkeypatch.setattr(loader, "plan_gguf_weights", lambda model, path, keep_quantized: real(model, path, False))
+    monkeypatch.setattr(logging.getLogger("tram"), "propagate", True)  # tram's own handler keeps it from caplog
     gguf = quantize(llama_256_f32, workdir / f"llama256-Q4_K_M-{len(MIXED)}.gguf", "Q4_K_M", MIXED)
-    llm = _llm(gguf, tokenizer=STORIES_DIR)
+    with caplog.at_level(logging.WARNING, logger="tram.model.gguf_loader"):
+        llm = _llm(gguf, tokenizer=STORIES_DIR)
+    assert "dequantized to the model's dtype at load" in caplog.text
     assert _kept_types(llm) == {}
     assert_matches_oracle(llm, gguf)
 

@@ -3,10 +3,10 @@
 
 Two steps around `materialize`: `plan_gguf_weights` runs on the meta-device model and gives every
 layer whose tensor stays quantized an empty float weight (so no float copy is ever allocated), then
-`load_gguf_weights` fills the model. The block-layout kernels are CPU kernels: on a GPU every tensor
-is dequantized at load (the file runs, in the memory of its float model). Quantized tensors can land on a Linear (`quant`), on the token
+`load_gguf_weights` fills the model. Quantized tensors can land on a Linear (`quant`), on the token
 embedding (rows dequantized as they are looked up) and on an untied LM head; a tied head multiplies
-by the embedding's quantized weight.
+by the embedding's quantized weight. The block-layout kernels are CPU kernels: on a GPU the plan
+keeps nothing, and every tensor is dequantized at load (the file runs in its float model's memory).
 """
 from __future__ import annotations
 
@@ -35,10 +35,6 @@ def check_gguf_placement(device_type: str) -> None:
 
     if device_type not in ("cpu", "cuda"):
         raise ValueError(f"GGUF files run on CPU and CUDA devices, not {device_type!r}")
-    if device_type == "cuda":
-        logger.warning("GGUF on a GPU: Tram has no GPU kernels for GGUF's block types yet, so every tensor "
-                       "is dequantized to the model's dtype at load (the float model's memory); the Hugging "
-                       "Face checkpoint, or a GPTQ/AWQ/compressed-tensors one, runs as fast in less memory")
     if get_tp().size > 1:
         raise ValueError("GGUF files run without tensor parallelism for now (tensor_parallel_size 1)")
 
@@ -61,6 +57,9 @@ def plan_gguf_weights(model: nn.Module, path: str, keep_quantized: bool = True) 
     """On the meta-device model: layers whose tensors stay quantized give up their float weight
     (none where `keep_quantized` is False: load_gguf_weights then dequantizes every tensor)."""
     if not keep_quantized:
+        logger.warning("GGUF off the CPU: Tram has no GPU kernels for GGUF's block types yet, so every tensor "
+                       "is dequantized to the model's dtype at load (the float model's memory); the Hugging "
+                       "Face checkpoint, or a GPTQ/AWQ/compressed-tensors one, runs as fast in less memory")
         return
     reader = open_gguf(path)
     for t in reader.tensors:

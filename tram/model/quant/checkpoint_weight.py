@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from tram.model.quant.slab_gemm import slab_linear, wants_slabs
-from tram.model.quant.weights import (SKINNY_MAX_ROWS, Int4Weight, Int8Weight, _kernels, pack_int4,
-                                      reference_linear, unpack_int4)
+from tram.model.quant.weights import Int4Weight, Int8Weight, _kernels, pack_int4, reference_linear, unpack_int4
 
 
 def int8_weight(qweight: torch.Tensor, scale: torch.Tensor) -> Int8Weight:
@@ -51,21 +49,13 @@ class CheckpointInt4Weight(Int4Weight):
         self.perm = None if perm is None else perm.to(torch.int64).contiguous()
 
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if x.is_cuda or self.use_triton:
-            if self.perm is None:
-                return self.triton_apply(x, bias)
-            y = self.triton_apply(x.reshape(-1, x.shape[-1]).index_select(1, self.perm), bias)
-            return y.view(*x.shape[:-1], self.out_features)
-        kernels = _kernels(x)
-        if kernels is None:
-            return reference_linear(x, self, bias)
-        if self.perm is not None:
-            x = x.index_select(1, self.perm)  # [M, K] in stored column order
-        if x.shape[0] <= SKINNY_MAX_ROWS:
-            return kernels.quant_linear(x, self.qweight, self.scale, self.group, bias, self.zero)
-        if wants_slabs(x, self.out_features, self.in_features, kernels):
-            return slab_linear(x, self.out_features, self.in_features, self.decoded_rows(kernels), bias)
-        return kernels.quant_gemm(x, self.qweight, self.scale, self.group, bias, self.zero)
+        """QuantizedWeight's kernels (zero points included) on x's columns in stored order."""
+        if self.perm is None:
+            return super().apply(x, bias)
+        if not (x.is_cuda or self.use_triton) and _kernels(x) is None:
+            return reference_linear(x, self, bias)  # dequantize() is in x's column order
+        stored = x.reshape(-1, x.shape[-1]).index_select(1, self.perm)
+        return super().apply(stored, bias).view(*x.shape[:-1], self.out_features)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         if self.zero is None:

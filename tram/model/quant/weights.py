@@ -58,10 +58,10 @@ class QuantizedWeight:
         if kernels is None:
             return reference_linear(x, self, bias)
         if x.shape[0] <= SKINNY_MAX_ROWS:
-            return kernels.quant_linear(x, self.qweight, self.scale, self.group, bias)
+            return kernels.quant_linear(x, self.qweight, self.scale, self.group, bias, self.zero)
         if wants_slabs(x, self.out_features, self.in_features, kernels):
             return slab_linear(x, self.out_features, self.in_features, self.decoded_rows(kernels), bias)
-        return kernels.quant_gemm(x, self.qweight, self.scale, self.group, bias)
+        return kernels.quant_gemm(x, self.qweight, self.scale, self.group, bias, self.zero)
 
     def triton_apply(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The Triton W8A16 / W4A16 GEMM; imported here: triton is the gpu extra's."""
