@@ -1,7 +1,7 @@
 """Micro-benchmark: CPU decode attention, C++ paged kernel vs the gather + masked SDPA path.
 
 The SDPA path is TorchAttentionBackend._decode_sdpa (what _decode runs where the kernel does not), fed a hand-made step plan (as _plan builds
-it); the kernel is tram.model.cpu_kernels.paged_decode_attention. One call = one layer's
+it); the kernel is tram.model.kernels.cpu_kernels.paged_decode_attention. One call = one layer's
 decode attention for the whole batch. Each time is the minimum over several repeats, since the
 machine may be shared.
 
@@ -17,7 +17,7 @@ import torch
 import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
 from tram.bench.report import machine_summary
 from tram.bench.timing import best_ms
-from tram.model.cpu_kernels import load_cpu_kernels, paged_decode_attention
+from tram.model.kernels.cpu_kernels import load_cpu_kernels, paged_decode_attention
 from tram.model.attention.torch_backend import TorchAttentionBackend, _StepPlan
 
 SHAPES = {"15M": (6, 6, 48), "110M": (12, 12, 64)}  # name -> (H, Hkv, D)

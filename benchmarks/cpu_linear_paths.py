@@ -1,7 +1,7 @@
 """Micro-benchmark: the CPU paths a linear layer can take, per shape and row count, in GFLOP/s.
 
     F.linear   PyTorch's default (MKL sgemm for float32, oneDNN for bfloat16) on nn.Linear's layout
-    packed     oneDNN's inner product on a weight reordered once (tram/model/cpu_packed.py; what
+    packed     oneDNN's inner product on a weight reordered once (tram/model/layers/cpu_packed.py; what
                vLLM's CPU backend does with its onednn_mm)
     skinny     Tram's C++ kernel (csrc/skinny_linear.cpp), meant for a row or two
 
@@ -23,8 +23,8 @@ import torch.nn.functional as F
 import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
 from tram.bench.report import machine_summary
 from tram.bench.timing import best_ms
-from tram.model.cpu_kernels import load_cpu_kernels, skinny_linear
-from tram.model.cpu_packed import pack_weight, packed_linear
+from tram.model.kernels.cpu_kernels import load_cpu_kernels, skinny_linear
+from tram.model.layers.cpu_packed import pack_weight, packed_linear
 
 SHAPES = {"qkv/o 768x768": (768, 768), "gate+up 4096x768": (4096, 768), "down 768x2048": (768, 2048),
           "lm_head 32000x768": (32000, 768)}

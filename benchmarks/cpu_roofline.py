@@ -33,8 +33,8 @@ from tram.bench.presets import checkpoint_for
 from tram.bench.report import machine_summary
 from tram.bench.timing import best_ms
 from cpu_decode_attention import make_inputs
-from tram.model.cpu_kernels import load_cpu_kernels, paged_decode_attention
-from tram.model.cpu_packed import pack_weight, packed_linear
+from tram.model.kernels.cpu_kernels import load_cpu_kernels, paged_decode_attention
+from tram.model.layers.cpu_packed import pack_weight, packed_linear
 
 
 def workload_counts(cfg, prompt_lens: list[int], output_lens: list[int]) -> dict[str, float]:

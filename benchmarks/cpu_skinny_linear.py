@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
 from tram.bench.report import machine_summary
 from tram.bench.timing import best_ms
-from tram.model.cpu_kernels import load_cpu_kernels, skinny_linear
+from tram.model.kernels.cpu_kernels import load_cpu_kernels, skinny_linear
 
 WEIGHTS = {"32000x288": (32000, 288), "3072x768": (3072, 768)}
 

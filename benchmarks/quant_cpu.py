@@ -5,7 +5,7 @@
     python benchmarks/quant_cpu.py throughput --model llama-110m [--max-num-seqs 1 4 16]
 
 `kernels`: a quantized linear against the float32 and bfloat16 paths Tram runs on the same shape
-(tram/model/linear.py), on the ~0.5B preset's shapes (Qwen2.5-0.5B: hidden 896, MLP 4864, 2 KV
+(tram/model/layers/linear.py), on the ~0.5B preset's shapes (Qwen2.5-0.5B: hidden 896, MLP 4864, 2 KV
 heads of 64); each time is the minimum over --repeats runs of --calls calls, the paths taking turns
 in every run (the machine may be shared: a burst of load then slows all paths alike). `throughput`: the same
 requests through the float model and its int8 and int4 versions, taking turns, at each batch limit;
@@ -22,8 +22,8 @@ import torch
 
 import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
 from tram.bench.report import machine_summary
-from tram.model.cpu_packed import pack_weight
-from tram.model.linear import linear
+from tram.model.layers.cpu_packed import pack_weight
+from tram.model.layers.linear import linear
 from tram.model.quant.weights import Int4Weight, Int8Weight, int4_group_size
 
 SHAPES = {"q/o 896x896": (896, 896), "k/v 128x896": (128, 896), "gate/up 4864x896": (4864, 896),
@@ -75,8 +75,8 @@ def gguf_kernels(args: argparse.Namespace) -> None:
     from slab_gemm.MIN_ROWS rows on, bf16 slabs for oneDNN where bf16 GEMMs are native)."""
     import numpy as np
 
-    from tram.model.gguf_file import open_gguf
-    from tram.model.quant.gguf_weight import GGUF_KEPT_TYPES, GGUFWeight
+    from tram.model.gguf.file import open_gguf
+    from tram.model.gguf.weight import GGUF_KEPT_TYPES, GGUFWeight
 
     print("| file | tensor | type | rows | float32 µs | bfloat16 µs | gguf µs | gguf int8 µs | gguf bf16 µs | "
           "gguf vs fp32 | int8 vs fp32 | int8 vs gguf | gguf bf16 vs bf16 |")

@@ -172,7 +172,7 @@ def test_a_taken_port_fails_at_once_without_loading_the_model() -> None:
 def test_generation_config_chooses_the_servers_sampling_defaults(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from tram.server.serving_base import OpenAIServing
+    from tram.server.handlers.base import OpenAIServing
 
     folder = tmp_path / "gen"
     folder.mkdir()

@@ -49,7 +49,7 @@ def test_kernel_tests_pass_on_an_avx2_only_build() -> None:
         pytest.skip("without AVX-512 the suite's own (native) build is the AVX2 one")
     env = {**os.environ, "TRAM_CPU_MARCH": "x86-64-v3"}
     probe = subprocess.run(
-        [sys.executable, "-c", "from tram.model.cpu_kernels import build_cpu_kernels; print(build_cpu_kernels().vector_bits())"],
+        [sys.executable, "-c", "from tram.model.kernels.cpu_kernels import build_cpu_kernels; print(build_cpu_kernels().vector_bits())"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
     assert probe.returncode == 0, probe.stderr[-4000:]
     assert probe.stdout.split()[-1] == "256", f"the x86-64-v3 build targets {probe.stdout.split()[-1]}-bit vectors"

@@ -1,4 +1,4 @@
-"""The C++ paged decode attention kernel (tram/model/csrc/paged_decode.cpp) against a
+"""The C++ paged decode attention kernel (tram/model/kernels/csrc/paged_decode.cpp) against a
 float64 reference that gathers each request's context position by position.
 
 Every cache slot a request may not read (past its seq_len, before its sliding window, in blocks its
@@ -13,8 +13,8 @@ import random
 import pytest
 import torch
 
-from tram.model import cpu_kernels
-from tram.model.cpu_kernels import cpu_kernels_available, load_cpu_kernels, paged_decode_attention
+from tram.model.kernels import cpu_kernels
+from tram.model.kernels.cpu_kernels import cpu_kernels_available, load_cpu_kernels, paged_decode_attention
 
 TOLERANCES = {torch.float32: (2e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3)}
 

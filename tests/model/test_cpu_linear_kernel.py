@@ -1,4 +1,4 @@
-"""The C++ skinny linear kernel (tram/model/csrc/skinny_linear.cpp) and the routing in tram/model/linear.py.
+"""The C++ skinny linear kernel (tram/model/kernels/csrc/skinny_linear.cpp) and the routing in tram/model/layers/linear.py.
 
 Against a float64 reference: shapes whose K and N are not multiples of the kernel's chunks (16 or 32
 columns, four rows of x per tile), with and without bias. Each row's result must be bitwise the same
@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tram.model import cpu_kernels
-from tram.model.cpu_kernels import load_cpu_kernels, skinny_linear
-from tram.model.linear import SKINNY_MAX_ROWS, Linear, linear, linear_n
+from tram.model.kernels import cpu_kernels
+from tram.model.kernels.cpu_kernels import load_cpu_kernels, skinny_linear
+from tram.model.layers.linear import SKINNY_MAX_ROWS, Linear, linear, linear_n
 
 TOLERANCES = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # relative to |ref| + 1
 SHAPES = [(1, 1, 1), (1, 7, 5), (2, 3, 16), (3, 65, 33), (4, 64, 32), (5, 130, 100), (7, 97, 64),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tram.model.cpu_kernels import argmax_rows, load_cpu_kernels, to_float32
+from tram.model.kernels.cpu_kernels import argmax_rows, load_cpu_kernels, to_float32
 from tram.worker.sampler import exponential_race
 
 # Row lengths around the kernel's 64-float vector step and tail, and real vocabularies.

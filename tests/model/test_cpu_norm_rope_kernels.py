@@ -1,4 +1,4 @@
-"""The C++ RMSNorm and rotary kernels (tram/model/csrc/rms_norm.cpp, rotary.cpp) against the PyTorch
+"""The C++ RMSNorm and rotary kernels (tram/model/kernels/csrc/rms_norm.cpp, rotary.cpp) against the PyTorch
 code they replace on CPU, which follows transformers' roundings.
 
 Rotary must be bitwise equal (each product and sum rounded as PyTorch rounds them). RMSNorm may differ
@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tram.model.cpu_kernels import kernels_for, load_cpu_kernels
+from tram.model.kernels.cpu_kernels import kernels_for, load_cpu_kernels
 from tram.model.layers.norm import RMSNorm
-from tram.model.rope import apply_rotary, apply_rotary_qk
+from tram.model.layers.rope import apply_rotary, apply_rotary_qk
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 

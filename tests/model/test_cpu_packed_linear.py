@@ -1,4 +1,4 @@
-"""oneDNN-packed linear weights (tram/model/cpu_packed.py) and their routing in tram/model/linear.py.
+"""oneDNN-packed linear weights (tram/model/layers/cpu_packed.py) and their routing in tram/model/layers/linear.py.
 
 The packed path must give F.linear's result within float rounding for any row count (including
 the 2-3 rows where routing switches from the skinny kernel), with bias, on Linear and on the LM
@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tram.model import cpu_packed
-from tram.model.cpu_packed import pack_cpu_linears, pack_weight, packed_linear
+from tram.model.layers import cpu_packed
+from tram.model.layers.cpu_packed import pack_cpu_linears, pack_weight, packed_linear
 from tram.model.layers import LMHead, VocabEmbedding
-from tram.model.linear import SKINNY_MAX_ROWS_BESIDE_PACKED, Linear, linear, linear_n
+from tram.model.layers.linear import SKINNY_MAX_ROWS_BESIDE_PACKED, Linear, linear, linear_n
 
 TOLERANCES = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # relative to |ref| + 1
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
@@ -175,7 +175,7 @@ def test_gated_mlp_stacks_gate_and_up(rows: int, act: str) -> None:
 def test_silu_and_mul_kernel(shape: tuple[int, int], dtype: torch.dtype) -> None:
     """silu(gate) * up as transformers rounds it (silu in the dtype, then the product), including
     large |gate| where exp would overflow a naive formula."""
-    from tram.model.cpu_kernels import load_cpu_kernels
+    from tram.model.kernels.cpu_kernels import load_cpu_kernels
 
     rows, inter = shape
     g = torch.Generator().manual_seed(4)
@@ -195,7 +195,7 @@ def test_silu_and_mul_kernel(shape: tuple[int, int], dtype: torch.dtype) -> None
 def test_silu_and_mul_pair_is_silu_and_mul_of_the_halves(dtype: torch.dtype) -> None:
     """Gate and up as two tensors (a quantized model's two linears), or as column slices of one:
     the same bits as silu_and_mul on them side by side."""
-    from tram.model.cpu_kernels import load_cpu_kernels
+    from tram.model.kernels.cpu_kernels import load_cpu_kernels
 
     kernels = load_cpu_kernels()
     gate_up = (torch.randn(37, 2 * 70, generator=torch.Generator().manual_seed(5)) * 4).to(dtype)

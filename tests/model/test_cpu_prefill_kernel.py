@@ -1,4 +1,4 @@
-"""The C++ CPU prefill attention kernel (tram/model/csrc/paged_prefill.cpp) against a float64
+"""The C++ CPU prefill attention kernel (tram/model/kernels/csrc/paged_prefill.cpp) against a float64
 reference, its invariances (chunking, cached prefix, batch, threads), its checks, and its routing
 in the PyTorch attention backend."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from hf_models import StepRequest, build_meta
 
 from tram.model.attention import torch_backend
-from tram.model.cpu_kernels import load_cpu_kernels, paged_prefill_attention_
+from tram.model.kernels.cpu_kernels import load_cpu_kernels, paged_prefill_attention_
 
 TOLERANCES = {torch.float32: (2e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3)}
 NUM_BLOCKS = 160

@@ -13,7 +13,7 @@ import torch
 from hf_models import PagedRunner, hf_logits, make_hf_model_dir
 from tram.config import ModelConfig
 from tram.model.loader import get_hf_config, load_model
-from tram.model.rope import RotaryEmbedding, rope_parameters
+from tram.model.layers.rope import RotaryEmbedding, rope_parameters
 
 TOKENS = [1, 37, 250, 12, 99, 401, 7, 7, 300, 45, 88, 123, 511, 2, 64, 65, 66, 200]
 

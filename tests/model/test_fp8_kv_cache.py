@@ -23,7 +23,7 @@ from tram import LLM, SamplingParams
 from tram.config import EngineArgs
 from tram.model.attention import torch_backend
 from tram.model.attention.kv_quant import dequantize_kv, kv_cache_torch_dtype, quantize_kv
-from tram.model.cpu_kernels import load_cpu_kernels, paged_decode_attention, paged_prefill_attention_
+from tram.model.kernels.cpu_kernels import load_cpu_kernels, paged_decode_attention, paged_prefill_attention_
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 FORMATS = [pytest.param(E4M3, id="e4m3"), pytest.param(E5M2, id="e5m2")]

@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 
 from server_utils import REPO
-from tram.model import kernel_build
+from tram.model.kernels import build as kernel_build
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def build_log() -> list[str]:
     messages: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
-    log = logging.getLogger("tram.model.kernel_build")
+    log = logging.getLogger("tram.model.kernels.build")
     log.addHandler(handler)
     yield messages
     log.removeHandler(handler)

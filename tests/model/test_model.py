@@ -16,7 +16,7 @@ from tram.config import ModelConfig
 from tram.model.attention import get_attention_backend
 from tram.model.loader import get_hf_config, load_model
 from tram.model.registry import get_model_class
-from tram.model.rope import rope_parameters
+from tram.model.layers.rope import rope_parameters
 
 ALL_KINDS = [*KINDS, "stories260K", "qwen2_window"]
 # Qwen2 with sliding windows on some layers only (layers >= max_window_layers), shorter than the prompts.

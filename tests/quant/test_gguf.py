@@ -64,7 +64,7 @@ def _kept_types(llm: LLM) -> dict[str, int]:
 def _int8_activations(oracle: torch.nn.Module) -> torch.nn.Module:
     """The oracle with every linear's input quantized to int8 per 32 values and dequantized, as
     `--gguf-activations int8` does (tram's quantize_activations, which the kernel tests hold the C++ to)."""
-    from tram.model.quant.gguf_weight import quantize_activations
+    from tram.model.gguf.weight import quantize_activations
 
     def quantize_input(module: torch.nn.Module, args: tuple) -> tuple:
         x = args[0]
@@ -163,7 +163,8 @@ def test_bfloat16_is_as_near_the_oracle_as_its_own_bf16(monkeypatch, workdir: Pa
     this file: 3/4 prompts' greedy tokens equal, logprob gaps median 0.014, largest 0.046; transformers'
     own bf16 against its float32 differs as much (2/4 prompts, median 0.012, largest 0.053). A wrong
     slab or weight is off by the weights' scale, not by a rounding."""
-    from tram.model.quant import gguf_weight, slab_gemm
+    from tram.model.quant import slab_gemm
+    from tram.model.gguf import weight as gguf_weight
 
     gguf = quantize(llama_256_f32, workdir / f"llama256-Q4_K_M-{len(MIXED)}.gguf", "Q4_K_M", MIXED)
     rows = []
@@ -183,7 +184,8 @@ def test_float32_slabs_keep_the_oracle_s_greedy_tokens(monkeypatch, workdir: Pat
     """Where the kernels are built without AVX-512, float32 prefill rows past MIN_ROWS go to MKL on
     float32 slabs of the decoded weights (slab_gemm.py), forced on here for all eight kept types: the
     oracle's own computation (F.linear on the dequantized weights), so its greedy tokens hold."""
-    from tram.model.quant import gguf_weight, slab_gemm
+    from tram.model.quant import slab_gemm
+    from tram.model.gguf import weight as gguf_weight
 
     gguf = quantize(llama_256_f32, workdir / f"llama256-Q4_K_M-{len(MIXED)}.gguf", "Q4_K_M", MIXED)
     rows = []
@@ -200,7 +202,7 @@ def test_on_a_gpu_every_tensor_is_dequantized_at_load(monkeypatch, caplog, workd
     """GGUF's block kernels are CPU kernels: on CUDA the loader keeps no tensor quantized (the plan
     a CUDA device gets, forced here on CPU), so the file runs as its dequantized float model."""
     from tram.model import loader
-    from tram.model.gguf_loader import check_gguf_placement
+    from tram.model.gguf.loader import check_gguf_placement
 
     check_gguf_placement("cuda")
     with pytest.raises(ValueError, match="GGUF files run on CPU and CUDA devices, not 'mps'"):
@@ -209,7 +211,7 @@ def test_on_a_gpu_every_tensor_is_dequantized_at_load(monkeypatch, caplog, workd
     monkeypatch.setattr(loader, "plan_gguf_weights", lambda model, path, keep_quantized: real(model, path, False))
     monkeypatch.setattr(logging.getLogger("tram"), "propagate", True)  # tram's own handler keeps it from caplog
     gguf = quantize(llama_256_f32, workdir / f"llama256-Q4_K_M-{len(MIXED)}.gguf", "Q4_K_M", MIXED)
-    with caplog.at_level(logging.WARNING, logger="tram.model.gguf_loader"):
+    with caplog.at_level(logging.WARNING, logger="tram.model.gguf.loader"):
         llm = _llm(gguf, tokenizer=STORIES_DIR)
     assert "dequantized to the model's dtype at load" in caplog.text
     assert _kept_types(llm) == {}

@@ -9,9 +9,9 @@ import torch
 
 from kernel_checks import assert_batch_and_thread_invariant, assert_close_to_reference
 from test_gguf_weights import NAMES, TYPES, _blocks, _ks
-from tram.model.cpu_kernels import cpu_kernels_available, load_cpu_kernels
+from tram.model.kernels.cpu_kernels import cpu_kernels_available, load_cpu_kernels
 from tram.model.quant import weights
-from tram.model.quant.gguf_weight import (Q4_K, Q8_0, GGUFWeight, quantize_activations, reference_linear,
+from tram.model.gguf.weight import (Q4_K, Q8_0, GGUFWeight, quantize_activations, reference_linear,
                                           reference_linear_int8)
 
 needs_kernels = pytest.mark.skipif(not cpu_kernels_available(), reason="the C++ kernels are not available")

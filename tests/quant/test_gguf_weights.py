@@ -1,4 +1,4 @@
-"""GGUF weights kept in their block layouts (tram/model/quant/gguf_weight.py, csrc/gguf_linear.cpp):
+"""GGUF weights kept in their block layouts (tram/model/gguf/weight.py, csrc/gguf_linear.cpp):
 the PyTorch dequantizer bit for bit against the gguf package's, and the C++ kernels against
 dequantize-then-matmul on random but valid blocks."""
 from __future__ import annotations
@@ -11,9 +11,9 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
 from kernel_checks import assert_batch_and_thread_invariant, assert_slabs_match, assert_close_to_reference
-from tram.model.cpu_kernels import cpu_kernels_available
+from tram.model.kernels.cpu_kernels import cpu_kernels_available
 from tram.model.quant import weights
-from tram.model.quant.gguf_weight import (BLOCK_SIZES, GGUF_KEPT_TYPES, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
+from tram.model.gguf.weight import (BLOCK_SIZES, GGUF_KEPT_TYPES, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
                                           GGUFWeight, dequantize_gguf)
 from tram.model.quant.weights import SKINNY_MAX_ROWS, reference_linear
 

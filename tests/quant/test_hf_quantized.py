@@ -17,7 +17,7 @@ from kernel_checks import assert_slabs_match
 from hf_quant_packers import AWQ_ORDER, awq_tensors, compressed_tensors, gptq_tensors, pack_rows, quantize
 from tram import LLM, SamplingParams
 from tram.config import ModelConfig
-from tram.model.cpu_kernels import cpu_kernels_available
+from tram.model.kernels.cpu_kernels import cpu_kernels_available
 from tram.model.loader import load_model
 from tram.model.quant.apply import check_quantization
 from tram.model.quant.checkpoint_formats import Int4Parts, int4_weight, unpack_int32

@@ -10,7 +10,7 @@ from conftest import assert_no_leak
 from kernel_checks import assert_batch_and_thread_invariant, assert_slabs_match, assert_close_to_reference
 from quant_oracle import assert_matches_oracle, float_model_dir
 from tram import LLM, SamplingParams
-from tram.model.cpu_kernels import cpu_kernels_available
+from tram.model.kernels.cpu_kernels import cpu_kernels_available
 from tram.model.quant import weights
 from tram.model.quant.apply import quantize_weight
 from tram.model.quant.weights import (SKINNY_MAX_ROWS, Int4Weight, Int8Weight, QuantizedWeight, int4_group_size,

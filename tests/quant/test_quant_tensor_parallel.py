@@ -25,7 +25,7 @@ from tram import LLM
 from tram.config import ModelConfig
 from tram.distributed import parallel_state
 from tram.model.loader import load_model
-from tram.model.parallel_linear import Shard
+from tram.model.layers.parallel_linear import Shard
 from tram.model.quant.apply import quantize_weight
 from tram.model.quant.checkpoint_formats import Int4Parts, int4_weight
 from tram.model.quant.checkpoint_shards import shard_weight

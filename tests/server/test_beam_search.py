@@ -1,4 +1,4 @@
-"""Beam search (tram.server.beam_search) on the real stories260K model through AsyncLLM.
+"""Beam search (tram.server.handlers.beam_search) on the real stories260K model through AsyncLLM.
 
 One engine (a spawned core process, ~5 s to start) serves the whole module. Its asyncio objects are
 bound to the loop it started on, so the module owns one event loop and runs every test's coroutine
@@ -33,7 +33,7 @@ from conftest import STORIES, hf_model
 from tram.config import EngineArgs
 from tram.engine.async_llm import AsyncLLM
 from tram.sampling_params import SamplingParams
-from tram.server.beam_search import BeamSearchSequence, beam_score, beam_search
+from tram.server.handlers.beam_search import BeamSearchSequence, beam_score, beam_search
 
 PERIOD = 426  # "." : relabelled as the EOS where a test needs beams that end early
 SCORE_TOL = 2e-3  # engine vs transformers float32 logprobs, summed over a few tokens

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tram.sampling_params import RequestOutputKind
-from tram.server.protocol import ChatCompletionRequest, CompletionRequest
+from tram.server.protocol.openai import ChatCompletionRequest, CompletionRequest
 
 
 def params(**body):

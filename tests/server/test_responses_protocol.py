@@ -13,8 +13,8 @@ from pydantic import ValidationError
 from tram.engine.async_llm import RequestFailedError
 from tram.outputs import CompletionOutput, RequestOutput
 from tram.sampling_params import SamplingParams
-from tram.server.protocol_responses import ResponsesRequest
-from tram.server.serving_responses import ResponseBuilder, stream_events
+from tram.server.protocol.responses import ResponsesRequest
+from tram.server.handlers.responses import ResponseBuilder, stream_events
 
 
 @pytest.mark.parametrize("off", [

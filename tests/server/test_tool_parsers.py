@@ -12,10 +12,10 @@ from itertools import zip_longest
 import jsonschema
 import pytest
 
-from tram.server.tool_parsers import TOOL_PARSERS, get_tool_parser
-from tram.server.tool_parsers.base import ToolCallStream, collect_deltas
-from tram.server.tool_parsers.forced import ForcedToolStream, forced_tool_schema, parse_forced_tool_calls
-from tram.server.tool_parsers.json_scan import ValueScanner
+from tram.server.tools.parsers import TOOL_PARSERS, get_tool_parser
+from tram.server.tools.parsers.base import ToolCallStream, collect_deltas
+from tram.server.tools.parsers.forced import ForcedToolStream, forced_tool_schema, parse_forced_tool_calls
+from tram.server.tools.parsers.json_scan import ValueScanner
 
 Calls = list[tuple[str, str]]  # (name, arguments)
 
@@ -278,6 +278,6 @@ def test_forced_stream_refuses_a_choice_that_forces_nothing() -> None:
 
 
 def test_tool_parsers_import_without_torch() -> None:
-    code = ("import sys, tram.server.tool_parsers, tram.server.tool_parsers.forced; "
+    code = ("import sys, tram.server.tools.parsers, tram.server.tools.parsers.forced; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

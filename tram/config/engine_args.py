@@ -10,7 +10,7 @@ from tram.config.cli_args import CliSettings, setting
 from tram.config.engine import (EXECUTOR_BACKENDS, KV_CACHE_DTYPES, CacheConfig, EngineConfig, ParallelConfig,
                                 SchedulerConfig)
 from tram.config.model import DTYPES, GGUF_ACTIVATIONS, LOAD_FORMATS, ModelConfig
-from tram.model.gguf_file import is_gguf
+from tram.model.gguf.file import is_gguf
 
 ATTENTION_BACKENDS = ("torch", "triton")
 _POSITIVE = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks_override",

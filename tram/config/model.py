@@ -165,7 +165,7 @@ def load_hf_config(model: str, revision: str | None = None, trust_remote_code: b
     config a GGUF file's metadata describes."""
     from transformers import AutoConfig
 
-    from tram.model.gguf_file import is_gguf, load_gguf_config
+    from tram.model.gguf.file import is_gguf, load_gguf_config
 
     if is_gguf(model):
         return load_gguf_config(model)

@@ -47,7 +47,7 @@ class ServerArgs(CliSettings):
 
     def validate(self) -> None:
         """Reject bad values and what Tram does not support yet (ValueError), before anything loads."""
-        from tram.server.tool_parsers import TOOL_PARSERS
+        from tram.server.tools.parsers import TOOL_PARSERS
 
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_PARSERS:
             raise ValueError(f"--tool-call-parser {self.tool_call_parser} is not supported: choose one of "

@@ -14,8 +14,8 @@ def _tokenizer_fields(path: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """(architecture, tokenizer dict, tokenizer config) as transformers' get_gguf_tokenizer builds them."""
     from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING
 
-    from tram.model.gguf_file import open_gguf
-    from tram.model.gguf_reader import GGUFFile
+    from tram.model.gguf.file import open_gguf
+    from tram.model.gguf.reader import GGUFFile
 
     open_gguf(path)  # the file's checks and their errors
     reader = GGUFFile(path, keep_strings=("tokenizer.ggml.tokens", "tokenizer.ggml.merges"))

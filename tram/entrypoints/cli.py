@@ -58,14 +58,14 @@ def _generate(a: argparse.Namespace) -> int:
 
 
 def _serve(a: argparse.Namespace) -> int:
-    from tram.server.listen import bind_socket
+    from tram.server.http.listen import bind_socket
 
     engine_args, server_args = EngineArgs.from_cli_args(a), ServerArgs.from_cli_args(a)
     # Unsupported settings and a taken port fail now, in a second, before any model or engine loads.
     engine_args.validate()
     server_args.validate()
     sock = bind_socket(server_args.host, server_args.port)
-    from tram.server.torch_free import keep_transformers_torch_free
+    from tram.server.http.torch_free import keep_transformers_torch_free
 
     # Before anything imports transformers' config or tokenizer classes (see torch_free.py).
     keep_transformers_torch_free()
@@ -76,7 +76,7 @@ def _serve(a: argparse.Namespace) -> int:
 
 
 def _build_kernels(a: argparse.Namespace) -> int:
-    from tram.model.kernel_build import build_kernels_command
+    from tram.model.kernels.build import build_kernels_command
 
     return build_kernels_command()
 

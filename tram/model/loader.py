@@ -19,11 +19,11 @@ from tram.config import ModelConfig
 from tram.config import load_hf_config as get_hf_config  # noqa: F401 - the tests' entry point
 from tram.model.attention import get_attention_backend
 from tram.distributed import get_pp
-from tram.model.cpu_packed import pack_cpu_linears
+from tram.model.layers.cpu_packed import pack_cpu_linears
 from tram.model.quant import check_quantization, quantize_linears
 from tram.model.quant.checkpoints import CHECKPOINT_METHODS, CheckpointLoader, checkpoint_loader
-from tram.model.gguf_file import is_gguf
-from tram.model.gguf_loader import check_gguf_placement, load_gguf_weights, plan_gguf_weights
+from tram.model.gguf.file import is_gguf
+from tram.model.gguf.loader import check_gguf_placement, load_gguf_weights, plan_gguf_weights
 from tram.model.hub import INDEX_FILE, read_index, resolve_model_path
 from tram.model.pipeline import cut_to_stage
 from tram.model.registry import get_model_class

@@ -19,19 +19,19 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 import tram
 from tram.config import EngineArgs, EngineConfig, ServerArgs
 from tram.engine.async_llm import AsyncLLM
-from tram.server.access_log import AccessLogMiddleware
-from tram.server.body_limit import BodySizeLimit
-from tram.server.errors import APIError, error_response, install_exception_handlers
-from tram.server.gc_policy import FullCollections
-from tram.server.openapi import openapi_document
-from tram.server.protocol_generate import GenerateRequest
-from tram.server.listen import bind_socket, server_url
-from tram.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from tram.server.protocol_responses import ResponsesRequest
-from tram.server.serving_chat import OpenAIServingChat
-from tram.server.serving_completion import OpenAIServingCompletion
-from tram.server.serving_generate import LegacyGenerate
-from tram.server.serving_responses import OpenAIServingResponses
+from tram.server.http.access_log import AccessLogMiddleware
+from tram.server.http.body_limit import BodySizeLimit
+from tram.server.protocol.errors import APIError, error_response, install_exception_handlers
+from tram.server.http.gc_policy import FullCollections
+from tram.server.http.openapi import openapi_document
+from tram.server.protocol.generate import GenerateRequest
+from tram.server.http.listen import bind_socket, server_url
+from tram.server.protocol.openai import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from tram.server.protocol.responses import ResponsesRequest
+from tram.server.handlers.chat import OpenAIServingChat
+from tram.server.handlers.completion import OpenAIServingCompletion
+from tram.server.handlers.generate import LegacyGenerate
+from tram.server.handlers.responses import OpenAIServingResponses
 
 logger = logging.getLogger(__name__)
 

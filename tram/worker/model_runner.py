@@ -14,7 +14,7 @@ from tram.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from tram.distributed import get_pp, pp_recv, pp_send
 from tram.engine.messages import LogprobsLists
 from tram.model.attention.kv_quant import kv_cache_torch_dtype
-from tram.model.cpu_kernels import load_cpu_kernels
+from tram.model.kernels.cpu_kernels import load_cpu_kernels
 from tram.model.loader import load_model
 from tram.model.registry import kv_cache_shape_info
 from tram.worker.cpu_memory import keep_freed_memory

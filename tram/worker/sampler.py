@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tram.model.cpu_kernels import argmax_rows
+from tram.model.kernels.cpu_kernels import argmax_rows
 from tram.sampling_params import SAMPLING_EPS
 from tram.worker.logits_processors import Stage
 from tram.worker.sampling_metadata import SamplingMetadata

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 
 from tram.model.attention.base import AttentionMetadata
 from tram.model.attention.kv_quant import dequantize_kv, is_fp8, quantize_kv
-from tram.model.cpu_kernels import SUPPORTED_DTYPES as _CPU_KERNEL_DTYPES
-from tram.model.cpu_kernels import kernels_for, load_cpu_kernels, paged_decode_attention, paged_prefill_attention_
+from tram.model.kernels.cpu_kernels import SUPPORTED_DTYPES as _CPU_KERNEL_DTYPES
+from tram.model.kernels.cpu_kernels import kernels_for, load_cpu_kernels, paged_decode_attention, paged_prefill_attention_
 
 
 def _sdpa_supports_gqa() -> bool:

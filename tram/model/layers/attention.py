@@ -10,9 +10,9 @@ from torch import nn
 from tram.distributed import get_tp, shard_range
 from tram.distributed.parallel_state import kv_head_range
 from tram.model.attention import AttentionBackend, AttentionMetadata
-from tram.model.linear import linear_n
-from tram.model.parallel_linear import ColumnParallelLinear, RowParallelLinear
-from tram.model.rope import apply_rotary_qk
+from tram.model.layers.linear import linear_n
+from tram.model.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear
+from tram.model.layers.rope import apply_rotary_qk
 
 # Builds the norm applied to each head of q and of k over head_dim (Qwen3, Gemma 3), given head_dim.
 HeadNormFactory = Callable[[int], nn.Module]

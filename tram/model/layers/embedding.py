@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from tram.distributed import get_tp, tp_all_gather, tp_all_reduce
-from tram.model.cpu_kernels import to_float32
-from tram.model.linear import linear
-from tram.model.parallel_linear import slice_loader
+from tram.model.kernels.cpu_kernels import to_float32
+from tram.model.layers.linear import linear
+from tram.model.layers.parallel_linear import slice_loader
 from tram.model.weight_utils import set_weight_loader
 
 

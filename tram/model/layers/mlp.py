@@ -5,11 +5,11 @@ import torch
 from torch import nn
 
 from tram.distributed import get_tp, shard_range
-from tram.model.cpu_kernels import kernels_for
-from tram.model.cpu_packed import PackFn, packed_linear
+from tram.model.kernels.cpu_kernels import kernels_for
+from tram.model.layers.cpu_packed import PackFn, packed_linear
 from tram.model.layers.activation import get_activation
-from tram.model.linear import Linear, linear_n, takes_packed
-from tram.model.parallel_linear import ColumnParallelLinear, RowParallelLinear
+from tram.model.layers.linear import Linear, linear_n, takes_packed
+from tram.model.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear
 
 
 class GatedMLP(nn.Module):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tram.model.cpu_kernels import kernels_for
+from tram.model.kernels.cpu_kernels import kernels_for
 
 
 class RMSNorm(nn.Module):

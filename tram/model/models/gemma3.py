@@ -24,7 +24,7 @@ from tram.model.attention import AttentionBackend, AttentionMetadata
 from tram.model.layers import Attention, GatedMLP, GemmaRMSNorm, LMHead, VocabEmbedding
 from tram.model.models.base import CausalLM, resolve_backend
 from tram.model.pipeline import set_stage
-from tram.model.rope import LayerTypeRotaryEmbedding
+from tram.model.layers.rope import LayerTypeRotaryEmbedding
 from tram.model.spec import DecoderSpec
 
 RopeByLayerType = dict[str, tuple[torch.Tensor, torch.Tensor]]

@@ -15,7 +15,7 @@ from tram.model.attention import AttentionBackend, AttentionMetadata
 from tram.model.layers import Attention, GatedMLP, LMHead, RMSNorm, VocabEmbedding
 from tram.model.models.base import CausalLM, resolve_backend
 from tram.model.pipeline import set_stage
-from tram.model.rope import RotaryEmbedding
+from tram.model.layers.rope import RotaryEmbedding
 from tram.model.spec import DecoderSpec
 
 

@@ -52,7 +52,7 @@ def quantize_weight(method: str, weight: torch.Tensor) -> tuple[QuantizedWeight,
 def quantize_linears(model: nn.Module, method: str) -> int:
     """Quantize every Linear of a loaded model in place; returns how many. The float weight is
     replaced by an empty one of the same dtype (the layer's dtype stays readable)."""
-    from tram.model.linear import Linear
+    from tram.model.layers.linear import Linear
 
     start = time.perf_counter()
     before = after = count = 0

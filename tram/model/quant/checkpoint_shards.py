@@ -27,7 +27,7 @@ from tram.model.quant.checkpoint_weight import int8_weight
 from tram.model.quant.weights import QuantizedWeight
 
 if TYPE_CHECKING:  # parallel_linear imports linear, which imports this package: no import cycle at run time
-    from tram.model.parallel_linear import Shard
+    from tram.model.layers.parallel_linear import Shard
 
 Unpacked = Int4Parts | QuantizedWeight  # int4 before repacking, or an int8 weight
 

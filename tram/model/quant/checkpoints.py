@@ -207,7 +207,7 @@ class CheckpointLoader:
     to `add`, and counts `finish`'s parameter names as loaded."""
 
     def __init__(self, scheme: CheckpointScheme, model: nn.Module, device: torch.device | str = "cpu") -> None:
-        from tram.model.linear import Linear
+        from tram.model.layers.linear import Linear
 
         self.scheme = scheme
         self.device = torch.device(device)  # where the built weights go

@@ -33,7 +33,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from tram.model.cpu_packed import bf16_gemm_native
+from tram.model.layers.cpu_packed import bf16_gemm_native
 
 SLAB_WEIGHTS = 8 << 20  # 16 MB of bf16, 32 MB of float32: a 4864 x 896 MLP weight is one slab
 MIN_ROWS = 32  # rows of x from which the slabs beat the tiled GEMM on a weight of one slab

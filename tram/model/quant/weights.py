@@ -24,7 +24,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from tram.model.cpu_kernels import kernels_for
+from tram.model.kernels.cpu_kernels import kernels_for
 from tram.model.quant.slab_gemm import Decode, slab_linear, wants_slabs
 
 INT4_GROUP_SIZES = (128, 64, 32)  # the largest that divides K is used; the kernel reads 32 k at a time

@@ -1,0 +1,90 @@
+"""Linear layers on CPU: the C++ skinny kernel for a row or two, oneDNN on a packed weight past that.
+
+With a handful of rows a linear layer only streams its weight, and PyTorch's CPU gemv does that
+at a fraction of the memory bandwidth (docs/benchmarks.md, "Skinny linear kernel"); the kernel in
+csrc/skinny_linear.cpp streams it on every intra-op thread. Past a few rows the work becomes compute:
+a layer whose weight was packed for oneDNN at load (cpu_packed.py) runs its inner product, which
+beats the skinny kernel from 2-3 rows on; an unpacked one keeps the skinny kernel a little longer,
+then MKL through F.linear. The row limits come from the crossovers measured on the logits and MLP
+shapes of the 15M and 110M presets.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tram.model.kernels.cpu_kernels import kernels_for
+from tram.model.layers.cpu_packed import packed_linear
+from tram.model.quant.weights import QuantizedWeight
+
+# Most rows of x the skinny kernel takes, per dtype; dtypes not listed never use it. Without a packed
+# weight the alternative is MKL (slower on few rows), with one it is oneDNN (faster from 2-3 rows).
+SKINNY_MAX_ROWS: dict[torch.dtype, int] = {torch.float32: 8, torch.bfloat16: 4}
+SKINNY_MAX_ROWS_BESIDE_PACKED: dict[torch.dtype, int] = {torch.float32: 2, torch.bfloat16: 2}
+
+
+def _skinny_kernels(x: torch.Tensor, weight: torch.Tensor, packed: bool = False) -> ModuleType | None:
+    limits = SKINNY_MAX_ROWS_BESIDE_PACKED if packed else SKINNY_MAX_ROWS
+    if x.dim() == 2 and x.shape[0] <= limits.get(x.dtype, 0) and weight.dtype == x.dtype:
+        return kernels_for(x)
+    return None
+
+
+def _packed_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether x may run on a packed copy of `weight` at all: 2-D, the weight's dtype, no autograd."""
+    return x.dim() == 2 and x.dtype == weight.dtype and not torch.is_grad_enabled()
+
+
+def takes_packed(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a layer with a packed copy of `weight` runs x through oneDNN (not the skinny kernel)."""
+    return _packed_usable(x, weight) and x.shape[0] > SKINNY_MAX_ROWS_BESIDE_PACKED.get(x.dtype, 0)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           packed_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T + bias: the skinny kernel for a 2-D CPU input of a few rows, oneDNN when the
+    weight has a packed copy (cpu_packed.py), else F.linear. Inference only past F.linear."""
+    usable_packed = packed_weight is not None and _packed_usable(x, weight)
+    kernels = _skinny_kernels(x, weight, usable_packed)
+    if kernels is not None:
+        return kernels.skinny_linear(x, weight, bias)
+    if usable_packed:
+        return packed_linear(x, packed_weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def linear_n(x: torch.Tensor, layers: Sequence[Linear]) -> list[torch.Tensor]:
+    """[layer(x) for layer in layers], in one kernel call when x is skinny (q/k/v, gate/up): one
+    conversion of x and one parallel region instead of one per layer; each result is unchanged."""
+    if any(layer.quant is not None for layer in layers):
+        return [layer(x) for layer in layers]
+    packed = all(layer.packed_weight is not None for layer in layers)
+    kernels = _skinny_kernels(x, layers[0].weight, packed)
+    if kernels is not None and all(layer.weight.dtype == x.dtype for layer in layers):
+        return kernels.skinny_linear_n(x, [layer.weight for layer in layers], [layer.bias for layer in layers])
+    return [layer(x) for layer in layers]
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters and names, so checkpoints load unchanged) routed through `linear`.
+
+    `packed_weight` is a oneDNN-packed copy of `weight` that cpu_packed.pack_cpu_linears sets after
+    loading (CPU only); it is no parameter or buffer, so state_dict and loading never see it.
+    `quant` is the weight in fewer bits where the model was quantized after loading (quant/apply.py);
+    `weight` is then empty."""
+
+    packed_weight: torch.Tensor | None = None
+    quant: QuantizedWeight | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x, self.bias)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x @ W.T + bias, on whichever form of W this layer holds."""
+        if self.quant is not None:
+            return self.quant.apply(x, bias)
+        return linear(x, self.weight, bias, self.packed_weight)

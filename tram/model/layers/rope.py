@@ -1,0 +1,172 @@
+"""Rotary position embedding (rotate-half convention, as Hugging Face Llama) with a cos/sin cache.
+
+The cache is indexed by absolute positions, so a flattened batch of prefill chunks and decodes
+needs no per-request bookkeeping: row t of the batch simply reads cache[positions[t]].
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from tram.model.kernels.cpu_kernels import kernels_for
+from torch import nn
+
+_DEFAULT_THETA = 10000.0
+_SLIDING = "sliding_attention"
+# Rope types whose scaling stretches the usable context beyond max_position_embeddings.
+_STRETCHING_TYPES = ("linear", "dynamic")
+
+
+def rope_parameters(hf_config: Any, layer_type: str | None = None) -> dict[str, Any]:
+    """The rope settings as one flat dict with at least rope_type and rope_theta.
+
+    transformers >= 5 configs carry `rope_parameters`; older ones carry `rope_theta` and an optional
+    `rope_scaling` dict whose type key is `rope_type` or the legacy `type`.
+
+    layer_type names a kind of layer with its own RoPE (Gemma 3: "full_attention", "sliding_attention").
+    transformers >= 5 keys rope_parameters by it; older Gemma 3 configs give global layers rope_theta and
+    rope_scaling, and sliding layers a default RoPE of base rope_local_base_freq.
+    """
+    if layer_type is not None and rope_keyed_by_layer_type(hf_config):
+        keyed = hf_config.rope_parameters
+        if layer_type not in keyed:
+            raise ValueError(f"rope_parameters has no entry for layer type {layer_type!r}: {sorted(keyed)}")
+        return _flat_rope_parameters(dict(keyed[layer_type] or {}), hf_config)
+    if layer_type == _SLIDING and getattr(hf_config, "rope_local_base_freq", None) is not None:
+        return {"rope_type": "default", "rope_theta": float(hf_config.rope_local_base_freq)}
+    params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    if not params:
+        params = dict(getattr(hf_config, "rope_scaling", None) or {})
+    return _flat_rope_parameters(params, hf_config)
+
+
+def rope_keyed_by_layer_type(hf_config: Any) -> bool:
+    """True for transformers >= 5 configs whose rope_parameters hold one dict per layer type."""
+    params = getattr(hf_config, "rope_parameters", None)
+    return isinstance(params, dict) and any(isinstance(v, dict) for v in params.values())
+
+
+def _flat_rope_parameters(params: dict[str, Any], hf_config: Any) -> dict[str, Any]:
+    rope_type = params.get("rope_type") or params.get("type") or "default"
+    theta = params.get("rope_theta") or getattr(hf_config, "rope_theta", None) or _DEFAULT_THETA
+    params.update(rope_type=rope_type, rope_theta=float(theta))
+    return params
+
+
+def _inv_freq_and_scaling(hf_config: Any, head_dim: int,
+                          layer_type: str | None) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies (float32, CPU) and the cos/sin multiplier, exactly as transformers computes them."""
+    params = rope_parameters(hf_config, layer_type)
+    rope_type = params["rope_type"]
+    if rope_type == "default":
+        rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
+        exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device="cpu") / rotary_dim
+        return 1.0 / (params["rope_theta"] ** exponents), 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(
+            f"rope_type {rope_type!r} is not supported; supported: default, {', '.join(ROPE_INIT_FUNCTIONS)}"
+        )
+    # Positional device argument: the keyword name differs between transformers 4 and 5. Only
+    # transformers >= 5 keys rope_parameters by layer type, and only its functions take layer_type.
+    kwargs = {"layer_type": layer_type} if layer_type is not None and rope_keyed_by_layer_type(hf_config) else {}
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu", **kwargs)
+    return inv_freq.to(device="cpu", dtype=torch.float32), float(scaling)
+
+
+def _cache_length(hf_config: Any, layer_type: str | None) -> int:
+    max_pos = int(getattr(hf_config, "max_position_embeddings", 2048))
+    params = rope_parameters(hf_config, layer_type)
+    if params["rope_type"] in _STRETCHING_TYPES and params.get("factor"):
+        max_pos = int(max_pos * float(params["factor"]))
+    return max_pos
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies RoPE to query and key of a flattened batch.
+
+    cos/sin are computed in float32 once, then cast to the activation dtype at use, as transformers does.
+    The cache is a plain attribute, not a buffer: the loader builds models on the meta device and
+    materialises them with `to_empty`, which would wipe a buffer. It follows the input's device lazily.
+
+    Dynamic NTK scaling is static here: it matches transformers for positions below
+    max_position_embeddings (transformers re-derives frequencies beyond that, which a KV cache cannot follow).
+    """
+
+    def __init__(self, hf_config: Any, head_dim: int, max_positions: int | None = None,
+                 layer_type: str | None = None) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        # Forced onto the CPU so that building the model under a meta device context still yields numbers.
+        with torch.device("cpu"):
+            inv_freq, scaling = _inv_freq_and_scaling(hf_config, head_dim, layer_type)
+            self.rotary_dim = 2 * inv_freq.numel()
+            num_pos = max_positions or _cache_length(hf_config, layer_type)
+            freqs = torch.outer(torch.arange(num_pos, dtype=torch.float32), inv_freq)  # [P, rotary_dim/2]
+            emb = torch.cat((freqs, freqs), dim=-1)  # [P, rotary_dim]
+            self._cos_sin = torch.stack((emb.cos() * scaling, emb.sin() * scaling))  # [2, P, rotary_dim]
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin rows for positions [T], each [T, 1, rotary_dim] in dtype (broadcast over heads)."""
+        if self._cos_sin.device != positions.device:
+            self._cos_sin = self._cos_sin.to(positions.device)
+        cos_sin = self._cos_sin[:, positions].to(dtype)  # [2, T, rotary_dim]
+        return cos_sin[0].unsqueeze(1), cos_sin[1].unsqueeze(1)
+
+    def forward(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T]; query [T, H, D]; key [T, Hkv, D] -> rotated (query, key), same shapes."""
+        cos, sin = self.cos_sin(positions, query.dtype)
+        return apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
+
+
+class LayerTypeRotaryEmbedding(nn.Module):
+    """One RoPE per kind of layer (Gemma 3: a local base for sliding layers, a global one for full ones).
+
+    `cos_sin` computes each kind's rows once per step; every layer then picks its kind's pair.
+    """
+
+    def __init__(self, hf_config: Any, head_dim: int, layer_types: Sequence[str]) -> None:
+        super().__init__()
+        self.ropes = nn.ModuleDict({t: RotaryEmbedding(hf_config, head_dim, layer_type=t)
+                                    for t in sorted(set(layer_types))})
+
+    def cos_sin(self, positions: torch.Tensor,
+                dtype: torch.dtype) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Layer type -> (cos, sin), each [T, 1, rotary_dim] in dtype."""
+        return {t: rope.cos_sin(positions, dtype) for t, rope in self.ropes.items()}
+
+
+def apply_rotary_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                    sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate query [T, H, D] and key [T, Hkv, D] with cos/sin [T, 1, rotary_dim].
+
+    On CPU the C++ kernel rotates both in place in one call (bitwise the same as `apply_rotary`),
+    so q and k must be tensors nobody else reads, such as fresh projections.
+    """
+    kernels = kernels_for(q)
+    if kernels is not None and q.is_contiguous() and k.is_contiguous() and k.dtype == q.dtype:
+        kernels.rotary_(q, k, cos.squeeze(1), sin.squeeze(1))
+        return q, k
+    return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D]; cos/sin [T, 1, rotary_dim] from `RotaryEmbedding.cos_sin`.
+
+    Only the first rotary_dim features rotate (partial rotary); the rest pass through.
+    """
+    rotary_dim = cos.shape[-1]
+    if rotary_dim == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
+    return torch.cat((x_rot * cos + _rotate_half(x_rot) * sin, x_pass), dim=-1)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

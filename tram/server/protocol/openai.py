@@ -1,0 +1,193 @@
+"""OpenAI request bodies (plus vLLM's extra sampling fields), validated by pydantic.
+
+Anything of the wrong shape fails validation and becomes a 400 with an OpenAI error body. Responses
+are built as plain dicts in the serving modules: cheaper than models for every streamed chunk.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from tram.sampling_params import RequestOutputKind, SamplingParams
+from tram.server.protocol.field_rules import CHAT_RULES, COMPLETION_RULES, check_text, reject_unsupported
+from tram.server.tools.chat import ChatTool, ToolChoice
+from tram.server.protocol.structured import StructuredFields
+
+# Text a tokenizer can encode (no lone surrogates).
+Text = Annotated[str, AfterValidator(check_text)]
+# Token ids and counts are 64-bit in the engine; JSON integers are not.
+TokenId = Annotated[int, Field(ge=0, le=2**63 - 1)]
+# Prompt ids are checked against the vocabulary, which names the offending ids.
+PromptInput = Union[Text, list[Text], list[int], list[list[int]]]
+_INT64 = 2**63 - 1
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+class SamplingFields(StructuredFields):
+    """Sampling fields common to completions and chat. None means "the model's default".
+
+    `stop`, `stop_token_ids` and `logit_bias` go to `SamplingParams` as the client sent them: it is
+    the one place that normalises and validates them (a bad one is a ValueError there, a 400 here).
+    The bounds declared here are the same ones, stated for the OpenAPI document and so that a value
+    out of 64-bit range is refused while parsing.
+
+    Unknown fields are refused (`extra="forbid"`), and so are known ones Tram does not honour yet
+    (field_rules.py): a client never gets unconstrained text for a constraint it asked for. Types
+    are strict, as the OpenAPI document states them: `false` is not a token id, nor "3" a count.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1, le=_INT64)
+    temperature: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    n: int = Field(default=1, ge=1, le=128)  # OpenAI's cap; each sample is a sequence in the batch
+    best_of: int | None = Field(default=None, ge=1, le=128)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: Text | list[Text] | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None  # OpenAI's end-user id for abuse monitoring: nothing for an engine to do
+    # vLLM's extras
+    top_k: int | None = Field(default=None, ge=-1, le=_INT64)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+    ignore_eos: bool = False
+    min_tokens: int = Field(default=0, ge=0, le=_INT64)
+    stop_token_ids: list[TokenId] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    allowed_token_ids: list[TokenId] | None = Field(default=None, min_length=1)
+    truncate_prompt_tokens: int | None = Field(default=None, ge=1, le=_INT64)
+    prompt_logprobs: int | None = Field(default=None, ge=-1, le=_INT64)
+
+    def to_sampling_params(
+        self, max_tokens: int | None, defaults: dict[str, Any], logprobs: int | None,
+        prompt_logprobs: int | None = None,
+    ) -> SamplingParams:
+        """Streams get DELTA outputs (each chunk is what is new), the rest one final output.
+        ValueError (-> 400) for values SamplingParams rejects."""
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of is not supported (only best_of == n); use n for several samples")
+
+        def pick(name: str, fallback: Any) -> Any:
+            value = getattr(self, name)
+            return value if value is not None else defaults.get(name, fallback)
+
+        return SamplingParams(
+            n=self.n, temperature=pick("temperature", 1.0), top_p=pick("top_p", 1.0),
+            top_k=pick("top_k", 0), min_p=pick("min_p", 0.0),
+            repetition_penalty=pick("repetition_penalty", 1.0),
+            presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
+            seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos, max_tokens=max_tokens, min_tokens=self.min_tokens,
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            logit_bias=self.logit_bias, allowed_token_ids=self.allowed_token_ids,
+            truncate_prompt_tokens=self.truncate_prompt_tokens,
+            structured_outputs=self.structured_params(),
+            output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+class CompletionRequest(SamplingFields):
+    prompt: PromptInput
+    # OpenAI's default for completions. 0 only with echo: score the prompt, generate nothing.
+    max_tokens: int | None = Field(default=16, ge=0, le=_INT64)
+    logprobs: int | None = Field(default=None, ge=0, le=_INT64)
+    echo: bool = False
+    suffix: str | None = None
+    use_beam_search: bool = False
+    length_penalty: float = Field(default=1.0, allow_inf_nan=False)
+    add_special_tokens: bool = True
+
+    _reject = model_validator(mode="before")(lambda data: reject_unsupported(data, COMPLETION_RULES))
+
+    @property
+    def echo_only(self) -> bool:
+        """echo with max_tokens 0: the prompt (and its logprobs) and no completion, as vLLM."""
+        return self.echo and self.max_tokens == 0
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty(cls, v: PromptInput) -> PromptInput:
+        # "" tokenizes to just BOS, so without this check it quietly "succeeds" with text that no
+        # prompt conditioned; an empty list, or an empty prompt inside a batch, is the same mistake.
+        items = [v] if isinstance(v, str) else v
+        if not items or any(isinstance(p, (str, list)) and not p for p in items):
+            raise ValueError("prompt must not be empty")
+        return v
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["text"]
+    text: Text
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_text(cls, data: Any) -> Any:
+        # Name the part type a client sent (image_url, input_audio, ...) rather than a schema mismatch.
+        if isinstance(data, dict) and data.get("type") != "text":
+            raise ValueError(f"unsupported content part type {data.get('type')!r}: only text is supported")
+        return data
+
+
+class ChatMessage(BaseModel):
+    # Templates may read other keys of a message (name, tool_call_id, ...): pass them through.
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    role: str = Field(min_length=1)
+    content: Text | list[TextPart] | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=_INT64)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=_INT64)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False  # templates write their own BOS
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    _reject = model_validator(mode="before")(lambda data: reject_unsupported(data, CHAT_RULES))
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str | None = None
+    prompt: Text | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str | None = None
+    tokens: list[TokenId]

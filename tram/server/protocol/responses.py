@@ -1,0 +1,201 @@
+"""The request body of OpenAI's Responses API (`POST /v1/responses`), text in and text out.
+
+What this server cannot do yet (tools, structured output, reasoning, stored responses, ...) is a
+400 that names the field, never a setting quietly ignored: fields nobody knows fail pydantic's
+`extra="forbid"`, and the known-but-unsupported ones are accepted only at the value that means
+"off" (`ResponsesRequest.unsupported()` says which one is not).
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from tram.server.protocol.openai import ChatMessage, SamplingFields
+from tram.server.protocol.structured import ResponseFormat
+
+# OpenAI's limits on `metadata`.
+_MAX_METADATA_PAIRS, _MAX_METADATA_KEY, _MAX_METADATA_VALUE = 16, 64, 512
+
+# Known fields accepted only at these values (what the field's absence means); anything else is a
+# 400 naming the field, with the reason after it.
+_OFF_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
+    "tools": ((None, []), "this server does not call tools"),
+    "tool_choice": ((None, "auto", "none"), "this server does not call tools"),
+    "max_tool_calls": ((None,), "this server does not call tools"),
+    "previous_response_id": ((None,), "this server stores no responses to continue; send the whole "
+                             "conversation in 'input'"),
+    "conversation": ((None,), "this server stores no conversations; send the whole conversation in 'input'"),
+    "store": ((None, False), "this server stores no responses; send store=false"),
+    "background": ((None, False), "background responses need a response store"),
+    "reasoning": ((None,), "no reasoning settings"),
+    "include": ((None, []), "no extra output data"),
+    "top_logprobs": ((None, 0), "no logprobs on /v1/responses"),
+    "truncation": ((None, "disabled"), "only truncation='disabled'"),
+    "prompt": ((None,), "no stored prompt templates"),
+    "stream_options": ((None,), "no stream options"),
+    "service_tier": ((None, "auto", "default"), "this server has one service tier"),
+}
+_PLAIN_TEXT = {"format": {"type": "text"}}
+_FORMATS = ("text", "json_object", "json_schema")  # text.format types (structured outputs)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class InputTextPart(BaseModel):
+    """A text part of a message's content. `annotations` and `logprobs` come along when a client
+    sends an earlier response's output back as input; they describe that output and do not change
+    what the model sees."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: list[Any] | None = None
+    logprobs: list[Any] | None = None
+
+
+class InputMessage(BaseModel):
+    """A message item of `input`. `id` and `status` come along with an earlier response's output
+    item sent back as input; they name that item and do not change what the model sees."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: Union[str, list[InputTextPart]]
+    id: str | None = None
+    status: str | None = None
+
+    def to_chat(self) -> ChatMessage:
+        """Parts joined by newlines, as the chat endpoint joins text parts, so that the same
+        conversation renders to the same prompt through either endpoint."""
+        text = self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
+        return ChatMessage(role=self.role, content=text)
+
+
+def _parse_item(index: int, item: Any) -> InputMessage:
+    where = f"input[{index}]"
+    if not isinstance(item, dict):
+        raise ValueError(f"{where} must be a message object, got {type(item).__name__}")
+    kind = item.get("type", "message")
+    if kind != "message":
+        raise ValueError(f"{where}: items of type {kind!r} are not supported yet; only messages")
+    content = item.get("content")
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            part_type = part.get("type") if isinstance(part, dict) else None
+            if part_type not in ("input_text", "output_text"):
+                raise ValueError(f"{where}.content[{j}]: content of type {part_type!r} is not supported "
+                                 "yet; only input_text and output_text")
+    try:
+        return InputMessage.model_validate(item)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
+        raise ValueError(f"{where}{loc}: {first['msg']}") from None
+
+
+class ResponsesRequest(BaseModel):
+    """`POST /v1/responses`. Supported: `input` (a string, a user message, or a list of messages),
+    `instructions` (a system message before them), `model`, `max_output_tokens`, `temperature`,
+    `top_p`, `stream`, `user` and `metadata` (echoed back), `parallel_tool_calls` (echoed; with no
+    tools it changes nothing), `text.format` as text, json_object or json_schema (structured outputs)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str | None = None
+    input: Union[str, list[Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    stream: bool = False
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    parallel_tool_calls: bool = True
+    text: dict[str, Any] | None = None
+    # Accepted only when off (see _OFF_VALUES).
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    max_tool_calls: int | None = None
+    previous_response_id: str | None = None
+    conversation: str | dict[str, Any] | None = None
+    store: bool | None = None
+    background: bool | None = None
+    reasoning: dict[str, Any] | None = None
+    include: list[str] | None = None
+    top_logprobs: int | None = None
+    truncation: str | None = None
+    prompt: dict[str, Any] | None = None
+    stream_options: dict[str, Any] | None = None
+    service_tier: str | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _parse_input(cls, v: str | list[Any]) -> str | list[InputMessage]:
+        # Parsed by hand rather than as a union of item models: pydantic's error for a union names
+        # every branch, while a client needs to hear "input[2]: function_call is not supported".
+        if isinstance(v, str):
+            if not v:
+                raise ValueError("input must not be empty")
+            return v
+        if not v:
+            raise ValueError("input must not be an empty list")
+        return [_parse_item(i, item) for i, item in enumerate(v)]
+
+    @field_validator("metadata")
+    @classmethod
+    def _check_metadata(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        if v is None:
+            return v
+        if len(v) > _MAX_METADATA_PAIRS:
+            raise ValueError(f"metadata holds at most {_MAX_METADATA_PAIRS} pairs, got {len(v)}")
+        for key, value in v.items():
+            if len(key) > _MAX_METADATA_KEY or len(value) > _MAX_METADATA_VALUE:
+                raise ValueError(f"metadata keys are at most {_MAX_METADATA_KEY} characters and values at "
+                                 f"most {_MAX_METADATA_VALUE} (key {key[:_MAX_METADATA_KEY]!r})")
+        return v
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """(field, message) for the first field set to something this server cannot do, or None."""
+        for name, (off, why) in _OFF_VALUES.items():
+            value = getattr(self, name)
+            # `x in off` would take False for 0 and True for 1; compare types too.
+            if not any(value == o and type(value) is type(o) for o in off):
+                return name, f"'{name}'={_short(value)} is not supported yet ({why})"
+        if self.text not in (None, {}, _PLAIN_TEXT):
+            fmt = self.text.get("format")
+            if isinstance(fmt, dict) and fmt.get("type") in _FORMATS and set(self.text) == {"format"}:
+                return None
+            if isinstance(fmt, dict) and fmt.get("type") != "text":
+                return "text.format", (f"text.format of type {fmt.get('type')!r} is not supported; "
+                                       f"only {', '.join(_FORMATS)}")
+            return "text", f"'text'={_short(self.text)} is not supported yet (only {_PLAIN_TEXT!r})"
+        return None
+
+    def response_format(self) -> ResponseFormat | None:
+        """`text.format` as chat's `response_format` (the Responses API flattens json_schema's
+        name/schema/strict into the format object)."""
+        fmt = (self.text or {}).get("format")
+        if not isinstance(fmt, dict) or fmt.get("type") == "text":
+            return None
+        if fmt.get("type") == "json_schema":
+            spec = {k: fmt[k] for k in ("name", "description", "schema", "strict") if k in fmt}
+            return ResponseFormat.model_validate({"type": "json_schema", "json_schema": spec})
+        return ResponseFormat.model_validate(fmt)
+
+    def messages(self) -> list[ChatMessage]:
+        """The conversation for the chat template: `instructions` as a system message first."""
+        items = [InputMessage(role="user", content=self.input)] if isinstance(self.input, str) else self.input
+        system = [ChatMessage(role="system", content=self.instructions)] if self.instructions is not None else []
+        return system + [m.to_chat() for m in items]
+
+    def sampling_fields(self) -> SamplingFields:
+        """The chat endpoint's sampling fields for this request, so that defaults (the model's
+        generation config) and the output kind (DELTA when streaming) are chosen in one place."""
+        return SamplingFields(model=self.model, temperature=self.temperature, top_p=self.top_p,
+                              stream=self.stream, user=self.user, response_format=self.response_format())
