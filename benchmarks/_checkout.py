@@ -1,6 +1,7 @@
 """Imported first by the scripts in this folder: puts this checkout's `tram` ahead of any other one
 installed in the environment (an editable install of another worktree, say), so that a script
 measures the code that stands beside it."""
+
 from __future__ import annotations
 
 import sys

@@ -13,21 +13,26 @@ stays compiled for this CPU).
 
     python benchmarks/cpu_linear_paths.py [--rows 1 2 4 16 48 128 512] [--dtype float32 bfloat16]
 """
+
 from __future__ import annotations
 
 import argparse
 
+import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
 import torch
 import torch.nn.functional as F
 
-import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
 from tram.bench.report import machine_summary
 from tram.bench.timing import best_ms
 from tram.model.kernels.cpu_kernels import load_cpu_kernels, skinny_linear
 from tram.model.layers.cpu_packed import pack_weight, packed_linear
 
-SHAPES = {"qkv/o 768x768": (768, 768), "gate+up 4096x768": (4096, 768), "down 768x2048": (768, 2048),
-          "lm_head 32000x768": (32000, 768)}
+SHAPES = {
+    "qkv/o 768x768": (768, 768),
+    "gate+up 4096x768": (4096, 768),
+    "down 768x2048": (768, 2048),
+    "lm_head 32000x768": (32000, 768),
+}
 
 
 def main() -> None:
@@ -52,11 +57,20 @@ def main() -> None:
                     x = torch.randn(m, k).to(dtype)
                     gflop = 2 * m * n * k / 1e9
                     base = best_ms(lambda: F.linear(x, weight), args.repeats, args.calls)
-                    pk = best_ms(lambda: packed_linear(x, packed, None), args.repeats, args.calls) if packed is not None \
+                    pk = (
+                        best_ms(lambda: packed_linear(x, packed, None), args.repeats, args.calls)
+                        if packed is not None
                         else float("nan")
-                    sk = best_ms(lambda: skinny_linear(x, weight), args.repeats, args.calls) if m <= 128 else float("nan")
-                    print(f"| {name} | {str(dtype)[6:]} | {m} | {gflop / base * 1e3:.0f} | {gflop / pk * 1e3:.0f} | "
-                          f"{gflop / sk * 1e3:.0f} | {base / pk:.2f}x |")
+                    )
+                    sk = (
+                        best_ms(lambda: skinny_linear(x, weight), args.repeats, args.calls)
+                        if m <= 128
+                        else float("nan")
+                    )
+                    print(
+                        f"| {name} | {str(dtype)[6:]} | {m} | {gflop / base * 1e3:.0f} | {gflop / pk * 1e3:.0f} | "
+                        f"{gflop / sk * 1e3:.0f} | {base / pk:.2f}x |"
+                    )
 
 
 if __name__ == "__main__":

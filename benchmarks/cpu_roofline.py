@@ -19,20 +19,21 @@ floor, and the ratio an engine at the floor would reach over the best vLLM confi
     python benchmarks/cpu_roofline.py --model llama-110m --dtype float32 --num-prompts 48 \\
         --input-len 32:256 --output-len 16:128 [--results run.json]
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 
+import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
 import torch
+from cpu_decode_attention import make_inputs
 from transformers import AutoConfig
 
-import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
 from tram.bench.datasets import make_requests
 from tram.bench.presets import checkpoint_for
 from tram.bench.report import machine_summary
 from tram.bench.timing import best_ms
-from cpu_decode_attention import make_inputs
 from tram.model.kernels.cpu_kernels import load_cpu_kernels, paged_decode_attention
 from tram.model.layers.cpu_packed import pack_weight, packed_linear
 
@@ -77,7 +78,7 @@ def kv_read_rate(cfg, dtype: torch.dtype, batch: int = 128) -> float:
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     query, cache, tables, seq_lens = make_inputs(batch, heads, kv_heads, head_dim, dtype)
-    ms = best_ms(lambda: paged_decode_attention(query, cache, tables, seq_lens, head_dim ** -0.5), 5, 3)
+    ms = best_ms(lambda: paged_decode_attention(query, cache, tables, seq_lens, head_dim**-0.5), 5, 3)
     nbytes = int(seq_lens.sum()) * 2 * kv_heads * head_dim * cache.element_size()
     stream = torch.randn(2**27)  # 512 MiB, far past any cache
     stream_ms = best_ms(lambda: stream.sum(), 3, 3)
@@ -128,8 +129,10 @@ def report_results(path: str, floor: float) -> None:
         print(f"| {name} | {sec:.2f} | {sec / floor:.2f} |")
     vllm = [s for n, s in best.items() if n.startswith("vllm")]
     if vllm:
-        print(f"\nan engine at the floor would be {min(vllm) / floor:.2f}x the best vLLM configuration"
-              + (f"; Tram is {min(vllm) / best['tram']:.2f}x" if "tram" in best else ""))
+        print(
+            f"\nan engine at the floor would be {min(vllm) / floor:.2f}x the best vLLM configuration"
+            + (f"; Tram is {min(vllm) / best['tram']:.2f}x" if "tram" in best else "")
+        )
 
 
 if __name__ == "__main__":

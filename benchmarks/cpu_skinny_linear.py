@@ -6,14 +6,15 @@ shared; GB/s counts the weight bytes read by the kernel.
 
     python benchmarks/cpu_skinny_linear.py [--rows 1 4 8 16] [--threads 1 2]
 """
+
 from __future__ import annotations
 
 import argparse
 
+import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
 import torch
 import torch.nn.functional as F
 
-import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
 from tram.bench.report import machine_summary
 from tram.bench.timing import best_ms
 from tram.model.kernels.cpu_kernels import load_cpu_kernels, skinny_linear
@@ -43,8 +44,10 @@ def main() -> None:
                         ref = best_ms(lambda: F.linear(x, weight), args.repeats, args.calls)
                         ours = best_ms(lambda: skinny_linear(x, weight), args.repeats, args.calls)
                     gbps = weight.numel() * weight.element_size() / ours / 1e6
-                    print(f"| {name} | {str(dtype)[6:]} | {threads} | {m} | {ref:.3f} | {ours:.3f} | {gbps:.1f} "
-                          f"| {ref / ours:.2f}x |")
+                    print(
+                        f"| {name} | {str(dtype)[6:]} | {threads} | {m} | {ref:.3f} | {ours:.3f} | {gbps:.1f} "
+                        f"| {ref / ours:.2f}x |"
+                    )
 
 
 if __name__ == "__main__":

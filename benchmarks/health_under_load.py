@@ -3,20 +3,21 @@ that issue 13 measured (a long prompt being tokenized, 10,000 prompts in one req
 the context). Run it from a checkout to measure that checkout's server:
 
     python3 benchmarks/health_under_load.py                 # this checkout
-    git worktree add /tmp/before 90859c0 && python3 /tmp/before/benchmarks/health_under_load.py  # (copy the script there)
+    git worktree add /tmp/before 90859c0  # then copy this script there and run it from /tmp/before
 
 Another client polls /health every 10 ms on its own connection while the heavy request runs; reported
 are the heavy request's status and seconds, and the polls' count, median and maximum latency.
 """
+
 from __future__ import annotations
 
-import _checkout  # noqa: F401 - this checkout's tram first
 import argparse
 import statistics
 import threading
 import time
 from collections.abc import Callable
 
+import _checkout  # noqa: F401 - this checkout's tram first
 import httpx
 
 from tram.bench.report import machine_summary
@@ -51,10 +52,13 @@ def _during(url: str, work: Callable[[httpx.Client], httpx.Response]) -> tuple[i
 
 
 WORKLOADS: dict[str, Callable[[httpx.Client], httpx.Response]] = {
-    "1.8 MB prompt, tokenized whole": lambda c: c.post("/v1/completions", json={
-        "prompt": "Once upon a time, there was a girl. " * 50_000, "max_tokens": 1, "truncate_prompt_tokens": 50}),
-    "10,000 token-id prompts": lambda c: c.post("/v1/completions", json={
-        "prompt": [[5, 6, 7, 8 + i % 100] for i in range(10_000)], "max_tokens": 1}),
+    "1.8 MB prompt, tokenized whole": lambda c: c.post(
+        "/v1/completions",
+        json={"prompt": "Once upon a time, there was a girl. " * 50_000, "max_tokens": 1, "truncate_prompt_tokens": 50},
+    ),
+    "10,000 token-id prompts": lambda c: c.post(
+        "/v1/completions", json={"prompt": [[5, 6, 7, 8 + i % 100] for i in range(10_000)], "max_tokens": 1}
+    ),
     "2 MB prompt over the context": lambda c: c.post("/v1/completions", json={"prompt": "a " * 1_000_000}),
 }
 

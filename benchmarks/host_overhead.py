@@ -14,6 +14,7 @@ innermost category on its stack.
 `offline` profiles LLMEngine.step in this process; `server` starts `tram serve`, keeps
 --num-running streams open with the `tram bench serve` client and profiles the engine-core process.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,11 +33,26 @@ import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
 CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
     ("model (forward + logits)", ("tram/model/",)),
     ("sampling", ("tram/worker/sampler.py", "tram/worker/sampling_metadata.py", "tram/worker/logits_processors/")),
-    ("input preparation", ("tram/worker/input_batch.py", "tram/worker/step_inputs.py", "tram/worker/block_table.py",
-                           "tram/worker/device_copy.py", "_update_states")),
+    (
+        "input preparation",
+        (
+            "tram/worker/input_batch.py",
+            "tram/worker/step_inputs.py",
+            "tram/worker/block_table.py",
+            "tram/worker/device_copy.py",
+            "_update_states",
+        ),
+    ),
     ("scheduling", ("tram/core/",)),
-    ("output processing", ("tram/engine/output_processor.py", "tram/engine/detokenizer.py",
-                           "tram/engine/stats.py", "tram/engine/llm_engine.py")),
+    (
+        "output processing",
+        (
+            "tram/engine/output_processor.py",
+            "tram/engine/detokenizer.py",
+            "tram/engine/stats.py",
+            "tram/engine/llm_engine.py",
+        ),
+    ),
     ("IPC", ("tram/engine/messages.py", "tram/engine/ipc.py", "_drain_inputs", "_send (", "zmq/")),
 ]
 
@@ -74,9 +90,25 @@ def print_summary(title: str, shares: dict[str, float], ms_per_step: float | Non
 
 
 def record(pid: int, duration: float, rate: int, out: str) -> subprocess.Popen:
-    return subprocess.Popen(["py-spy", "record", "-p", str(pid), "-d", str(int(duration)), "-r", str(rate),
-                             "-f", "raw", "-o", out, "--nonblocking"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [
+            "py-spy",
+            "record",
+            "-p",
+            str(pid),
+            "-d",
+            str(int(duration)),
+            "-r",
+            str(rate),
+            "-f",
+            "raw",
+            "-o",
+            out,
+            "--nonblocking",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def steady_requests(args: argparse.Namespace, vocab: int) -> list:
@@ -99,8 +131,13 @@ def offline(args: argparse.Namespace) -> None:
     engine = llm.llm_engine
     vocab = engine.engine_core.config.model_config.vocab_size
     penalties = dict(repetition_penalty=1.1, frequency_penalty=0.5, presence_penalty=0.5) if args.penalties else {}
-    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True,
-                            output_kind=RequestOutputKind.FINAL_ONLY, **penalties)
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=args.output_len,
+        ignore_eos=True,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+        **penalties,
+    )
     for i, r in enumerate(steady_requests(args, vocab)):
         engine.add_processed_request(str(i), None, r.prompt_token_ids, params)
     while not prompts_done(engine):
@@ -115,8 +152,10 @@ def offline(args: argparse.Namespace) -> None:
     if spy.returncode != 0:
         sys.exit(f"py-spy failed: {spy.stderr.read().decode()}")
     ms_per_step = 1000 * elapsed / steps
-    print(f"{steps} decode steps of {len(engine.engine_core.scheduler.running)} running requests, "
-          f"{ms_per_step:.1f} ms per step (with the profiler attached)")
+    print(
+        f"{steps} decode steps of {len(engine.engine_core.scheduler.running)} running requests, "
+        f"{ms_per_step:.1f} ms per step (with the profiler attached)"
+    )
     title = "offline LLMEngine.step" + (" (repetition, frequency and presence penalties)" if args.penalties else "")
     print_summary(title, summarize(raw), ms_per_step)
     engine.abort_request([str(i) for i in range(args.num_running)])
@@ -127,8 +166,11 @@ def server(args: argparse.Namespace) -> None:
     from tram.bench.serve import benchmark, fetch_model_id
     from tram.bench.server_process import TramServer
 
-    srv = TramServer(resolve_model(args.model), ["--load-format", "dummy", "--dtype", args.dtype,
-                                                "--max-num-seqs", str(args.num_running)], timeout=300)
+    srv = TramServer(
+        resolve_model(args.model),
+        ["--load-format", "dummy", "--dtype", args.dtype, "--max-num-seqs", str(args.num_running)],
+        timeout=300,
+    )
     try:
         engine_pid = srv.engine_core_pid()
         reqs = steady_requests(args, 32000)

@@ -17,6 +17,7 @@ TRAM_LLAMA_CPP_MARCH=x86-64-v3 builds and serves a llama.cpp for that target ins
 own build folder), the peer of Tram built with TRAM_CPU_MARCH=x86-64-v3: both as an AVX2-only CPU
 (AMD Zen 3) would run them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,6 +30,7 @@ import tarfile
 from pathlib import Path
 
 import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
+
 from tram.bench.serve_compare import print_serve_comparison
 from tram.bench.server_process import ServerProcess, TramServer
 
@@ -49,8 +51,21 @@ def source_dir() -> Path:
         return Path(found[-1])
     (CACHE / "src").mkdir(parents=True, exist_ok=True)
     log("downloading the llama-cpp-python source distribution with pip")
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-                    "llama-cpp-python", "-d", str(CACHE / "src")], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-binary",
+            ":all:",
+            "--no-deps",
+            "llama-cpp-python",
+            "-d",
+            str(CACHE / "src"),
+        ],
+        check=True,
+    )
     archive = sorted(glob.glob(str(CACHE / "src" / "llama_cpp_python-*.tar.gz")))[-1]
     with tarfile.open(archive) as tar:
         tar.extractall(CACHE / "src", filter="data")
@@ -89,16 +104,33 @@ def build() -> Path:
     src = source_dir()
     log(f"building {' and '.join(TOOLS)} from {src} into {folder} (about 8 minutes on 2 cores)")
     if march:  # -march names the target; ggml's own switches for what x86-64-v3 has
-        flags = ["-DGGML_NATIVE=OFF", f"-DCMAKE_C_FLAGS=-march={march}", f"-DCMAKE_CXX_FLAGS=-march={march}",
-                 *(f"-DGGML_{isa}=ON" for isa in ("AVX", "AVX2", "FMA", "F16C", "BMI2"))]
+        flags = [
+            "-DGGML_NATIVE=OFF",
+            f"-DCMAKE_C_FLAGS=-march={march}",
+            f"-DCMAKE_CXX_FLAGS=-march={march}",
+            *(f"-DGGML_{isa}=ON" for isa in ("AVX", "AVX2", "FMA", "F16C", "BMI2")),
+        ]
     else:
         flags = ["-DGGML_NATIVE=ON", "-DCMAKE_C_FLAGS=" + NO_AMX, "-DCMAKE_CXX_FLAGS=" + NO_AMX]
-    subprocess.run(["cmake", "-S", str(src), "-B", str(folder), "-G", "Ninja",
-                    "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_CURL=OFF",
-                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", *flags],
-                   check=True)
-    subprocess.run(["cmake", "--build", str(folder), "--target", *TOOLS,
-                    "-j", str(os.cpu_count() or 2)], check=True)
+    subprocess.run(
+        [
+            "cmake",
+            "-S",
+            str(src),
+            "-B",
+            str(folder),
+            "-G",
+            "Ninja",
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DLLAMA_USE_PREBUILT_UI=OFF",
+            "-DLLAMA_CURL=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF",
+            *flags,
+        ],
+        check=True,
+    )
+    subprocess.run(["cmake", "--build", str(folder), "--target", *TOOLS, "-j", str(os.cpu_count() or 2)], check=True)
     return binary
 
 
@@ -124,8 +156,10 @@ def convert(model: str, dtype: str, seed: int) -> tuple[str, Path]:
     outtype = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}[dtype]
     log(f"converting {checkpoint} to {out} ({outtype})")
     tmp = out.with_suffix(".tmp")
-    subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), checkpoint, "--outtype", outtype,
-                    "--outfile", str(tmp)], check=True)
+    subprocess.run(
+        [sys.executable, str(src / "convert_hf_to_gguf.py"), checkpoint, "--outtype", outtype, "--outfile", str(tmp)],
+        check=True,
+    )
     tmp.rename(out)
     return checkpoint, out
 
@@ -160,21 +194,43 @@ def resident_mib(pid: int) -> float:
     return total / 1024
 
 
-def start_llama_server(binary: Path, gguf: Path, slots: int, ctx_per_slot: int, port: int,
-                       threads: int | None, log_dir: Path) -> ServerProcess:
-    argv = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
-            "-c", str(slots * ctx_per_slot), "--no-webui", "-a", "llama.cpp"]
+def start_llama_server(
+    binary: Path, gguf: Path, slots: int, ctx_per_slot: int, port: int, threads: int | None, log_dir: Path
+) -> ServerProcess:
+    argv = [
+        str(binary),
+        "-m",
+        str(gguf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-np",
+        str(slots),
+        "-c",
+        str(slots * ctx_per_slot),
+        "--no-webui",
+        "-a",
+        "llama.cpp",
+    ]
     if threads:
         argv += ["-t", str(threads), "-tb", str(threads)]
     return ServerProcess("llama-server", argv, port, log_path=log_dir / f"llama-server-np{slots}.log")
 
 
-def start_tram(model: str, dtype: str, port: int, max_model_len: int, log_dir: Path,
-               tokenizer: str | None = None, threads: int | None = None, extra: str = "") -> TramServer:
+def start_tram(
+    model: str,
+    dtype: str,
+    port: int,
+    max_model_len: int,
+    log_dir: Path,
+    tokenizer: str | None = None,
+    threads: int | None = None,
+    extra: str = "",
+) -> TramServer:
     """Tram's server; `threads` sets the engine core's model threads (TRAM_CPU_THREADS), which
     default to all cores but one, where llama-server takes them all. `extra`: more serve flags."""
-    args = ["--dtype", dtype, "--max-model-len", str(max_model_len), "--served-model-name", "tram",
-            *shlex.split(extra)]
+    args = ["--dtype", dtype, "--max-model-len", str(max_model_len), "--served-model-name", "tram", *shlex.split(extra)]
     if tokenizer:
         args += ["--tokenizer", tokenizer]
     env = {"TRAM_CPU_THREADS": str(threads)} if threads else None
@@ -186,8 +242,11 @@ def bench(server: ServerProcess, model: str, requests: list, concurrency: int, l
 
     from tram.bench.serve import benchmark
 
-    result = asyncio.run(benchmark(server.url, model, requests, max_concurrency=concurrency, label=label,
-                                   warmup=warmup, disable_tqdm=False))
+    result = asyncio.run(
+        benchmark(
+            server.url, model, requests, max_concurrency=concurrency, label=label, warmup=warmup, disable_tqdm=False
+        )
+    )
     result["sweep"] = {"param": "concurrency", "value": concurrency}
     return result
 
@@ -215,16 +274,22 @@ def compare(args: argparse.Namespace) -> None:
     # The two engines take turns level by level (llama-server restarts with -np = concurrency; Tram,
     # idle meanwhile, stays up), so each pair is measured minutes apart at most: this shared VM's
     # speed drifts by 10-20% over minutes, which made the engines measured at different times differ.
-    tram = start_tram(tram_model, args.dtype, args.port + 1, ctx, log_dir, tram_tokenizer, args.tram_threads,
-                      args.tram_args)
+    tram = start_tram(
+        tram_model, args.dtype, args.port + 1, ctx, log_dir, tram_tokenizer, args.tram_threads, args.tram_args
+    )
     memory = {"tram_idle_mib": resident_mib(tram.proc.pid), "file_mib": gguf.stat().st_size / 2**20}
     try:
         for conc in levels:
             # Prompts of their own per level: Tram's server stays up between levels, and with the
             # same prompts its prefix cache would skip every prefill after the first level (while
             # llama-server restarts empty), which flattered Tram's TTFT and throughput.
-            requests = make_requests(args.num_prompts or max(4 * conc, MIN_PROMPTS), args.input_len,
-                                     args.output_len, args.seed + conc, vocab_size=vocab)
+            requests = make_requests(
+                args.num_prompts or max(4 * conc, MIN_PROMPTS),
+                args.input_len,
+                args.output_len,
+                args.seed + conc,
+                vocab_size=vocab,
+            )
             llama = start_llama_server(binary, gguf, conc, ctx, args.port, args.llama_threads, log_dir)
             try:
                 runs.append(bench(llama, "llama.cpp", requests, conc, "llama.cpp", args.warmup))
@@ -237,9 +302,19 @@ def compare(args: argparse.Namespace) -> None:
     ratios = print_serve_comparison(runs, ("tram", "llama.cpp"), lambda by, conc: by.get(("llama.cpp", conc)))
     plot_sweep(runs, args.plot, title=f"{args.model} {args.dtype}: tram vs llama.cpp")
     print("resident set (MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in memory.items()))
-    write_json(args.output_json, {"model": args.model, "dtype": args.dtype, "gguf_type": args.gguf_type,
-                                  "tram_args": args.tram_args,
-                                  "machine": machine_info(), "memory": memory, "ratios": ratios, "runs": runs})
+    write_json(
+        args.output_json,
+        {
+            "model": args.model,
+            "dtype": args.dtype,
+            "gguf_type": args.gguf_type,
+            "tram_args": args.tram_args,
+            "machine": machine_info(),
+            "memory": memory,
+            "ratios": ratios,
+            "runs": runs,
+        },
+    )
     print(f"wrote {args.output_json} and {args.plot}")
 
 
@@ -253,8 +328,11 @@ def main() -> None:
         p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
         p.add_argument("--seed", type=int, default=0)
     cmp = sub.choices["compare"]
-    cmp.add_argument("--gguf-type", help="serve this llama-quantize type (Q8_0, Q4_K_M, ...) on both sides: "
-                     "Tram loads the same GGUF file as llama-server")
+    cmp.add_argument(
+        "--gguf-type",
+        help="serve this llama-quantize type (Q8_0, Q4_K_M, ...) on both sides: "
+        "Tram loads the same GGUF file as llama-server",
+    )
     cmp.add_argument("--concurrency", default="1,16,64")
     cmp.add_argument("--num-prompts", type=int, help=f"per level (default: 4 x concurrency, at least {MIN_PROMPTS})")
     cmp.add_argument("--input-len", default="32:512")
@@ -262,10 +340,15 @@ def main() -> None:
     cmp.add_argument("--warmup", type=int, default=2)
     cmp.add_argument("--port", type=int, default=8411)
     cmp.add_argument("--llama-threads", type=int, help="llama-server -t/-tb (default: its own choice)")
-    cmp.add_argument("--tram-threads", type=int, help="the engine core's model threads (default: Tram's own "
-                     "choice, all cores but one; pass the core count to match llama-server's default)")
-    cmp.add_argument("--tram-args", default="", help="more `tram serve` flags, one string "
-                     "(e.g. '--gguf-activations int8')")
+    cmp.add_argument(
+        "--tram-threads",
+        type=int,
+        help="the engine core's model threads (default: Tram's own "
+        "choice, all cores but one; pass the core count to match llama-server's default)",
+    )
+    cmp.add_argument(
+        "--tram-args", default="", help="more `tram serve` flags, one string (e.g. '--gguf-activations int8')"
+    )
     cmp.add_argument("--log-dir", default=str(CACHE / "logs"))
     cmp.add_argument("--plot", default="llama_cpp_compare.png")
     cmp.add_argument("--output-json", default="llama_cpp_compare.json")

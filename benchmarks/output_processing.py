@@ -11,6 +11,7 @@ time the process waited for a core). The script also runs on code from before Re
 (commit 991234f), where FINAL_ONLY was the `final_only=True` argument of `add_request` and DELTA
 did not exist.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,6 +36,7 @@ from tram.sampling_params import SamplingParams  # noqa: E402
 
 try:
     from tram.sampling_params import RequestOutputKind
+
     KINDS = [k.name for k in RequestOutputKind]
 except ImportError:  # before RequestOutputKind
     RequestOutputKind = None
@@ -116,8 +118,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=MODEL, help="tokenizer folder (default: stories260K)")
     p.add_argument("--streams", type=int, default=64)
-    p.add_argument("--histories", type=int, nargs="+", default=[256, 8192],
-                   help="tokens already generated per stream when timing starts")
+    p.add_argument(
+        "--histories",
+        type=int,
+        nargs="+",
+        default=[256, 8192],
+        help="tokens already generated per stream when timing starts",
+    )
     p.add_argument("--steps", type=int, default=50, help="timed single-token steps per configuration")
     p.add_argument("--logprobs", type=int, nargs="+", default=[0, 5], help="top logprobs per token (0: none)")
     p.add_argument("--kinds", nargs="+", default=KINDS, choices=KINDS)

@@ -11,6 +11,7 @@ in every run (the machine may be shared: a burst of load then slows all paths al
 requests through the float model and its int8 and int4 versions, taking turns, at each batch limit;
 output tokens/s and greedy agreement with the float model.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,16 +19,20 @@ import gc
 import time
 from collections.abc import Callable
 
+import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
 import torch
 
-import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
 from tram.bench.report import machine_summary
 from tram.model.layers.cpu_packed import pack_weight
 from tram.model.layers.linear import linear
 from tram.model.quant.weights import Int4Weight, Int8Weight, int4_group_size
 
-SHAPES = {"q/o 896x896": (896, 896), "k/v 128x896": (128, 896), "gate/up 4864x896": (4864, 896),
-          "down 896x4864": (896, 4864)}
+SHAPES = {
+    "q/o 896x896": (896, 896),
+    "k/v 128x896": (128, 896),
+    "gate/up 4864x896": (4864, 896),
+    "down 896x4864": (896, 4864),
+}
 
 
 def _interleaved_ms(fns: dict[str, Callable[[], object]], repeats: int, calls: int) -> dict[str, float]:
@@ -46,7 +51,16 @@ def _interleaved_ms(fns: dict[str, Callable[[], object]], repeats: int, calls: i
 
 
 def kernels(args: argparse.Namespace) -> None:
-    print("| weight | rows | float32 µs | bfloat16 µs | int8 µs | int4 µs | int8 speed-up vs fp32 | int4 vs fp32 | int4 vs bf16 |")
+    columns = [
+        "float32 µs",
+        "bfloat16 µs",
+        "int8 µs",
+        "int4 µs",
+        "int8 speed-up vs fp32",
+        "int4 vs fp32",
+        "int4 vs bf16",
+    ]
+    print("| weight | rows | " + " | ".join(columns) + " |")
     print("|---|---|---|---|---|---|---|---|---|")
     with torch.inference_mode():
         for name, (n, k) in SHAPES.items():
@@ -57,15 +71,21 @@ def kernels(args: argparse.Namespace) -> None:
             for m in args.rows:
                 x32 = torch.randn(m, k)
                 x16 = x32.bfloat16()
-                t = _interleaved_ms({
-                    "fp32": lambda: linear(x32, w32, None, packed32),
-                    "bf16": lambda: linear(x16, w16, None, packed16),
-                    "int8": lambda: q8.apply(x32, None),
-                    "int4": lambda: q4.apply(x32, None),
-                }, args.repeats, args.calls)
-                print(f"| {name} | {m} | {t['fp32'] * 1e3:.0f} | {t['bf16'] * 1e3:.0f} | {t['int8'] * 1e3:.0f} | "
-                      f"{t['int4'] * 1e3:.0f} | {t['fp32'] / t['int8']:.2f}× | {t['fp32'] / t['int4']:.2f}× | "
-                      f"{t['bf16'] / t['int4']:.2f}× |")
+                t = _interleaved_ms(
+                    {
+                        "fp32": lambda: linear(x32, w32, None, packed32),
+                        "bf16": lambda: linear(x16, w16, None, packed16),
+                        "int8": lambda: q8.apply(x32, None),
+                        "int4": lambda: q4.apply(x32, None),
+                    },
+                    args.repeats,
+                    args.calls,
+                )
+                print(
+                    f"| {name} | {m} | {t['fp32'] * 1e3:.0f} | {t['bf16'] * 1e3:.0f} | {t['int8'] * 1e3:.0f} | "
+                    f"{t['int4'] * 1e3:.0f} | {t['fp32'] / t['int8']:.2f}× | {t['fp32'] / t['int4']:.2f}× | "
+                    f"{t['bf16'] / t['int4']:.2f}× |"
+                )
 
 
 def gguf_kernels(args: argparse.Namespace) -> None:
@@ -78,8 +98,10 @@ def gguf_kernels(args: argparse.Namespace) -> None:
     from tram.model.gguf.file import open_gguf
     from tram.model.gguf.weight import GGUF_KEPT_TYPES, GGUFWeight
 
-    print("| file | tensor | type | rows | float32 µs | bfloat16 µs | gguf µs | gguf int8 µs | gguf bf16 µs | "
-          "gguf vs fp32 | int8 vs fp32 | int8 vs gguf | gguf bf16 vs bf16 |")
+    print(
+        "| file | tensor | type | rows | float32 µs | bfloat16 µs | gguf µs | gguf int8 µs | gguf bf16 µs | "
+        "gguf vs fp32 | int8 vs fp32 | int8 vs gguf | gguf bf16 vs bf16 |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     with torch.inference_mode():
         for path in args.files:
@@ -94,16 +116,24 @@ def gguf_kernels(args: argparse.Namespace) -> None:
                 for m in args.rows:
                     x32 = torch.randn(m, qw.in_features)
                     x16 = x32.bfloat16()
-                    ms = _interleaved_ms({"fp32": lambda: linear(x32, w32, None, packed32),
-                                          "bf16": lambda: linear(x16, w16, None, packed16),
-                                          "gguf": lambda: qw.apply(x32, None),
-                                          "int8": lambda: qi.apply(x32, None),
-                                          "gguf_bf16": lambda: qw.apply(x16, None)}, args.repeats, args.calls)
+                    ms = _interleaved_ms(
+                        {
+                            "fp32": lambda: linear(x32, w32, None, packed32),
+                            "bf16": lambda: linear(x16, w16, None, packed16),
+                            "gguf": lambda: qw.apply(x32, None),
+                            "int8": lambda: qi.apply(x32, None),
+                            "gguf_bf16": lambda: qw.apply(x16, None),
+                        },
+                        args.repeats,
+                        args.calls,
+                    )
                     f32, b16, q, i8, qb = ms["fp32"], ms["bf16"], ms["gguf"], ms["int8"], ms["gguf_bf16"]
-                    print(f"| {path.rsplit('-', 1)[-1]} | {t.name} {qw.out_features}x{qw.in_features} | "
-                          f"{t.type_name} | {m} | {f32 * 1e3:.0f} | {b16 * 1e3:.0f} | {q * 1e3:.0f} | {i8 * 1e3:.0f} | "
-                          f"{qb * 1e3:.0f} | {f32 / q:.2f}× | {f32 / i8:.2f}× | {q / i8:.2f}× | {b16 / qb:.2f}× |",
-                          flush=True)
+                    print(
+                        f"| {path.rsplit('-', 1)[-1]} | {t.name} {qw.out_features}x{qw.in_features} | "
+                        f"{t.type_name} | {m} | {f32 * 1e3:.0f} | {b16 * 1e3:.0f} | {q * 1e3:.0f} | {i8 * 1e3:.0f} | "
+                        f"{qb * 1e3:.0f} | {f32 / q:.2f}× | {f32 / i8:.2f}× | {q / i8:.2f}× | {b16 / qb:.2f}× |",
+                        flush=True,
+                    )
 
 
 def _run(model: str, method: str | None, requests: list, max_num_seqs: int) -> tuple[float, list]:
@@ -126,10 +156,14 @@ def throughput(args: argparse.Namespace) -> None:
     model = checkpoint_for(args.model, "float32")
     vocab = AutoConfig.from_pretrained(model).vocab_size
     requests = random_requests(args.num_prompts, parse_range(args.input_len), parse_range(args.output_len), vocab)
-    print(f"{args.model} float32, {len(requests)} requests ({args.input_len} in, {args.output_len} out), "
-          f"{sum(r.output_len for r in requests)} output tokens\n")
-    print("| max_num_seqs | float32 tok/s | int8 tok/s | int4 tok/s | int8 ÷ float32 | int4 ÷ float32 | "
-          "greedy equal to float32 (int8, int4) |")
+    print(
+        f"{args.model} float32, {len(requests)} requests ({args.input_len} in, {args.output_len} out), "
+        f"{sum(r.output_len for r in requests)} output tokens\n"
+    )
+    print(
+        "| max_num_seqs | float32 tok/s | int8 tok/s | int4 tok/s | int8 ÷ float32 | int4 ÷ float32 | "
+        "greedy equal to float32 (int8, int4) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for seqs in args.max_num_seqs:
         rates, outputs = {}, {}
@@ -137,9 +171,12 @@ def throughput(args: argparse.Namespace) -> None:
             seconds, outputs[method] = _run(model, method, requests, seqs)
             rates[method] = sum(map(len, outputs[method])) / seconds
         same = [sum(a == b for a, b in zip(outputs[m], outputs[None])) for m in ("int8", "int4")]
-        print(f"| {seqs} | {rates[None]:.1f} | {rates['int8']:.1f} | {rates['int4']:.1f} | "
-              f"{rates['int8'] / rates[None]:.2f}× | {rates['int4'] / rates[None]:.2f}× | "
-              f"{same[0]}/{len(requests)}, {same[1]}/{len(requests)} |", flush=True)
+        print(
+            f"| {seqs} | {rates[None]:.1f} | {rates['int8']:.1f} | {rates['int4']:.1f} | "
+            f"{rates['int8'] / rates[None]:.2f}× | {rates['int4'] / rates[None]:.2f}× | "
+            f"{same[0]}/{len(requests)}, {same[1]}/{len(requests)} |",
+            flush=True,
+        )
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ servers' environment so that only --configs decides.
 --load-kind: `spin` runs `python -c 'while True: pass'` (pure CPU); `matmul` a single-threaded numpy
 256x256 float32 matmul loop (CPU plus cache and memory traffic).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,9 +44,16 @@ LOAD_PROGRAMS = {
     "spin": "while True: pass",
     "matmul": "import numpy as np\na = np.random.rand(256, 256).astype(np.float32)\nwhile True: a @ a",
 }
-METRICS = (("p50_itl_ms", "ITL p50"), ("p99_itl_ms", "ITL p99"), ("p50_ttft_ms", "TTFT p50"),
-           ("p99_ttft_ms", "TTFT p99"), ("output_throughput", "tok/s"), ("engine_cpu_ms_per_token", "eng CPU/tok"),
-           ("load_cores", "load cores"), ("background_cores", "bg cores"))
+METRICS = (
+    ("p50_itl_ms", "ITL p50"),
+    ("p99_itl_ms", "ITL p99"),
+    ("p50_ttft_ms", "TTFT p50"),
+    ("p99_ttft_ms", "TTFT p99"),
+    ("output_throughput", "tok/s"),
+    ("engine_cpu_ms_per_token", "eng CPU/tok"),
+    ("load_cores", "load cores"),
+    ("background_cores", "bg cores"),
+)
 
 
 def config_env(spec: str) -> dict[str, str]:
@@ -76,6 +84,7 @@ def cpu_seconds(pid: int) -> float:
 def busy_cores(seconds: float = 1.0) -> float:
     """Cores the whole machine kept busy over `seconds` (/proc/stat). Measured while this benchmark's
     server is idle and its load not yet started, it is what other people's processes were using."""
+
     def sample() -> tuple[int, int]:
         with open("/proc/stat") as f:
             ticks = [int(v) for v in f.readline().split()[1:]]
@@ -132,9 +141,12 @@ def run_cell(server: Any, cell: Cell, vocab: int, args: argparse.Namespace, load
     result = asyncio.run(benchmark(server.url, "tram", requests, max_concurrency=cell.concurrency, warmup=2))
     wall = time.perf_counter() - wall0
     tokens = max(1, result["total_output_tokens"])
-    result.update(vars(cell), loadavg_1min_before=loadavg,
-                  engine_cpu_ms_per_token=1000 * (cpu_seconds(engine) - eng0) / tokens,
-                  load_cores=(load.cpu_seconds() - load0) / wall)
+    result.update(
+        vars(cell),
+        loadavg_1min_before=loadavg,
+        engine_cpu_ms_per_token=1000 * (cpu_seconds(engine) - eng0) / tokens,
+        load_cores=(load.cpu_seconds() - load0) / wall,
+    )
     for key in ("input_lens", "output_lens", "ttfts_ms", "e2els_ms", "machine"):
         result.pop(key, None)  # per-request lists and the machine: once per report is enough
     return result
@@ -169,9 +181,13 @@ def run_config(model: str, config: str, args: argparse.Namespace, repeat: int) -
                 for conc in args.concurrency:
                     r = run_cell(server, Cell(model, config, n_load, conc), MODELS[model][2], args, load)
                     results.append({**r, **info, "repeat": repeat})
-                    print(f"  load {n_load} (background {info['background_cores']:.2f} cores) conc {conc:>3}: ITL p50 {r['p50_itl_ms']:.2f} p99 {r['p99_itl_ms']:.2f} ms, "
-                          f"TTFT p50 {r['p50_ttft_ms']:.1f} ms, {r['output_throughput']:.0f} tok/s, "
-                          f"failed {r['failed']}", flush=True)
+                    print(
+                        f"  load {n_load} (background {info['background_cores']:.2f} cores) conc {conc:>3}: "
+                        f"ITL p50 {r['p50_itl_ms']:.2f} p99 {r['p99_itl_ms']:.2f} ms, "
+                        f"TTFT p50 {r['p50_ttft_ms']:.1f} ms, {r['output_throughput']:.0f} tok/s, "
+                        f"failed {r['failed']}",
+                        flush=True,
+                    )
             finally:
                 load.stop()
     finally:

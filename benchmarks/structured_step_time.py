@@ -30,7 +30,7 @@ The extra cost is split by wrapping the methods that do it with timers (in this 
 - hand-over: `ModelRunner._set_grammar_bitmask`, the worker's copy of the bytes into a tensor;
 - apply: `GrammarBitmaskProcessor.apply`, the worker's unpack of the bits and the -inf fill;
 - accept: `StructuredOutputRequest.accept_token`, the matchers following the sampled tokens
-  (in `Scheduler.update_from_output`).
+  (in `StructuredOutputManager.advance`).
 The wrappers add ~0.3 us a call (64 accept calls a step: ~20 us). Each is timed in wall time and in
 the engine thread's CPU time, the step in wall time and the process's CPU time: with one torch
 thread (the default: every usable core but one, as the engine core's) the CPU times leave out what
@@ -41,6 +41,7 @@ replacements for fill (xgrammar's BatchGrammarMatcher, llguidance's parallel exe
 (xgrammar's CPU kernel, numpy's unpackbits, a byte lookup table) against the current code, each
 checked to give the same bitmask or logits. Nothing in tram/ changes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,29 +60,59 @@ del _checkout  # imported for that effect alone
 # Four shapes of record, each with an unbounded tail (strings without maxLength, arrays without
 # maxItems) so that a request never has to end; enums and integers give the grammar other states.
 SCHEMAS: list[dict[str, Any]] = [
-    {"type": "object", "properties": {
-        "name": {"type": "string"}, "age": {"type": "integer"},
-        "role": {"enum": ["admin", "editor", "viewer", "guest"]},
-        "tags": {"type": "array", "items": {"type": "string"}},
-        "notes": {"type": "array", "items": {"type": "string"}, "minItems": 8}},
-     "required": ["name", "age", "role", "tags", "notes"]},
-    {"type": "object", "properties": {
-        "id": {"type": "integer"}, "status": {"enum": ["pending", "paid", "shipped", "cancelled"]},
-        "items": {"type": "array", "items": {"type": "object", "properties": {
-            "sku": {"type": "string"}, "qty": {"type": "integer"}}, "required": ["sku", "qty"]}, "minItems": 8},
-        "comment": {"type": "string"}},
-     "required": ["id", "status", "items", "comment"]},
-    {"type": "object", "properties": {
-        "title": {"type": "string"}, "kind": {"enum": ["meeting", "call", "talk"]},
-        "location": {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
-                     "required": ["city", "country"]},
-        "attendees": {"type": "array", "items": {"type": "string"}, "minItems": 8},
-        "summary": {"type": "string"}},
-     "required": ["title", "kind", "location", "attendees", "summary"]},
-    {"type": "object", "properties": {
-        "level": {"enum": ["debug", "info", "warning", "error"]}, "code": {"type": "integer"},
-        "messages": {"type": "array", "items": {"type": "string"}, "minItems": 8}},
-     "required": ["level", "code", "messages"]},
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "age": {"type": "integer"},
+            "role": {"enum": ["admin", "editor", "viewer", "guest"]},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "notes": {"type": "array", "items": {"type": "string"}, "minItems": 8},
+        },
+        "required": ["name", "age", "role", "tags", "notes"],
+    },
+    {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer"},
+            "status": {"enum": ["pending", "paid", "shipped", "cancelled"]},
+            "items": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"sku": {"type": "string"}, "qty": {"type": "integer"}},
+                    "required": ["sku", "qty"],
+                },
+                "minItems": 8,
+            },
+            "comment": {"type": "string"},
+        },
+        "required": ["id", "status", "items", "comment"],
+    },
+    {
+        "type": "object",
+        "properties": {
+            "title": {"type": "string"},
+            "kind": {"enum": ["meeting", "call", "talk"]},
+            "location": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+                "required": ["city", "country"],
+            },
+            "attendees": {"type": "array", "items": {"type": "string"}, "minItems": 8},
+            "summary": {"type": "string"},
+        },
+        "required": ["title", "kind", "location", "attendees", "summary"],
+    },
+    {
+        "type": "object",
+        "properties": {
+            "level": {"enum": ["debug", "info", "warning", "error"]},
+            "code": {"type": "integer"},
+            "messages": {"type": "array", "items": {"type": "string"}, "minItems": 8},
+        },
+        "required": ["level", "code", "messages"],
+    },
 ]
 PARTS = ("fill", "hand-over", "apply", "accept")
 
@@ -138,8 +169,9 @@ def constraint(i: int, whitespace: str) -> Any:
     return StructuredOutputsParams(json=SCHEMAS[i % len(SCHEMAS)], disable_any_whitespace=compact)
 
 
-def run_config(engine: Any, timers: Timers, args: argparse.Namespace, constrained: int, seed: int,
-               vocab: int) -> dict[str, Any]:
+def run_config(
+    engine: Any, timers: Timers, args: argparse.Namespace, constrained: int, seed: int, vocab: int
+) -> dict[str, Any]:
     """Add num_running requests (the first `constrained` with a schema), prefill them, warm up,
     then time `args.steps` steps; the requests are aborted after."""
     from tram import SamplingParams
@@ -148,13 +180,18 @@ def run_config(engine: Any, timers: Timers, args: argparse.Namespace, constraine
     from tram.sampling_params import RequestOutputKind
 
     core = engine.engine_core
-    reqs = random_requests(args.num_running, (32, 128), (args.max_tokens, args.max_tokens), vocab, seed=seed,
-                           exclude_ids=range(3))
+    reqs = random_requests(
+        args.num_running, (32, 128), (args.max_tokens, args.max_tokens), vocab, seed=seed, exclude_ids=range(3)
+    )
     ids = [f"c{constrained}-s{seed}-{i}" for i in range(len(reqs))]
     for i, (rid, r) in enumerate(zip(ids, reqs)):
-        params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, ignore_eos=True,
-                                output_kind=RequestOutputKind.FINAL_ONLY,
-                                structured_outputs=constraint(i, args.whitespace) if i < constrained else None)
+        params = SamplingParams(
+            temperature=args.temperature,
+            max_tokens=args.max_tokens,
+            ignore_eos=True,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            structured_outputs=constraint(i, args.whitespace) if i < constrained else None,
+        )
         engine.add_processed_request(rid, None, r.prompt_token_ids, params)  # waits for the compile
     while not prompts_done(engine):
         engine.step()
@@ -174,10 +211,17 @@ def run_config(engine: Any, timers: Timers, args: argparse.Namespace, constraine
         running = core.scheduler.running
         alive = sum(r.structured_output is not None for r in running)
         if len(running) != args.num_running or alive != constrained:
-            raise RuntimeError(f"{len(running)} running ({alive} constrained) instead of {args.num_running} "
-                               f"({constrained}): a request finished; raise --max-tokens or change the schemas")
-    result = {"constrained": constrained, "wall_s": wall_s, "cpu_s": cpu_s,
-              "parts_s": {clock: dict(v) for clock, v in parts.items()}, "loadavg": os.getloadavg()}
+            raise RuntimeError(
+                f"{len(running)} running ({alive} constrained) instead of {args.num_running} "
+                f"({constrained}): a request finished; raise --max-tokens or change the schemas"
+            )
+    result = {
+        "constrained": constrained,
+        "wall_s": wall_s,
+        "cpu_s": cpu_s,
+        "parts_s": {clock: dict(v) for clock, v in parts.items()},
+        "loadavg": os.getloadavg(),
+    }
     if args.prototype and constrained == max(args.constrained):
         result["prototype"] = prototype(core, args)
     engine.abort_request(ids)
@@ -285,8 +329,9 @@ def batch_fills(backend: Any, matchers: list[Any], bitmask: Any) -> dict[str, Ca
         bm_t = torch.from_numpy(bitmask)
         for threads in (1, 2):
             batcher = xgr.BatchGrammarMatcher(max_threads=threads)
-            fills[f"fill: xgr.BatchGrammarMatcher, {threads} thread(s)"] = (
-                lambda b=batcher: b.batch_fill_next_token_bitmask(xm, bm_t))
+            fills[f"fill: xgr.BatchGrammarMatcher, {threads} thread(s)"] = lambda b=batcher: (
+                b.batch_fill_next_token_bitmask(xm, bm_t)
+            )
     else:
         import llguidance
         import llguidance.numpy
@@ -294,8 +339,9 @@ def batch_fills(backend: Any, matchers: list[Any], bitmask: Any) -> dict[str, Ca
         pairs = [(m.matcher, row) for row, m in enumerate(matchers)]
         for threads in (1, 2):
             executor = llguidance.LLExecutor(num_threads=threads)
-            fills[f"fill: llguidance fill_next_token_bitmask_par, {threads} thread(s)"] = (
-                lambda e=executor: llguidance.numpy.fill_next_token_bitmask_par(e, pairs, bitmask))
+            fills[f"fill: llguidance fill_next_token_bitmask_par, {threads} thread(s)"] = lambda e=executor: (
+                llguidance.numpy.fill_next_token_bitmask_par(e, pairs, bitmask)
+            )
     return fills
 
 
@@ -313,8 +359,18 @@ def tokenizer_folder(path: str | None) -> str | None:
     src, out = tempfile.mkdtemp(prefix="sp-"), tempfile.mkdtemp(prefix="tokenizer-")
     shutil.copyfile(path, os.path.join(src, "tokenizer.model"))
     with open(os.path.join(src, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>",
-                   "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False, "legacy": True}, f)
+        json.dump(
+            {
+                "tokenizer_class": "LlamaTokenizer",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "add_bos_token": True,
+                "add_eos_token": False,
+                "legacy": True,
+            },
+            f,
+        )
     AutoTokenizer.from_pretrained(src).save_pretrained(out)
     shutil.rmtree(src)
     return out
@@ -328,8 +384,11 @@ def summarize(results: list[dict[str, Any]], constrained: list[int]) -> list[dic
     rows = []
     for k in constrained:
         runs = [r for r in results if r["constrained"] == k]
-        row: dict[str, Any] = {"constrained": k, "steps": sum(len(r["wall_s"]) for r in runs),
-                               "loadavg_1min": [r["loadavg"][0] for r in runs]}
+        row: dict[str, Any] = {
+            "constrained": k,
+            "steps": sum(len(r["wall_s"]) for r in runs),
+            "loadavg_1min": [r["loadavg"][0] for r in runs],
+        }
         for clock in ("wall", "cpu"):
             steps = [s for r in runs for s in r[f"{clock}_s"]]
             stats = {"mean_ms": 1e3 * statistics.fmean(steps), "median_ms": 1e3 * statistics.median(steps)}
@@ -349,17 +408,23 @@ def summarize(results: list[dict[str, Any]], constrained: list[int]) -> list[dic
 
 def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, clock: str) -> None:
     what = {"wall": "wall time", "cpu": "CPU time (the step: the process's; the parts: the engine thread's)"}
-    print(f"\n{args.backend}, {args.num_running} running, whitespace {args.whitespace}, temperature "
-          f"{args.temperature}, {args.threads} torch thread(s); {what[clock]}, ms per step (parts: mean)\n")
-    print("| constrained | steps | step mean | step median | median - unconstrained | fill | hand-over | apply "
-          "| accept | mask | mask / mean step |")
+    print(
+        f"\n{args.backend}, {args.num_running} running, whitespace {args.whitespace}, temperature "
+        f"{args.temperature}, {args.threads} torch thread(s); {what[clock]}, ms per step (parts: mean)\n"
+    )
+    print(
+        "| constrained | steps | step mean | step median | median - unconstrained | fill | hand-over | apply "
+        "| accept | mask | mask / mean step |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         r = row[clock]
         extra = f"{r['extra_median_ms']:+.1f}" if "extra_median_ms" in r else "-"
-        print(f"| {row['constrained']} | {row['steps']} | {r['mean_ms']:.1f} | {r['median_ms']:.1f} | {extra} "
-              f"| {r['fill_ms']:.2f} | {r['hand-over_ms']:.2f} | {r['apply_ms']:.2f} | {r['accept_ms']:.2f} "
-              f"| {r['mask_ms']:.2f} | {100 * r['mask_share']:.1f}% |")
+        print(
+            f"| {row['constrained']} | {row['steps']} | {r['mean_ms']:.1f} | {r['median_ms']:.1f} | {extra} "
+            f"| {r['fill_ms']:.2f} | {r['hand-over_ms']:.2f} | {r['apply_ms']:.2f} | {r['accept_ms']:.2f} "
+            f"| {r['mask_ms']:.2f} | {100 * r['mask_share']:.1f}% |"
+        )
 
 
 def main() -> None:
@@ -369,20 +434,36 @@ def main() -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--num-running", type=int, default=256)
     p.add_argument("--constrained", type=int, nargs="+", default=[0, 16, 64])
-    p.add_argument("--whitespace", choices=["mix", "compact", "any"], default="mix",
-                   help="disable_any_whitespace on every other schema (mix), on all (compact) or on none (any)")
+    p.add_argument(
+        "--whitespace",
+        choices=["mix", "compact", "any"],
+        default="mix",
+        help="disable_any_whitespace on every other schema (mix), on all (compact) or on none (any)",
+    )
     p.add_argument("--max-tokens", type=int, default=880, help="prompt (<= 128) + output must fit the context")
-    p.add_argument("--temperature", type=float, default=1.0,
-                   help="1.0 walks the grammar; greedy on random weights repeats one token forever")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="1.0 walks the grammar; greedy on random weights repeats one token forever",
+    )
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--steps", type=int, default=50, help="timed steps per configuration and round")
     p.add_argument("--rounds", type=int, default=2, help="the configurations take turns this many times")
-    p.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1),
-                   help="torch threads (default: every usable core but one, as the engine core's default)")
-    p.add_argument("--tokenizer", help="a tokenizer folder, or a Llama SentencePiece tokenizer.model, in place of "
-                   "the preset's (512 tokens: a grammar never allows the ids past them, so fills are unrealistic)")
-    p.add_argument("--prototype", action="store_true",
-                   help="also time candidate fills and applies at the largest --constrained")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=max(1, len(os.sched_getaffinity(0)) - 1),
+        help="torch threads (default: every usable core but one, as the engine core's default)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        help="a tokenizer folder, or a Llama SentencePiece tokenizer.model, in place of "
+        "the preset's (512 tokens: a grammar never allows the ids past them, so fills are unrealistic)",
+    )
+    p.add_argument(
+        "--prototype", action="store_true", help="also time candidate fills and applies at the largest --constrained"
+    )
     p.add_argument("--json", help="write the results and machine_info() here")
     args = p.parse_args()
 
@@ -395,21 +476,31 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     tokenizer_path = tokenizer_folder(args.tokenizer)
     print(machine_summary())
-    llm = LLM(resolve_model(args.model), load_format="dummy", dtype=args.dtype, max_num_seqs=args.num_running,
-              structured_outputs_backend=args.backend, tokenizer=tokenizer_path)
+    llm = LLM(
+        resolve_model(args.model),
+        load_format="dummy",
+        dtype=args.dtype,
+        max_num_seqs=args.num_running,
+        structured_outputs_backend=args.backend,
+        tokenizer=tokenizer_path,
+    )
     engine = llm.llm_engine
     vocab = engine.engine_core.config.model_config.vocab_size
     tokens = len(llm.get_tokenizer())
-    print(f"torch {torch.__version__}; tokenizer: {args.tokenizer or 'the preset'} ({tokens} tokens); "
-          f"load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"torch {torch.__version__}; tokenizer: {args.tokenizer or 'the preset'} ({tokens} tokens); "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
     timers = install_timers()
     results = []
     for r in range(args.rounds):
         for k in args.constrained:
             res = run_config(engine, timers, args, k, seed=r, vocab=vocab)
-            print(f"round {r + 1}, {k} constrained: median step {1e3 * statistics.median(res['wall_s']):.1f} ms "
-                  f"(CPU {1e3 * statistics.median(res['cpu_s']):.1f} ms), load average {res['loadavg'][0]:.2f}",
-                  flush=True)
+            print(
+                f"round {r + 1}, {k} constrained: median step {1e3 * statistics.median(res['wall_s']):.1f} ms "
+                f"(CPU {1e3 * statistics.median(res['cpu_s']):.1f} ms), load average {res['loadavg'][0]:.2f}",
+                flush=True,
+            )
             results.append(res)
     rows = summarize(results, args.constrained)
     for clock in ("cpu", "wall"):
@@ -420,8 +511,10 @@ def main() -> None:
         for name, ms in protos[-1].items():
             print(f"  {name:<60} {ms:8.3f}")
     if args.json:
-        write_json(args.json, {"args": vars(args), "machine": machine_info(), "table": rows,
-                               "prototype": protos, "runs": results})
+        write_json(
+            args.json,
+            {"args": vars(args), "machine": machine_info(), "table": rows, "prototype": protos, "runs": results},
+        )
 
 
 if __name__ == "__main__":

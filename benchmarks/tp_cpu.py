@@ -10,6 +10,7 @@ with one thread per rank and shared-memory collectives; TP=2 over gloo; DP=2, tw
 thread each and half the requests each), greedy, and prints output tokens/s and each one's ratio to
 TP=1. Every report starts with the machine (CPU model, ISA flags).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,8 +62,9 @@ def collectives(args: argparse.Namespace) -> None:
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_collective_rank, args=(r, args.ranks, port, args.iters, out))
-             for r in range(args.ranks)]
+    procs = [
+        ctx.Process(target=_collective_rank, args=(r, args.ranks, port, args.iters, out)) for r in range(args.ranks)
+    ]
     for p in procs:
         p.start()
     rows = out.get(timeout=600)
@@ -98,8 +100,9 @@ def _decode_step(num_reqs: int) -> Any:
 
     ids = [f"cmpl-{i:032x}-0" for i in range(num_reqs)]
     cached = [CachedRequestData(rid, [1000 + i] if i % 16 == 0 else [], 300 + i) for i, rid in enumerate(ids)]
-    return SchedulerOutput(scheduled_cached_reqs=cached, num_scheduled_tokens=dict.fromkeys(ids, 1),
-                           total_num_scheduled_tokens=num_reqs)
+    return SchedulerOutput(
+        scheduled_cached_reqs=cached, num_scheduled_tokens=dict.fromkeys(ids, 1), total_num_scheduled_tokens=num_reqs
+    )
 
 
 def broadcast(args: argparse.Namespace) -> None:
@@ -136,8 +139,10 @@ def broadcast(args: argparse.Namespace) -> None:
             if i >= 20:
                 encode.append(mid - start)
                 trip.append(time.perf_counter() - start)
-        print(f"{num_reqs:>8} {len(frames[1]):>8} {statistics.median(encode) * 1e6:>10.1f} "
-              f"{statistics.median(trip) * 1e6:>14.1f}")
+        print(
+            f"{num_reqs:>8} {len(frames[1]):>8} {statistics.median(encode) * 1e6:>10.1f} "
+            f"{statistics.median(trip) * 1e6:>14.1f}"
+        )
     for sock in inboxes:
         sock.send_multipart([m.SHUTDOWN])
     for p in procs:
@@ -178,8 +183,12 @@ def _run_data_parallel(model: str, args: argparse.Namespace, requests: list, siz
     ctx = multiprocessing.get_context("spawn")
     barrier, out = ctx.Barrier(size), ctx.Queue()
     shares = [requests[i::size] for i in range(size)]
-    procs = [ctx.Process(target=_dp_replica, args=(model, args.dtype, max(1, args.threads // size), shares[i],
-                                                   barrier, out, i)) for i in range(size)]
+    procs = [
+        ctx.Process(
+            target=_dp_replica, args=(model, args.dtype, max(1, args.threads // size), shares[i], barrier, out, i)
+        )
+        for i in range(size)
+    ]
     for p in procs:
         p.start()
     results = sorted(out.get(timeout=3600) for _ in procs)
@@ -222,8 +231,10 @@ def throughput(args: argparse.Namespace) -> None:
     vocab = AutoConfig.from_pretrained(model).vocab_size
     requests = random_requests(args.num_prompts, parse_range(args.input_len), parse_range(args.output_len), vocab)
     tokens = sum(r.output_len for r in requests)
-    print(f"{args.model} {args.dtype}, {len(requests)} requests ({args.input_len} in, {args.output_len} out), "
-          f"{tokens} output tokens; TP=1 with {args.threads} threads, TP=2 with {max(1, args.threads // 2)} per rank")
+    print(
+        f"{args.model} {args.dtype}, {len(requests)} requests ({args.input_len} in, {args.output_len} out), "
+        f"{tokens} output tokens; TP=1 with {args.threads} threads, TP=2 with {max(1, args.threads // 2)} per rank"
+    )
     best: dict[str, float] = {}
     outputs: dict[str, list] = {}
     for rnd in range(args.rounds):

@@ -15,6 +15,7 @@ The presets' tokenizer has 512 tokens for a 32,000-token model, and a server mus
 random weights sample; both engines therefore load a copy of the checkpoint whose tokenizer has one
 word per id (`full_vocab_checkpoint`), so detokenizing costs them alike and never fails.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,6 +23,7 @@ import os
 from pathlib import Path
 
 import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
+
 from tram.bench.serve_compare import print_serve_comparison
 from tram.bench.server_process import ServerProcess, TramServer
 
@@ -47,8 +49,9 @@ def full_vocab_checkpoint(checkpoint: str) -> str:
     words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(3, vocab_size)]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                            eos_token="</s>").save_pretrained(out)
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>").save_pretrained(
+        out
+    )
     return str(out)
 
 
@@ -59,20 +62,53 @@ def cpus(threads: int) -> str:
 
 
 def start_tram(checkpoint: str, args: argparse.Namespace, max_model_len: int, log_dir: Path) -> TramServer:
-    flags = ["--dtype", args.dtype, "--max-model-len", str(max_model_len), "--served-model-name", "tram",
-             "--max-num-seqs", str(args.max_num_seqs)]
-    return TramServer(checkpoint, flags, timeout=600, port=args.port + 1, log_path=log_dir / "tram-serve.log",
-                      env={"TRAM_CPU_THREADS": str(args.threads)})
+    flags = [
+        "--dtype",
+        args.dtype,
+        "--max-model-len",
+        str(max_model_len),
+        "--served-model-name",
+        "tram",
+        "--max-num-seqs",
+        str(args.max_num_seqs),
+    ]
+    return TramServer(
+        checkpoint,
+        flags,
+        timeout=600,
+        port=args.port + 1,
+        log_path=log_dir / "tram-serve.log",
+        env={"TRAM_CPU_THREADS": str(args.threads)},
+    )
 
 
-def start_vllm(engine: str, checkpoint: str, args: argparse.Namespace, max_model_len: int,
-               log_dir: Path) -> ServerProcess:
+def start_vllm(
+    engine: str, checkpoint: str, args: argparse.Namespace, max_model_len: int, log_dir: Path
+) -> ServerProcess:
     from tram.bench.vllm_peer import check_python, vllm_env
 
     check_python(args.vllm_python)
-    argv = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", checkpoint,
-            "--served-model-name", engine, "--dtype", args.dtype, "--host", "127.0.0.1", "--port", str(args.port),
-            "--max-model-len", str(max_model_len), "--max-num-seqs", str(args.max_num_seqs), "--seed", "0"]
+    argv = [
+        args.vllm_python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        checkpoint,
+        "--served-model-name",
+        engine,
+        "--dtype",
+        args.dtype,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(args.port),
+        "--max-model-len",
+        str(max_model_len),
+        "--max-num-seqs",
+        str(args.max_num_seqs),
+        "--seed",
+        "0",
+    ]
     if engine == "vllm-eager":
         argv.append("--enforce-eager")
     env = vllm_env(args.vllm_python, args.threads, args.vllm_kvcache_gb)
@@ -85,11 +121,17 @@ def bench(server: ServerProcess, engine: str, requests: list, concurrency: int, 
 
     from tram.bench.serve import benchmark
 
-    result = asyncio.run(benchmark(server.url, engine, requests, max_concurrency=concurrency, label=engine,
-                                   warmup=warmup, disable_tqdm=True))
+    result = asyncio.run(
+        benchmark(
+            server.url, engine, requests, max_concurrency=concurrency, label=engine, warmup=warmup, disable_tqdm=True
+        )
+    )
     result["sweep"] = {"param": "concurrency", "value": concurrency}
-    print(f"[{engine}] concurrency {concurrency}: {result['output_throughput']:.1f} out tok/s, "
-          f"TTFT p99 {result['p99_ttft_ms']:.1f} ms, failed {result['failed']}", flush=True)
+    print(
+        f"[{engine}] concurrency {concurrency}: {result['output_throughput']:.1f} out tok/s, "
+        f"TTFT p99 {result['p99_ttft_ms']:.1f} ms, failed {result['failed']}",
+        flush=True,
+    )
     return result
 
 
@@ -117,8 +159,13 @@ def compare(args: argparse.Namespace) -> None:
     tram = start_tram(checkpoint, args, ctx, log_dir) if "tram" in engines else None
     try:
         for conc in levels:
-            requests = make_requests(args.num_prompts or max(4 * conc, MIN_PROMPTS), args.input_len,
-                                     args.output_len, args.seed, vocab_size=vocab)
+            requests = make_requests(
+                args.num_prompts or max(4 * conc, MIN_PROMPTS),
+                args.input_len,
+                args.output_len,
+                args.seed,
+                vocab_size=vocab,
+            )
             if tram is not None:
                 runs.append(bench(tram, "tram", requests, conc, args.warmup))
             for engine in (e for e in ENGINES[1:] if e in engines):
@@ -131,8 +178,17 @@ def compare(args: argparse.Namespace) -> None:
         if tram is not None:
             tram.stop(timeout=30, strict=False)
     ratios = print_serve_comparison(runs, ENGINES, peer_of)
-    write_json(args.output_json, {"model": args.model, "dtype": args.dtype, "threads": args.threads,
-                                  "machine": machine_info(), "ratios": ratios, "runs": runs})
+    write_json(
+        args.output_json,
+        {
+            "model": args.model,
+            "dtype": args.dtype,
+            "threads": args.threads,
+            "machine": machine_info(),
+            "ratios": ratios,
+            "runs": runs,
+        },
+    )
     print(f"wrote {args.output_json}")
 
 
@@ -151,8 +207,12 @@ def main() -> None:
     cmp.add_argument("--input-len", default="32:512")
     cmp.add_argument("--output-len", default="16:256")
     cmp.add_argument("--max-num-seqs", type=int, default=256)
-    cmp.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1),
-                     help="CPU threads of each engine (default: all cores but one, Tram's server default)")
+    cmp.add_argument(
+        "--threads",
+        type=int,
+        default=max(1, (os.cpu_count() or 2) - 1),
+        help="CPU threads of each engine (default: all cores but one, Tram's server default)",
+    )
     cmp.add_argument("--warmup", type=int, default=2)
     cmp.add_argument("--port", type=int, default=8421)
     cmp.add_argument("--vllm-python", default=default_python())

@@ -3,6 +3,7 @@ runs after every engine workload."""
 from __future__ import annotations
 
 import os
+import sys
 
 # Triton kernels run under Triton's interpreter in the tests (CPU tensors, tiny shapes). Triton reads
 # the variable when it is first imported, and torch imports it early (torch._dynamo), so it is set
@@ -10,6 +11,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from functools import lru_cache  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -17,10 +19,39 @@ import torch  # noqa: E402
 from api_helpers import PROMPT, assert_no_leak, greedy_ids  # noqa: E402,F401 (assert_no_leak: re-exported)
 from tram import LLM, SamplingParams  # noqa: E402
 
+if TYPE_CHECKING:
+    from server_pool import ServerSpec
+
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 STORIES = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models", "stories260K"))
 STORIES_EOS = [2, 1]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The order in which modules will start their servers (server_pool.py starts each one ahead);
+    the first of them, and the shared `stories_server` if a test uses it, start at once."""
+    modules = [m for m in dict.fromkeys(getattr(item, "module", None) for item in session.items) if m is not None]
+    shared = any("stories_server" in getattr(item, "fixturenames", ()) for item in session.items)
+    if shared or any(getattr(m, "SERVERS", None) for m in modules):
+        from server_pool import POOL, plan_from  # httpx, openai: only where a server runs
+
+        POOL.plan = plan_from(modules)
+        POOL.start_early(stories_server_spec() if shared else None)
+
+
+def stories_server_spec() -> ServerSpec:
+    """`stories_server`'s: stories260K with no flags, one engine thread (server_utils.DEFAULT_SERVER_ENV)."""
+    from server_pool import ServerSpec
+    from server_utils import DEFAULT_SERVER_ENV
+
+    return ServerSpec(STORIES, (), tuple(DEFAULT_SERVER_ENV.items()))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    pool = sys.modules.get("server_pool")  # imported only where a module starts a server
+    if pool is not None:
+        pool.POOL.close()
 
 
 @pytest.fixture(params=[1, 2], ids=lambda n: f"threads{n}")
@@ -36,6 +67,17 @@ def threads(request: pytest.FixtureRequest):
 def stories_path() -> str:
     assert os.path.isdir(STORIES), f"test model missing: {STORIES}"
     return STORIES
+
+
+@pytest.fixture(scope="session")
+def stories_server(stories_path: str):
+    """One `tram serve` of stories260K with no flags, shared by every module that needs no others
+    (each takes it through server_utils.shared_server). A server start costs seconds, so the session
+    starts this one once (as it begins: see pytest_collection_finish); at the session's end it must
+    be idle and exit cleanly."""
+    from server_pool import pool_server
+
+    yield from pool_server(stories_server_spec(), prefetch=False)
 
 
 @pytest.fixture(scope="session")

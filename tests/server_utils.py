@@ -9,6 +9,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import openai
@@ -16,8 +17,17 @@ import pytest
 
 from tram.bench.server_process import REPO, TramServer, child_pids, free_port, pid_alive
 
-__all__ = ["REPO", "RemoteServer", "assert_idle", "child_pids", "free_port", "is_idle", "pid_alive", "module_client",
-           "module_server", "openai_client", "openai_module_fixtures", "settled_kv", "stop_clean", "wait_state"]
+if TYPE_CHECKING:
+    from server_pool import ServerSpec
+
+__all__ = ["DEFAULT_SERVER_ENV", "REPO", "RemoteServer", "assert_idle", "child_pids", "free_port", "is_idle",
+           "pid_alive", "module_client", "module_server", "openai_client", "openai_module_fixtures", "settled_kv",
+           "shared_server", "stop_clean", "wait_state"]
+
+# The environment of the session's shared default-flags server (conftest.py's `stories_server`): one
+# intra-op thread for the engine process, because on a small shared machine torch's OpenMP threads
+# spin against other processes and a 3-sequence step can take a second instead of a millisecond.
+DEFAULT_SERVER_ENV = {"OMP_NUM_THREADS": "1"}
 
 
 class RemoteServer(TramServer):
@@ -72,6 +82,15 @@ def module_server(model: str | Path, args: list[str] | None = None) -> Iterator[
     stop_clean(server)
 
 
+def shared_server(server: RemoteServer, timeout: float = 20.0) -> Iterator[RemoteServer]:
+    """The body of a module-scoped fixture over the session's shared server (`yield from
+    shared_server(stories_server)`): the module must leave it with no request and no KV block in use,
+    as a server of its own would have to before its clean exit (which the session checks at its end).
+    Modules that share it compare counters (metrics) as before/after deltas, never as totals."""
+    yield server
+    assert_idle(server, timeout)
+
+
 def module_client(server: RemoteServer, timeout: float = 120) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.url, timeout=timeout) as client:
         yield client
@@ -82,15 +101,18 @@ def openai_client(server: RemoteServer, timeout: float = 60) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=timeout)
 
 
-def openai_module_fixtures(model: str | Path, args: list[str] | None = None) -> tuple:
-    """The fixtures of a module that one server serves through the `openai` SDK: `server`
-    (module_server), `client` (openai_client), and `no_kv_in_use`, autouse, which checks after every
-    test that no request is left and no KV block in use. Bind them to these names at the module's
-    top level: `server, client, no_kv_in_use = openai_module_fixtures(STORIES, [...])`."""
+def openai_module_fixtures(spec: ServerSpec) -> tuple:
+    """The fixtures of a module that one server serves through the `openai` SDK: `server` (the
+    server of `spec`, a server_pool.ServerSpec, as server_pool.pool_server gives it), `client`
+    (openai_client), and `no_kv_in_use`, autouse, which checks after every test that no request is
+    left and no KV block in use. Bind them to these names at the module's top level:
+    `server, client, no_kv_in_use = openai_module_fixtures(SERVER)` (and list SERVER in SERVERS)."""
 
     @pytest.fixture(scope="module")
     def server() -> Iterator[RemoteServer]:
-        yield from module_server(model, args)
+        from server_pool import pool_server  # server_pool builds on this module
+
+        yield from pool_server(spec)
 
     @pytest.fixture(scope="module")
     def client(server: RemoteServer) -> openai.OpenAI:

@@ -2,16 +2,17 @@
 
 Public names load lazily so that `tram.core` (scheduler, block pool) imports without torch.
 """
+
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
 from tram.logger import configure_logging
+from tram.version import __version__ as __version__
 
 configure_logging()
 
-__version__ = "0.1.0"
 _EXPORTS = {
     "LLM": "tram.entrypoints.llm",
     "LLMEngine": "tram.engine.llm_engine",

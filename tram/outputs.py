@@ -1,8 +1,8 @@
 """Public output types, shaped like vLLM's so user code reads them unchanged."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional
 
 
 @dataclass
@@ -14,7 +14,7 @@ class Logprob:
 
 # One dict per position: token id -> Logprob (the top-k tokens plus the chosen one).
 SampleLogprobs = list[dict[int, Logprob]]
-PromptLogprobs = list[Optional[dict[int, Logprob]]]
+PromptLogprobs = list[dict[int, Logprob] | None]
 
 
 @dataclass
@@ -64,8 +64,9 @@ def merge_deltas(outputs: list[RequestOutput]) -> RequestOutput:
         for c in out.outputs:
             into = merged.get(c.index)
             if into is None:
-                merged[c.index] = replace(c, token_ids=list(c.token_ids),
-                                          logprobs=None if c.logprobs is None else list(c.logprobs))
+                merged[c.index] = replace(
+                    c, token_ids=list(c.token_ids), logprobs=None if c.logprobs is None else list(c.logprobs)
+                )
                 texts[c.index] = [c.text]
                 continue
             texts[c.index].append(c.text)
@@ -82,6 +83,12 @@ def merge_deltas(outputs: list[RequestOutput]) -> RequestOutput:
     # Prompt logprobs come once, with the first output that has them.
     prompt_logprobs = next((o.prompt_logprobs for o in outputs if o.prompt_logprobs is not None), None)
     return RequestOutput(
-        first.request_id, first.prompt, first.prompt_token_ids, [merged[i] for i in sorted(merged)],
-        any(o.finished for o in outputs), prompt_logprobs, last.num_cached_tokens, last.metrics,
+        first.request_id,
+        first.prompt,
+        first.prompt_token_ids,
+        [merged[i] for i in sorted(merged)],
+        any(o.finished for o in outputs),
+        prompt_logprobs,
+        last.num_cached_tokens,
+        last.metrics,
     )

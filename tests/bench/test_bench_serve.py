@@ -362,24 +362,21 @@ def test_sweep_over_two_endpoints_writes_png_and_json(tmp_path: Any, capsys: Any
 
 # ---------------------------------------------------------------- against a real `tram serve`
 
-def test_against_real_tram_serve(stories_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from server_utils import RemoteServer
+def test_against_real_tram_serve(stories_server) -> None:
+    from server_utils import assert_idle
 
     from tram.bench.datasets import make_requests
     from tram.bench.serve import fetch_model_id
 
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    server = RemoteServer(stories_path)
-    try:
-        reqs = make_requests(8, "8:32", "4:12", seed=0, vocab_size=512)
+    server = stories_server  # the session's default-flags server (one engine thread)
+    reqs = make_requests(8, "8:32", "4:12", seed=0, vocab_size=512)
 
-        async def run() -> dict:
-            model = await fetch_model_id(server.url)
-            return await benchmark(server.url, model, reqs, warmup=1, max_concurrency=4, percentiles=[50, 99])
+    async def run() -> dict:
+        model = await fetch_model_id(server.url)
+        return await benchmark(server.url, model, reqs, warmup=1, max_concurrency=4, percentiles=[50, 99])
 
-        res = asyncio.run(run())
-    finally:
-        server.stop()
+    res = asyncio.run(run())
+    assert_idle(server)  # the modules that share the server after this one find it idle
     assert (res["completed"], res["failed"]) == (8, 0), res["errors"]
     assert res["total_output_tokens"] == sum(r.output_len for r in reqs)
     assert res["estimated_output_token_requests"] == 0  # the counts came from usage chunks

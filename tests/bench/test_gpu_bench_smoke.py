@@ -2,6 +2,8 @@
 
 The script is run once, as a subprocess (as it will be run on the GPU machine), and each section
 is checked by its own test, so a broken section (e.g. the Triton kernels) fails only its test.
+The run with a failing section starts at the same time, beside it: each run's section children are
+mostly one busy thread, so on a small machine the two together take little longer than one.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +24,60 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_bench.py"
 TIMEOUT_S = 300
 
 
-def run_bench(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "OUT"}  # --out decides, not the device's $OUT
-    return subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(out), *extra],
-                          capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+# A run whose kernels section fails: num_splits 0 is rejected by paged_attention after the section's
+# write_kv_cache rows, in its own child process, and decode still runs and reports.
+FAILING_RUN = ("--sections", "kernels,decode", "--kernel-splits", "0", "--decode-batches", "1")
+
+
+class BenchRun:
+    """`gpu_bench.py --smoke --out FOLDER/results.json EXTRA` started in a subprocess; `result()` waits
+    for it. Its output goes to files, not pipes, so that a run nobody is reading yet never blocks."""
+
+    def __init__(self, folder: Path, *extra: str) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.out, self.folder = folder / "results.json", folder
+        env = {k: v for k, v in os.environ.items() if k != "OUT"}  # --out decides, not the device's $OUT
+        with open(folder / "stdout", "w") as stdout, open(folder / "stderr", "w") as stderr:
+            self.start = time.perf_counter()
+            self.proc = subprocess.Popen([sys.executable, str(SCRIPT), "--smoke", "--out", str(self.out), *extra],
+                                         stdout=stdout, stderr=stderr, text=True, env=env)
+        self.done: subprocess.CompletedProcess[str] | None = None
+        self.seconds = 0.0
+
+    def result(self) -> subprocess.CompletedProcess[str]:
+        """The finished run (as subprocess.run returns it); raises TimeoutExpired if it hangs."""
+        if self.done is None:
+            try:
+                code = self.proc.wait(max(1.0, TIMEOUT_S - (time.perf_counter() - self.start)))
+            except subprocess.TimeoutExpired:
+                self.stop()
+                raise
+            self.seconds = time.perf_counter() - self.start
+            self.done = subprocess.CompletedProcess(self.proc.args, code, (self.folder / "stdout").read_text(),
+                                                    (self.folder / "stderr").read_text())
+        return self.done
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("gpu_bench") / "results.json"
-    start = time.perf_counter()
-    proc = run_bench(out)
-    seconds = time.perf_counter() - start
-    assert out.exists(), f"no report written (rc {proc.returncode})\n{proc.stderr[-4000:]}"
-    return {"report": json.loads(out.read_text()), "proc": proc, "seconds": seconds}
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, BenchRun]]:
+    folder = tmp_path_factory.mktemp("gpu_bench")
+    started = {"smoke": BenchRun(folder / "smoke"), "failing": BenchRun(folder / "failing", *FAILING_RUN)}
+    yield started
+    for run in started.values():  # a run that a failed test never waited for
+        run.stop()
+
+
+@pytest.fixture(scope="module")
+def smoke(runs: dict[str, BenchRun]) -> dict[str, Any]:
+    run = runs["smoke"]
+    proc = run.result()
+    assert run.out.exists(), f"no report written (rc {proc.returncode})\n{proc.stderr[-4000:]}"
+    return {"report": json.loads(run.out.read_text()), "proc": proc, "seconds": run.seconds}
 
 
 def section(smoke: dict[str, Any], name: str) -> dict[str, Any]:
@@ -148,13 +191,12 @@ def test_smoke_is_quick(smoke: dict[str, Any]) -> None:
     assert smoke["seconds"] < 120, f"smoke run took {smoke['seconds']:.0f} s"
 
 
-def test_failing_section_keeps_the_others(tmp_path: Path) -> None:
-    # num_splits 0 is rejected by paged_attention: the kernels section fails after its
-    # write_kv_cache rows, in its own child process, and decode still runs and reports.
-    out = tmp_path / "results.json"
-    proc = run_bench(out, "--sections", "kernels,decode", "--kernel-splits", "0", "--decode-batches", "1")
+def test_failing_section_keeps_the_others(runs: dict[str, BenchRun]) -> None:
+    # FAILING_RUN: the kernels section fails after its write_kv_cache rows, decode still reports.
+    run = runs["failing"]
+    proc = run.result()
     assert proc.returncode == 1, proc.stderr[-4000:]
-    sections = json.loads(out.read_text())["sections"]
+    sections = json.loads(run.out.read_text())["sections"]
     assert sections["kernels"]["status"] == "error" and sections["kernels"]["error"]
     assert len(sections["kernels"]["results"]["write_kv_cache"]) == 2  # partial results kept
     assert sections["decode"]["status"] == "ok"

@@ -1,4 +1,4 @@
-"""The engine core's CPU threads and OpenMP wait policy follow the rules of tram/engine/cpu_threads.py:
+"""The engine core's CPU threads and OpenMP wait policy follow the rules of tram/executor/cpu_threads.py:
 the user's variables win, Tram's defaults fill in only what the user left unset. No timing here; the
 measurements are benchmarks/shared_machine.py's (docs/benchmarks.md, "Sharing the machine")."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from tram.config import ParallelConfig
-from tram.engine.cpu_threads import DEFAULT_SPIN_COUNT, choose_cpu_threads, environment
+from tram.executor.cpu_threads import DEFAULT_SPIN_COUNT, choose_cpu_threads, environment
 
 TRAM_DEFAULT_ENV = {"GOMP_SPINCOUNT": str(DEFAULT_SPIN_COUNT)}
 

@@ -176,3 +176,12 @@ def test_waiting_and_preemption_stats_on_a_small_cache(small, llm, ref):
     for i, e in enumerate(expected):
         got = seen[f"pre-{i}"][-1].outputs[0]
         assert got.token_ids == e.outputs[0].token_ids and len(got.token_ids) == 150
+
+
+def test_one_rank_runs_the_plain_step(llm, ref):
+    core = llm.llm_engine.engine_core
+    assert core.step_fn == core.step  # chosen at start-up; pipeline stages get step_with_batch_queue
+    engine = llm.llm_engine
+    engine.add_request("plain", PROMPT, SamplingParams(temperature=0, max_tokens=6))
+    assert drain(engine)["plain"][-1].outputs[0].token_ids == ref["once"][:6]
+    assert not core.batch_queue

@@ -18,6 +18,7 @@ import tram
 from conftest import STORIES
 from server_utils import REPO
 from tram.config import EngineArgs, ServerArgs
+from tram.engine.engine_config import create_engine_config
 from tram.entrypoints.cli import build_parser, main
 
 PASTED = (
@@ -179,13 +180,13 @@ def test_generation_config_chooses_the_servers_sampling_defaults(tmp_path: Path)
     (folder / "generation_config.json").write_text(json.dumps({"temperature": 0.3, "top_k": 7}))
 
     def defaults(value: str) -> dict:
-        config = EngineArgs(STORIES, generation_config=value).create_engine_config()
+        config = create_engine_config(EngineArgs(STORIES, generation_config=value))
         engine = SimpleNamespace(config=config, tokenizer=None)
         return OpenAIServing(engine, ["m"]).defaults  # type: ignore[arg-type]
 
-    assert EngineArgs(STORIES).create_engine_config().generation_config == STORIES  # auto: the model's
-    assert defaults("vllm") == {} and EngineArgs(STORIES, generation_config="vllm").create_engine_config(
-    ).generation_config is None
+    assert create_engine_config(EngineArgs(STORIES)).generation_config == STORIES  # auto: the model's
+    assert defaults("vllm") == {} and create_engine_config(EngineArgs(STORIES, generation_config="vllm")
+                                                           ).generation_config is None
     assert defaults(str(folder)) == {"temperature": 0.3, "top_k": 7}
 
 

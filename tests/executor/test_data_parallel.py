@@ -11,11 +11,15 @@ import httpx
 import pytest
 
 from conftest import STORIES
-from server_utils import RemoteServer, assert_idle, child_pids, openai_client, pid_alive
+from server_pool import POOL, ServerSpec
+from server_utils import assert_idle, child_pids, openai_client, pid_alive
 from tram import LLM, SamplingParams
-from tram.engine.dp_client import PrefixRouter, combine_results, prefix_block_hashes, replica_threads
+from tram.engine.dp_client import PrefixRouter, combine_results, prefix_block_hashes
 from tram.engine.messages import EngineCoreRequest
-from tram.executor.ray_executor import ray_rank_threads
+from tram.executor.cpu_threads import ray_rank_threads, replica_threads
+
+SERVER = ServerSpec(STORIES, ("--data-parallel-size", "2", "--max-num-seqs", "16"))
+SERVERS = (SERVER,)  # started a module ahead (server_pool.py)
 
 
 def _req(rid: str, prompt: list[int], source: str | None = None) -> EngineCoreRequest:
@@ -67,7 +71,7 @@ def test_serving_with_two_replicas() -> None:
     reference = LLM(str(STORIES), max_num_seqs=16)
     expected = [o.outputs[0].text for o in reference.generate(
         prompts, SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)]
-    s = RemoteServer(str(STORIES), ["--data-parallel-size", "2", "--max-num-seqs", "16"])
+    s = POOL.take(SERVER)
     engines = [p for p in s.engine_pids if b"resource_tracker" not in open(f"/proc/{p}/cmdline", "rb").read()]
     family = [*s.engine_pids, *(c for p in s.engine_pids for c in child_pids(p))]
     try:

@@ -11,7 +11,7 @@ import pytest
 
 from tram import LLM, SamplingParams
 from tram.executor import WorkerDiedError
-from tram.executor.multiproc import rank_threads
+from tram.executor.cpu_threads import rank_threads
 
 
 def test_a_killed_rank_fails_the_step_and_stops_the_others(stories_path: str):

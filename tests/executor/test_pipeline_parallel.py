@@ -62,6 +62,7 @@ def test_preemption_chunking_and_seeded_sampling_match_one_rank(stories_path: st
     llm = LLM(stories_path, pipeline_parallel_size=2, max_num_seqs=8, max_model_len=128, num_gpu_blocks_override=12,
               max_num_batched_tokens=24, enable_prefix_caching=False)
     core = llm.llm_engine.engine_core
+    assert core.step_fn == core.step_with_batch_queue
     submit, in_flight = core.executor.submit_model, []
 
     def watched_submit(sched):

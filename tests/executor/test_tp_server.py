@@ -10,8 +10,13 @@ import time
 import httpx
 
 from conftest import STORIES
+from server_pool import POOL, ServerSpec
 from server_utils import RemoteServer, child_pids, openai_client, pid_alive
 from tram import LLM, SamplingParams
+
+SERVING = ServerSpec(STORIES, ("--tensor-parallel-size", "2", "--max-num-seqs", "16"))
+DOOMED = ServerSpec(STORIES, ("--tensor-parallel-size", "2"))  # a rank of it is killed
+SERVERS = (SERVING, DOOMED)  # each started ahead of the test that takes it (server_pool.py)
 
 
 def _worker_pids(server: RemoteServer) -> list[int]:
@@ -31,7 +36,7 @@ def _family(server: RemoteServer) -> list[int]:
 def test_serves_the_openai_sdk_and_exits_clean_on_sigterm() -> None:
     expected = LLM(str(STORIES), max_num_seqs=4).generate(
         "Once upon a time", SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)[0].outputs[0].text
-    s = RemoteServer(str(STORIES), ["--tensor-parallel-size", "2", "--max-num-seqs", "16"])
+    s = POOL.take(SERVING)
     try:
         workers = _worker_pids(s)
         assert len(workers) == 2
@@ -50,7 +55,7 @@ def test_serves_the_openai_sdk_and_exits_clean_on_sigterm() -> None:
 
 
 def test_a_killed_rank_fails_requests_and_health() -> None:
-    s = RemoteServer(str(STORIES), ["--tensor-parallel-size", "2"])
+    s = POOL.take(DOOMED)
     family = _family(s)
     try:
         with httpx.Client(base_url=s.url, timeout=30) as client:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from tram.model.layers import cpu_packed
 from tram.model.layers.cpu_packed import pack_cpu_linears, pack_weight, packed_linear
-from tram.model.layers import LMHead, VocabEmbedding
+from tram.model.layers.embedding import LMHead, VocabEmbedding
 from tram.model.layers.linear import SKINNY_MAX_ROWS_BESIDE_PACKED, Linear, linear, linear_n
 
 TOLERANCES = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # relative to |ref| + 1

@@ -19,10 +19,10 @@ from tram import LLM, SamplingParams
 from tram.config import ModelConfig
 from tram.model.kernels.cpu_kernels import cpu_kernels_available
 from tram.model.loader import load_model
-from tram.model.quant.apply import check_quantization
-from tram.model.quant.checkpoint_formats import Int4Parts, int4_weight, unpack_int32
+from tram.model.quant.check import check_quantization
 from tram.model.quant.checkpoint_weight import CheckpointInt4Weight
-from tram.model.quant.checkpoints import parse_scheme
+from tram.model.quant.formats import parse_scheme
+from tram.model.quant.unpacked import Int4Parts, int4_weight, unpack_int32
 from tram.model.quant.weights import SKINNY_MAX_ROWS, reference_linear
 
 

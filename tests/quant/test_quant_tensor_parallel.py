@@ -27,9 +27,9 @@ from tram.distributed import parallel_state
 from tram.model.loader import load_model
 from tram.model.layers.parallel_linear import Shard
 from tram.model.quant.apply import quantize_weight
-from tram.model.quant.checkpoint_formats import Int4Parts, int4_weight
 from tram.model.quant.checkpoint_shards import shard_weight
 from tram.model.quant.checkpoint_weight import CheckpointInt4Weight, int8_weight
+from tram.model.quant.unpacked import Int4Parts, int4_weight
 
 COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # the rest of LINEARS: o_proj, down_proj
 TP = 2

@@ -9,7 +9,8 @@ import openai
 import pytest
 
 from conftest import STORIES
-from server_utils import RemoteServer, module_server, settled_kv
+from server_pool import ServerSpec, pool_server
+from server_utils import RemoteServer, settled_kv
 
 TOOLS = [{"type": "function", "function": {
     "name": "pet", "description": "Pet an animal",
@@ -18,11 +19,13 @@ CALL = '<tool_call>\n{"name": "pet", "arguments": {"kind": "cat"}}\n</tool_call>
 # Some words, then the call: the words are content, the call becomes message.tool_calls.
 GRAMMAR = 'root ::= "Sure." "\\n" ' + json.dumps(CALL)
 MESSAGES = [{"role": "user", "content": "Pet the cat"}]
+SERVER = ServerSpec(STORIES, ("--enable-auto-tool-choice", "--tool-call-parser", "hermes"))
+SERVERS = (SERVER,)  # started a module ahead (server_pool.py)
 
 
 @pytest.fixture(scope="module")
 def server() -> RemoteServer:
-    yield from module_server(STORIES, ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
+    yield from pool_server(SERVER)
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ import torch
 
 from conftest import STORIES, hf_model
 from tram.config import EngineArgs
+from tram.engine.engine_config import create_engine_config
 from tram.engine.async_llm import AsyncLLM
 from tram.sampling_params import SamplingParams
 from tram.server.handlers.beam_search import BeamSearchSequence, beam_score, beam_search
@@ -48,7 +49,7 @@ def loop() -> asyncio.AbstractEventLoop:
 
 @pytest.fixture(scope="module")
 def engine(loop: asyncio.AbstractEventLoop) -> AsyncLLM:
-    eng = AsyncLLM(EngineArgs(STORIES).create_engine_config())
+    eng = AsyncLLM(create_engine_config(EngineArgs(STORIES)))
     loop.run_until_complete(eng.start())
     yield eng
     eng.shutdown()

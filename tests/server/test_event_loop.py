@@ -12,14 +12,18 @@ import httpx
 import pytest
 
 from conftest import STORIES
-from server_utils import RemoteServer, module_client, module_server
+from server_pool import ServerSpec, pool_server
+from server_utils import RemoteServer, module_client
 
 LIMIT = 4_000_000
+SERVER = ServerSpec(STORIES, ("--max-request-body-bytes", str(LIMIT)))
+SERVERS = (SERVER,)  # started a module ahead (server_pool.py)
 
 
 @pytest.fixture(scope="module")
 def server():
-    yield from module_server(STORIES, ["--max-request-body-bytes", str(LIMIT)])
+    # No server starts beside these tests: /health's latency bounds leave no core to spare.
+    yield from pool_server(SERVER, prefetch=False)
 
 
 @pytest.fixture(scope="module")

@@ -12,15 +12,15 @@ import pytest
 from transformers import AutoTokenizer
 
 from conftest import STORIES, hf_logprobs
-from server_utils import RemoteServer, module_client, module_server
+from server_utils import RemoteServer, module_client, shared_server
 
 PROMPT = "Once upon a time there was a little girl"
 CHAT = [{"role": "user", "content": "Tell me a story"}]
 
 
 @pytest.fixture(scope="module")
-def server():
-    yield from module_server(STORIES)
+def server(stories_server: RemoteServer):
+    yield from shared_server(stories_server)  # the session's default-flags server
 
 
 @pytest.fixture(scope="module")

@@ -14,15 +14,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import STORIES
-from server_utils import RemoteServer, is_idle, module_client, module_server, settled_kv
+from server_pool import ServerSpec, pool_server
+from server_utils import RemoteServer, is_idle, module_client, settled_kv
 
 HUGE = 10**30
+# A queue of 2: a single leaked request per slot would turn into 429s for everyone.
+SERVER = ServerSpec(STORIES, ("--max-queued-requests", "2", "--max-num-seqs", "4"))
+SERVERS = (SERVER,)  # started a module ahead (server_pool.py)
 
 
 @pytest.fixture(scope="module")
 def server():
-    # A queue of 2: a single leaked request per slot would turn into 429s for everyone.
-    yield from module_server(STORIES, ["--max-queued-requests", "2", "--max-num-seqs", "4"])
+    yield from pool_server(SERVER)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import STORIES
-from server_utils import RemoteServer, settled_kv
+from server_utils import RemoteServer, settled_kv, shared_server
 
 STORY = "Tell me a story"  # greedy: ends on its own (EOS) after ~230 tokens
 LONG_STORY = "Tom and his dog"  # greedy: runs to the end of the 512-token context
@@ -30,15 +30,9 @@ def assert_idle(state: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def server():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("OMP_NUM_THREADS", "1")  # see test_server_openai.py's `server`
-        srv = RemoteServer(STORIES)
-    try:
-        yield srv
-        state = settled_kv(srv)
-    finally:
-        srv.stop()
+def server(stories_server: RemoteServer):
+    yield from shared_server(stories_server)  # the session's default-flags server
+    state = settled_kv(stories_server)
     assert_idle(state)
     assert state["kv_cache_usage"] == 0, state
 

@@ -4,27 +4,23 @@ the non-streamed response, prompt logprobs included, for n > 1 and several promp
 from __future__ import annotations
 
 import json
-import signal
 from collections import defaultdict
 
 import httpx
 import pytest
 
 from conftest import STORIES
+from server_pool import ServerSpec, pool_server
 from server_utils import RemoteServer
 
 LONG_PROMPT = "Once upon a time there was a little girl named Lily. She loved to play in the park with her dog."
+SERVER = ServerSpec(STORIES, ("--max-num-batched-tokens", "16", "--max-num-seqs", "8"), (("OMP_NUM_THREADS", "1"),))
+SERVERS = (SERVER,)  # started a module ahead (server_pool.py)
 
 
 @pytest.fixture(scope="module")
 def server():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("OMP_NUM_THREADS", "1")
-        srv = RemoteServer(STORIES, ["--max-num-batched-tokens", "16", "--max-num-seqs", "8"])
-    try:
-        yield srv
-    finally:
-        assert srv.stop() in (0, -signal.SIGTERM)
+    yield from pool_server(SERVER)  # ends idle, then exits cleanly (server_utils.stop_clean)
 
 
 def sse_chunks(server: RemoteServer, path: str, body: dict) -> list[dict]:

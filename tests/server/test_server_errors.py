@@ -12,12 +12,16 @@ import openai
 import pytest
 
 from conftest import STORIES
-from server_utils import RemoteServer, is_idle, stop_clean, wait_state
+from server_pool import ServerSpec, pool_server
+from server_utils import RemoteServer, is_idle, shared_server, wait_state
 
 KEY = "sekret"
 TINY = "tiny"  # --served-model-name of the guarded server
 OOV = 100_000  # a token id far outside stories260K's 512-token vocabulary
 LONG_TEXT = "hi " * 600  # well over the 512-token context
+GUARDED = ServerSpec(STORIES, ("--api-key", KEY, "--max-num-seqs", "1", "--max-queued-requests", "1",
+                               "--served-model-name", TINY))
+SERVERS = (GUARDED,)  # started a module ahead (server_pool.py); `server` is the session's
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -75,18 +79,13 @@ def assert_serving(http: httpx.Client, model: str | None = None) -> None:
 # --------------------------------------------------------------------------------------- fixtures
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RemoteServer]:
-    s = RemoteServer(STORIES)
-    yield s
-    stop_clean(s)
+def server(stories_server: RemoteServer) -> Iterator[RemoteServer]:
+    yield from shared_server(stories_server)  # the session's default-flags server
 
 
 @pytest.fixture(scope="module")
 def guarded() -> Iterator[RemoteServer]:
-    s = RemoteServer(STORIES, ["--api-key", KEY, "--max-num-seqs", "1", "--max-queued-requests", "1",
-                               "--served-model-name", TINY])
-    yield s
-    stop_clean(s)
+    yield from pool_server(GUARDED)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import STORIES
-from server_utils import RemoteServer, settled_kv
+from server_utils import RemoteServer, settled_kv, shared_server
 from tram import LLM, SamplingParams
 
 PROMPT = "Once upon a time"
@@ -24,17 +24,10 @@ GREEDY = {"temperature": 0.0}
 
 
 @pytest.fixture(scope="module")
-def server():
-    # One intra-op thread for the engine process: on a small shared machine, torch's OpenMP threads
-    # spin against other processes and a 3-sequence step can take a second instead of a millisecond.
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("OMP_NUM_THREADS", "1")
-        srv = RemoteServer(STORIES)
-    try:
-        yield srv
-        state = settled_kv(srv)
-    finally:
-        srv.stop()
+def server(stories_server: RemoteServer):
+    # The session's default-flags server (one engine thread: server_utils.DEFAULT_SERVER_ENV).
+    yield from shared_server(stories_server)
+    state = settled_kv(stories_server)
     assert state["blocks"]["in_use"] == 0 and state["num_running_reqs"] == 0, state
     assert state["kv_cache_usage"] == 0 and state["num_unfinished_in_frontend"] == 0, state
 
@@ -54,7 +47,7 @@ def client(server: RemoteServer) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def llm():
-    # One thread here too (see `server`); restored for the modules that run after this one.
+    # One thread here too (as the server's engine); restored for the modules that run after this one.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from conftest import STORIES
+from server_pool import POOL, ServerSpec, pool_server
 from server_utils import REPO, RemoteServer, free_port, pid_alive
 
 
@@ -33,13 +34,14 @@ def _wait_idle(server: RemoteServer, timeout: float = 10.0) -> dict:
         time.sleep(0.05)
 
 
+SERVER = ServerSpec(STORIES, ("--max-num-seqs", "32"))
+DOOMED = ServerSpec(STORIES)  # a server of its own for each test that stops or kills it
+SERVERS = (SERVER, DOOMED, DOOMED)  # each started ahead of the test that takes it (server_pool.py)
+
+
 @pytest.fixture(scope="module")
 def server():
-    s = RemoteServer(str(STORIES), ["--max-num-seqs", "32"])
-    yield s
-    state = _wait_idle(s)
-    assert state["blocks"]["in_use"] == 0 and state["num_unfinished_in_frontend"] == 0, state
-    assert s.stop() in (0, -signal.SIGTERM)
+    yield from pool_server(SERVER)  # ends idle, then exits cleanly (server_utils.stop_clean)
 
 
 async def _stream(client: httpx.AsyncClient, i: int, drop_after: int | None) -> tuple[int, str | None]:
@@ -119,7 +121,7 @@ def test_dropped_non_streaming_request_is_aborted(server: RemoteServer) -> None:
 
 
 def test_sigint_with_streams_in_flight_shuts_down_cleanly() -> None:
-    s = RemoteServer(str(STORIES))
+    s = POOL.take(DOOMED)
     with httpx.Client(base_url=s.url, timeout=30) as client:
         body = {"prompt": "Hello", "max_tokens": 500, "ignore_eos": True, "stream": True}
         with client.stream("POST", "/v1/completions", json=body) as resp:
@@ -130,7 +132,7 @@ def test_sigint_with_streams_in_flight_shuts_down_cleanly() -> None:
 
 
 def test_engine_death_fails_requests_and_health() -> None:
-    s = RemoteServer(str(STORIES))
+    s = POOL.take(DOOMED)
     try:
         engine_pid = next(p for p in s.engine_pids if _is_engine(p))
         with httpx.Client(base_url=s.url, timeout=30) as client:

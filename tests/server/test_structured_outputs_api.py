@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
 
 from conftest import STORIES
+from server_pool import ServerSpec
 from server_utils import RemoteServer, openai_module_fixtures, wait_state
 from structured_cases import (
     MESSAGES, PERSON, PROMPT, REGEX, SEEDED, SHOPPING, chat, closed_object, json_schema_format, json_schema_round,
@@ -57,8 +58,10 @@ class Pet(BaseModel):
     kind: Literal["cat", "dog"]
 
 
-server, client, no_kv_in_use = openai_module_fixtures(
-    STORIES, ["--structured-outputs-disable-any-whitespace", "--structured-outputs-compile-timeout", str(COMPILE_TIMEOUT_S)])
+SERVER = ServerSpec(STORIES, ("--structured-outputs-disable-any-whitespace", "--structured-outputs-compile-timeout",
+                              str(COMPILE_TIMEOUT_S)))
+SERVERS = (SERVER,)  # started a module ahead (server_pool.py)
+server, client, no_kv_in_use = openai_module_fixtures(SERVER)
 
 
 # ---- response_format ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@ AVX2/FMA, AVX-512 and the bf16 extensions, and a shared VM can show any mix of t
 first (it names the model and topology the same way on every Linux), then /proc/cpuinfo; elsewhere
 only what the standard library knows is recorded.
 """
+
 from __future__ import annotations
 
 import copy
@@ -79,8 +80,9 @@ def _run_lscpu() -> str | None:
     if shutil.which("lscpu") is None:
         return None
     try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10,
-                             env={**os.environ, "LC_ALL": "C"})  # English field names
+        out = subprocess.run(
+            ["lscpu"], capture_output=True, text=True, timeout=10, env={**os.environ, "LC_ALL": "C"}
+        )  # English field names
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout if out.returncode == 0 else None
@@ -99,17 +101,28 @@ def cpu_info() -> dict[str, Any]:
     return copy.deepcopy(_cpu_info())
 
 
-@functools.lru_cache(maxsize=1)  # the CPU does not change under a process; lscpu costs ~10 ms
+@functools.lru_cache(maxsize=1)  # the CPU does not change under a process; lscpu is a subprocess
 def _cpu_info() -> dict[str, Any]:
     parsed, source = _from_lscpu_or_proc()
     if parsed is None:
-        parsed, source = {"model_name": platform.processor() or None, "logical_cpus": os.cpu_count(),
-                          "physical_cores": None, "flags": None}, "platform"
+        parsed, source = (
+            {
+                "model_name": platform.processor() or None,
+                "logical_cpus": os.cpu_count(),
+                "physical_cores": None,
+                "flags": None,
+            },
+            "platform",
+        )
     flags = parsed.pop("flags")
     # A container or taskset may allow fewer CPUs than the machine has: that is what threads can use.
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {**parsed, "usable_cpus": usable, "source": source,
-            "isa": {f: (f in flags) if flags is not None else None for f in ISA_FLAGS}}
+    return {
+        **parsed,
+        "usable_cpus": usable,
+        "source": source,
+        "isa": {f: (f in flags) if flags is not None else None for f in ISA_FLAGS},
+    }
 
 
 def _from_lscpu_or_proc() -> tuple[dict[str, Any] | None, str]:
@@ -133,5 +146,7 @@ def cpu_summary(info: dict[str, Any] | None = None) -> str:
     present = [f for f, ok in info["isa"].items() if ok]
     absent = [f for f, ok in info["isa"].items() if ok is False]
     isa = " ".join(present) + (f" (no {' '.join(absent)})" if absent else "")
-    return (f"{info['model_name']}, {info['physical_cores']} cores / {info['logical_cpus']} CPUs "
-            f"({info['usable_cpus']} usable), {isa or 'ISA flags unknown'}")
+    return (
+        f"{info['model_name']}, {info['physical_cores']} cores / {info['logical_cpus']} CPUs "
+        f"({info['usable_cpus']} usable), {isa or 'ISA flags unknown'}"
+    )

@@ -4,6 +4,7 @@ The same (seed, ranges, vocabulary) always gives the same requests, so every bac
 every server measured with `tram bench serve`, sees identical token ids. Prompts are token ids either
 drawn uniformly from the vocabulary (random) or cut from a tokenized text file.
 """
+
 from __future__ import annotations
 
 import random
@@ -41,8 +42,12 @@ def _special_ids(tokenizer: Any | None) -> set[int]:
 
 
 def random_requests(
-    num_requests: int, input_len: tuple[int, int], output_len: tuple[int, int], vocab_size: int,
-    seed: int = 0, exclude_ids: Iterable[int] = (),
+    num_requests: int,
+    input_len: tuple[int, int],
+    output_len: tuple[int, int],
+    vocab_size: int,
+    seed: int = 0,
+    exclude_ids: Iterable[int] = (),
 ) -> list[BenchRequest]:
     """Uniform random token ids; special tokens (bos/eos/...) are left out so none ends a prompt early."""
     rng = random.Random(seed)
@@ -58,7 +63,10 @@ def random_requests(
 
 
 def text_file_requests(
-    num_requests: int, input_len: tuple[int, int], output_len: tuple[int, int], token_ids: list[int],
+    num_requests: int,
+    input_len: tuple[int, int],
+    output_len: tuple[int, int],
+    token_ids: list[int],
     seed: int = 0,
 ) -> list[BenchRequest]:
     """Windows of a tokenized text, at random offsets (the text is repeated if it is too short)."""
@@ -70,13 +78,19 @@ def text_file_requests(
     for _ in range(num_requests):
         n = rng.randint(*input_len)
         start = rng.randrange(0, len(stream) - n + 1)
-        out.append(BenchRequest(stream[start:start + n], rng.randint(*output_len)))
+        out.append(BenchRequest(stream[start : start + n], rng.randint(*output_len)))
     return out
 
 
 def make_requests(
-    num_requests: int, input_len: str, output_len: str, seed: int, *, tokenizer: Any | None = None,
-    vocab_size: int | None = None, dataset_path: str | None = None,
+    num_requests: int,
+    input_len: str,
+    output_len: str,
+    seed: int,
+    *,
+    tokenizer: Any | None = None,
+    vocab_size: int | None = None,
+    dataset_path: str | None = None,
 ) -> list[BenchRequest]:
     """The workload named by the CLI flags (`--num-prompts --input-len --output-len --seed --dataset-path`)."""
     in_range, out_range = parse_range(input_len), parse_range(output_len)

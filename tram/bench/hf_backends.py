@@ -4,6 +4,7 @@ and transformers' own continuous batching.
 Both generate exactly each request's output length, greedy, with end-of-sequence switched off, so
 their output token counts equal Tram's and tokens/s compare like with like.
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,8 +28,9 @@ def _no_eos_config(max_new_tokens: int) -> Any:
     from transformers import GenerationConfig
 
     # A config replacing the model's outright: generate() would otherwise merge its eos ids back in.
-    return GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=None,
-                            bos_token_id=None, pad_token_id=_PAD_ID)
+    return GenerationConfig(
+        do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=None, bos_token_id=None, pad_token_id=_PAD_ID
+    )
 
 
 def load_hf_model(model: Any, dtype: str, attn_implementation: str, device: str | torch.device = "cpu") -> Any:
@@ -55,7 +57,7 @@ def hf_static_backend(model_path: str, dtype: str, batch_size: int) -> GenerateF
     def generate(requests: list[BenchRequest]) -> list[list[int]]:
         outputs: list[list[int]] = []
         for start in range(0, len(requests), batch_size):
-            chunk = requests[start:start + batch_size]
+            chunk = requests[start : start + batch_size]
             width = max(r.prompt_len for r in chunk)
             ids = torch.tensor([[_PAD_ID] * (width - r.prompt_len) + r.prompt_token_ids for r in chunk])
             mask = torch.tensor([[0] * (width - r.prompt_len) + [1] * r.prompt_len for r in chunk])
@@ -63,7 +65,7 @@ def hf_static_backend(model_path: str, dtype: str, batch_size: int) -> GenerateF
             model.generation_config = _no_eos_config(longest)
             out = model.generate(input_ids=ids, attention_mask=mask)  # [B, width + longest]
             # Tokens past a request's own length were computed but not asked for: not counted.
-            outputs.extend(row[width:width + r.output_len].tolist() for row, r in zip(out, chunk))
+            outputs.extend(row[width : width + r.output_len].tolist() for row, r in zip(out, chunk))
         return outputs
 
     return generate
@@ -95,26 +97,41 @@ class HFContinuousBatching:
     where a small warm-up run comes first (the manager would be sized for the warm-up).
     """
 
-    def __init__(self, model: Any, *, num_blocks: int | None = None, max_batch_tokens: int | None = None,
-                 auto_switch_to_flash: bool | None = None, size_for_workload: bool = False) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        num_blocks: int | None = None,
+        max_batch_tokens: int | None = None,
+        auto_switch_to_flash: bool | None = None,
+        size_for_workload: bool = False,
+    ) -> None:
         self.model, self.size_for_workload = model, size_for_workload
         self.gen_config = _no_eos_config(1)  # each request brings its own max_new_tokens
         self.gen_config.eos_token_id = -1  # the manager's way of saying "no eos"
         # Only what was asked for: transformers' defaults otherwise.
-        self.cb_kwargs = {k: v for k, v in dict(num_blocks=num_blocks, max_batch_tokens=max_batch_tokens,
-                                                auto_switch_to_flash=auto_switch_to_flash).items() if v is not None}
+        self.cb_kwargs = {
+            k: v
+            for k, v in dict(
+                num_blocks=num_blocks, max_batch_tokens=max_batch_tokens, auto_switch_to_flash=auto_switch_to_flash
+            ).items()
+            if v is not None
+        }
         logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)
 
-    def run(self, requests: list[BenchRequest], timeout: float | None = None,
-            deadline: float | None = None) -> CBRun:
+    def run(self, requests: list[BenchRequest], timeout: float | None = None, deadline: float | None = None) -> CBRun:
         """Generate every request. Past `timeout` seconds after the first request is added, or past
         `deadline` (a perf_counter time), stop and count the finished ones."""
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
         start = time.perf_counter()
         with self.model.continuous_batching_context_manager(
-            generation_config=self.gen_config, continuous_batching_config=ContinuousBatchingConfig(**self.cb_kwargs),
-            block=True, timeout=60, persistent_manager=True, workload_hints=self._hints(requests),
+            generation_config=self.gen_config,
+            continuous_batching_config=ContinuousBatchingConfig(**self.cb_kwargs),
+            block=True,
+            timeout=60,
+            persistent_manager=True,
+            workload_hints=self._hints(requests),
         ) as manager:
             setup = time.perf_counter() - start
             attn = self.model.config._attn_implementation  # as switched by the manager; stop() switches back
@@ -123,10 +140,13 @@ class HFContinuousBatching:
             try:
                 sync(self.model.device)
                 start = time.perf_counter()
-                limit = min(start + timeout if timeout is not None else math.inf,
-                            deadline if deadline is not None else math.inf)
-                ids = [manager.add_request(r.prompt_token_ids, request_id=f"bench-{i}", max_new_tokens=r.output_len)
-                       for i, r in enumerate(requests)]
+                limit = min(
+                    start + timeout if timeout is not None else math.inf, deadline if deadline is not None else math.inf
+                )
+                ids = [
+                    manager.add_request(r.prompt_token_ids, request_id=f"bench-{i}", max_new_tokens=r.output_len)
+                    for i, r in enumerate(requests)
+                ]
                 results, timed_out = collect_results(manager, len(ids), limit)
                 seconds = time.perf_counter() - start
                 clean = not timed_out
@@ -141,8 +161,11 @@ class HFContinuousBatching:
             return None
         from transformers.generation.continuous_batching.utils import WorkloadHints
 
-        return WorkloadHints(max_prompt_length=max(r.prompt_len for r in requests),
-                             max_generated_length=max(r.output_len for r in requests), num_requests=len(requests))
+        return WorkloadHints(
+            max_prompt_length=max(r.prompt_len for r in requests),
+            max_generated_length=max(r.output_len for r in requests),
+            num_requests=len(requests),
+        )
 
     def close(self) -> None:
         self.model.destroy_cached_continuous_batching_manager()
@@ -167,11 +190,17 @@ def collect_results(manager: Any, num: int, deadline: float = math.inf) -> tuple
     return results, False
 
 
-def hf_cb_backend(model_path: str, dtype: str, attn_implementation: str = "paged|sdpa",
-                  max_batch_tokens: int | None = None, num_blocks: int | None = None) -> GenerateFn:
+def hf_cb_backend(
+    model_path: str,
+    dtype: str,
+    attn_implementation: str = "paged|sdpa",
+    max_batch_tokens: int | None = None,
+    num_blocks: int | None = None,
+) -> GenerateFn:
     """transformers' continuous batching, each request with its own max_new_tokens."""
-    cb = HFContinuousBatching(load_hf_model(model_path, dtype, attn_implementation), max_batch_tokens=max_batch_tokens,
-                              num_blocks=num_blocks)
+    cb = HFContinuousBatching(
+        load_hf_model(model_path, dtype, attn_implementation), max_batch_tokens=max_batch_tokens, num_blocks=num_blocks
+    )
 
     def generate(requests: list[BenchRequest]) -> list[list[int]]:
         return cb.run(requests).outputs

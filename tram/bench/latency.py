@@ -5,6 +5,7 @@
 Each iteration submits the whole batch at once and steps the engine until every request is done.
 Steps that ran prompt tokens are reported as prefill steps, the rest as decode steps.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,11 +31,15 @@ def add_latency_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-json")
 
 
-def _one_batch(engine: Any, prompts: list[list[int]], output_len: int, tag: str) -> tuple[float, list[float], list[float]]:
+def _one_batch(
+    engine: Any, prompts: list[list[int]], output_len: int, tag: str
+) -> tuple[float, list[float], list[float]]:
     """Seconds end to end, and the durations of prefill steps and of decode steps."""
     from tram.sampling_params import RequestOutputKind, SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=output_len, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY
+    )
     prefill, decode = [], []
     start = time.perf_counter()
     for i, ids in enumerate(prompts):
@@ -66,30 +71,46 @@ def run_latency(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(args.threads)
     model = model_checkpoint(args)
-    llm = LLM(model, dtype=args.dtype, seed=args.seed, max_num_seqs=max(args.max_num_seqs, args.batch_size),
-              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-              kv_cache_memory_bytes=args.kv_cache_memory_bytes, enable_prefix_caching=False,
-              kv_cache_dtype=args.kv_cache_dtype)
+    llm = LLM(
+        model,
+        dtype=args.dtype,
+        seed=args.seed,
+        max_num_seqs=max(args.max_num_seqs, args.batch_size),
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        enable_prefix_caching=False,
+        kv_cache_dtype=args.kv_cache_dtype,
+    )
     engine = llm.llm_engine
     vocab = engine.engine_core.config.model_config.vocab_size
     e2e, prefill, decode = [], [], []
     for it in range(args.num_iters_warmup + args.num_iters):
-        reqs = random_requests(args.batch_size, (args.input_len,) * 2, (args.output_len,) * 2, vocab, seed=args.seed + it)
+        reqs = random_requests(
+            args.batch_size, (args.input_len,) * 2, (args.output_len,) * 2, vocab, seed=args.seed + it
+        )
         seconds, pre, dec = _one_batch(engine, [r.prompt_token_ids for r in reqs], args.output_len, f"it{it}")
         if it >= args.num_iters_warmup:
             e2e.append(seconds)
             prefill.extend(pre)
             decode.extend(dec)
-    report = {"machine": machine_info(), "args": vars(args), "end_to_end": _stats(e2e),
-              "prefill_step": _stats(prefill), "decode_step": _stats(decode),
-              "num_prefill_steps": len(prefill), "num_decode_steps": len(decode),
-              "output_tokens_per_s": args.batch_size * args.output_len / float(np.mean(e2e))}
+    report = {
+        "machine": machine_info(),
+        "args": vars(args),
+        "end_to_end": _stats(e2e),
+        "prefill_step": _stats(prefill),
+        "decode_step": _stats(decode),
+        "num_prefill_steps": len(prefill),
+        "num_decode_steps": len(decode),
+        "output_tokens_per_s": args.batch_size * args.output_len / float(np.mean(e2e)),
+    }
     print(machine_summary())
     print(f"batch {args.batch_size} x ({args.input_len} in, {args.output_len} out), {args.dtype}, model {args.model}")
     for key in ("end_to_end", "prefill_step", "decode_step"):
         s = report[key]
         if s:
-            print(f"{key:<13} mean {s['mean_ms']:9.2f} ms   p50 {s['p50_ms']:9.2f}   p90 {s['p90_ms']:9.2f}   p99 {s['p99_ms']:9.2f}")
+            spread = f"p50 {s['p50_ms']:9.2f}   p90 {s['p90_ms']:9.2f}   p99 {s['p99_ms']:9.2f}"
+            print(f"{key:<13} mean {s['mean_ms']:9.2f} ms   {spread}")
     print(f"output tokens/s {report['output_tokens_per_s']:.1f}")
     if args.output_json:
         write_json(args.output_json, report)

@@ -4,14 +4,16 @@ With `--load-format dummy` Tram fills a preset with random weights itself. Peers
 checkpoint (transformers, llama.cpp's converter) get one materialised once from the same preset and
 seed, and every backend of a comparison then loads those same files.
 """
+
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
+import tram.envs as envs
+
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
-CHECKPOINT_CACHE = Path(os.environ.get("TRAM_BENCH_CACHE", Path.home() / ".cache" / "tram" / "checkpoints"))
+CHECKPOINT_CACHE: Path = envs.TRAM_BENCH_CACHE
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
 
 

@@ -3,6 +3,7 @@
 `machine_info()` goes into every JSON report (`tram bench throughput|latency|serve`, and the scripts
 under benchmarks/); `machine_summary()` is its one-line form for benchmarks that only print a table.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from tram.bench.cpuinfo import cpu_info, cpu_summary
+from tram.executor.cpu_threads import THREADS_VARS, WAIT_VARS
 
 # Environment variables that set how many threads the model uses and how they wait: OpenMP's
 # (PyTorch's CPU kernels and Tram's C++ kernels) and Tram's own (the engine-core process of `tram
-# serve`). The wait policy moves timings on a shared machine by 10x (docs/benchmarks.md).
-THREAD_ENV = ("OMP_NUM_THREADS", "TRAM_CPU_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+# serve`), as the thread planner reads them. The wait policy moves timings on a shared machine many
+# times over (docs/benchmarks.md). Recorded as set (None where unset), not as the planner parses them.
+THREAD_ENV = (*THREADS_VARS, *WAIT_VARS)
 _PACKAGES = ("triton", "transformers")
 
 
@@ -33,7 +36,7 @@ def machine_info() -> dict[str, Any]:
     import torch
 
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
@@ -49,8 +52,11 @@ def thread_settings() -> dict[str, Any]:
     """torch's intra- and inter-op thread counts, and the thread variables (None where unset)."""
     import torch
 
-    return {"torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
-            **{name: os.environ.get(name) for name in THREAD_ENV}}
+    return {
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        **{name: os.environ.get(name) for name in THREAD_ENV},
+    }
 
 
 def versions() -> dict[str, str | None]:
@@ -58,8 +64,12 @@ def versions() -> dict[str, str | None]:
 
     import tram
 
-    out: dict[str, str | None] = {"python": platform.python_version(), "tram": tram.__version__,
-                                  "torch": torch.__version__, "cuda": torch.version.cuda}
+    out: dict[str, str | None] = {
+        "python": platform.python_version(),
+        "tram": tram.__version__,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
     for pkg in _PACKAGES:
         try:
             out[pkg] = version(pkg)
@@ -96,8 +106,13 @@ def device_info(device: Any) -> dict[str, Any]:
     import torch
 
     props = torch.cuda.get_device_properties(device)
-    return {"type": "cuda", "name": props.name, "total_memory_GiB": round(props.total_memory / 2**30, 2),
-            "sm_count": props.multi_processor_count, "capability": f"{props.major}.{props.minor}"}
+    return {
+        "type": "cuda",
+        "name": props.name,
+        "total_memory_GiB": round(props.total_memory / 2**30, 2),
+        "sm_count": props.multi_processor_count,
+        "capability": f"{props.major}.{props.minor}",
+    }
 
 
 def machine_summary() -> str:

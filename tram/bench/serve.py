@@ -11,6 +11,7 @@ over several `--base-url`s) and draws the curves with `sweep_plot.py`.
 Programmatic use (the llama.cpp comparison script):
     result = await benchmark(base_url, model, requests, request_rate=math.inf, max_concurrency=16)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,13 @@ import numpy as np
 from tram.bench.datasets import BenchRequest, make_requests
 from tram.bench.report import machine_info, machine_summary, write_json
 from tram.bench.serve_metrics import (
-    RequestResult, StreamParser, format_report, format_sweep_table, parse_goodput, parse_percentiles, summarize,
+    RequestResult,
+    StreamParser,
+    format_report,
+    format_sweep_table,
+    parse_goodput,
+    parse_percentiles,
+    summarize,
 )
 
 SWEEP_PARAMS = ("concurrency", "rate")
@@ -36,11 +43,18 @@ WARMUP_PROMPT_LEN, WARMUP_OUTPUT_LEN = 16, 4
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     """The flags of `tram bench serve`."""
-    p.add_argument("--base-url", nargs="+", default=["http://127.0.0.1:8000"],
-                   help="server(s) to measure; several only make sense with --sweep or for a side-by-side run")
+    p.add_argument(
+        "--base-url",
+        nargs="+",
+        default=["http://127.0.0.1:8000"],
+        help="server(s) to measure; several only make sense with --sweep or for a side-by-side run",
+    )
     p.add_argument("--endpoint", default="/v1/completions", help="/v1/completions or /v1/chat/completions")
-    p.add_argument("--model", nargs="+", help="model name sent in requests (one, or one per --base-url); "
-                   "default: the first id of GET /v1/models")
+    p.add_argument(
+        "--model",
+        nargs="+",
+        help="model name sent in requests (one, or one per --base-url); default: the first id of GET /v1/models",
+    )
     p.add_argument("--label", nargs="+", help="name of each endpoint in results and plots (default: its url)")
     p.add_argument("--tokenizer", help="tokenizer path: vocabulary for random prompts, text for chat, --dataset-path")
     p.add_argument("--vocab-size", type=int, help="draw random prompt ids below this (instead of a tokenizer)")
@@ -50,11 +64,20 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-len", default="16:256", help="output length N or LO:HI")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s; inf sends all at once")
-    p.add_argument("--burstiness", type=float, default=1.0,
-                   help="gamma shape of the arrival gaps: 1 = Poisson, <1 burstier, >1 more even")
+    p.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="gamma shape of the arrival gaps: 1 = Poisson, <1 burstier, >1 more even",
+    )
     p.add_argument("--max-concurrency", type=int, help="most requests in flight at once")
-    p.add_argument("--goodput", nargs="+", default=[], metavar="METRIC:MS",
-                   help="SLOs such as ttft:500 tpot:50 e2el:2000; goodput counts requests meeting all of them")
+    p.add_argument(
+        "--goodput",
+        nargs="+",
+        default=[],
+        metavar="METRIC:MS",
+        help="SLOs such as ttft:500 tpot:50 e2el:2000; goodput counts requests meeting all of them",
+    )
     p.add_argument("--percentiles", default="50,90,99")
     p.add_argument("--output-json", help="write the result (a list of results for a sweep) here")
     p.add_argument("--sweep", help="concurrency=1,16,64 or rate=1,4,16,inf: one run per value, and a plot")
@@ -83,11 +106,18 @@ def is_chat(endpoint: str) -> bool:
     return endpoint.rstrip("/").endswith("chat/completions")
 
 
-def build_payload(endpoint: str, model: str, req: BenchRequest, tokenizer: Any | None = None,
-                  extra_body: dict[str, Any] | None = None) -> dict[str, Any]:
+def build_payload(
+    endpoint: str, model: str, req: BenchRequest, tokenizer: Any | None = None, extra_body: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The JSON body of one streamed request that asks for exactly `req.output_len` tokens."""
-    body: dict[str, Any] = {"model": model, "ignore_eos": True, "temperature": 0.0, "stream": True,
-                            "stream_options": {"include_usage": True}, "max_tokens": req.output_len}
+    body: dict[str, Any] = {
+        "model": model,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": req.output_len,
+    }
     if is_chat(endpoint):
         # Chat takes text, so the ids go through the tokenizer; the server re-tokenizes them (plus
         # the chat template), which is why prompt counts come from the usage it reports.
@@ -103,8 +133,9 @@ def build_payload(endpoint: str, model: str, req: BenchRequest, tokenizer: Any |
 _ATTEMPTS = 3
 
 
-async def send_request(session: aiohttp.ClientSession, url: str, payload: dict[str, Any], prompt_len: int,
-                       run_start: float) -> RequestResult:
+async def send_request(
+    session: aiohttp.ClientSession, url: str, payload: dict[str, Any], prompt_len: int, run_start: float
+) -> RequestResult:
     """POST one streamed request and time its chunks. Failures are recorded in the result, never raised."""
     for attempt in range(_ATTEMPTS):
         sent = time.perf_counter()
@@ -119,7 +150,7 @@ async def send_request(session: aiohttp.ClientSession, url: str, payload: dict[s
             if attempt + 1 < _ATTEMPTS and parser.nothing_received():
                 continue
             parser.error = parser.error or f"{type(e).__name__}: {e}"[:300]
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+        except (TimeoutError, aiohttp.ClientError, ValueError) as e:
             parser.error = parser.error or f"{type(e).__name__}: {e}"[:300]
             break
     result = parser.result(time.perf_counter(), prompt_len, payload.get("max_tokens", 0))
@@ -173,9 +204,15 @@ async def _warmup(session: aiohttp.ClientSession, url: str, payloads: list[dict[
         print(f"warning: {len(failed)}/{count} warmup requests to {url} failed: {failed[0]}", file=sys.stderr)
 
 
-async def _run_requests(session: aiohttp.ClientSession, url: str, payloads: list[dict[str, Any]],
-                        prompt_lens: list[int], offsets: list[float], max_concurrency: int | None,
-                        progress: Any | None) -> tuple[list[RequestResult], float]:
+async def _run_requests(
+    session: aiohttp.ClientSession,
+    url: str,
+    payloads: list[dict[str, Any]],
+    prompt_lens: list[int],
+    offsets: list[float],
+    max_concurrency: int | None,
+    progress: Any | None,
+) -> tuple[list[RequestResult], float]:
     """Send every request at its arrival time (then waiting for a free slot under the cap)."""
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     start = time.perf_counter()
@@ -198,11 +235,23 @@ async def _run_requests(session: aiohttp.ClientSession, url: str, payloads: list
 
 
 async def benchmark(
-    base_url: str, model: str, requests: Sequence[BenchRequest], *, endpoint: str = "/v1/completions",
-    request_rate: float = math.inf, burstiness: float = 1.0, max_concurrency: int | None = None,
-    percentiles: Sequence[float] = (50, 90, 99), slos_ms: dict[str, float] | None = None,
-    tokenizer: Any | None = None, seed: int = 0, timeout: float = 600.0, warmup: int = 2,
-    disable_tqdm: bool = True, label: str | None = None, extra_body: dict[str, Any] | None = None,
+    base_url: str,
+    model: str,
+    requests: Sequence[BenchRequest],
+    *,
+    endpoint: str = "/v1/completions",
+    request_rate: float = math.inf,
+    burstiness: float = 1.0,
+    max_concurrency: int | None = None,
+    percentiles: Sequence[float] = (50, 90, 99),
+    slos_ms: dict[str, float] | None = None,
+    tokenizer: Any | None = None,
+    seed: int = 0,
+    timeout: float = 600.0,
+    warmup: int = 2,
+    disable_tqdm: bool = True,
+    label: str | None = None,
+    extra_body: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run `requests` against one server and return the result dict (see `serve_metrics.summarize`)."""
     url = base_url.rstrip("/") + endpoint
@@ -213,21 +262,30 @@ async def benchmark(
     progress = None
     if not disable_tqdm:
         from tqdm import tqdm
+
         progress = tqdm(total=len(payloads), desc=label or base_url, unit="req")
     try:
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)) as s:
             if warmup > 0 and payloads:
                 await _warmup(s, url, payloads, warmup)
             results, duration = await _run_requests(
-                s, url, payloads, [r.prompt_len for r in requests], offsets, max_concurrency, progress)
+                s, url, payloads, [r.prompt_len for r in requests], offsets, max_concurrency, progress
+            )
     finally:
         if progress is not None:
             progress.close()
-    out = {"label": label or base_url, "base_url": base_url, "endpoint": endpoint, "model": model,
-           "num_prompts": len(requests), "request_rate": request_rate, "burstiness": burstiness,
-           "max_concurrency": max_concurrency,
-           # The client's machine: usually the server's too, and always the one whose clock timed it.
-           "machine": machine_info()}
+    out = {
+        "label": label or base_url,
+        "base_url": base_url,
+        "endpoint": endpoint,
+        "model": model,
+        "num_prompts": len(requests),
+        "request_rate": request_rate,
+        "burstiness": burstiness,
+        "max_concurrency": max_concurrency,
+        # The client's machine: usually the server's too, and always the one whose clock timed it.
+        "machine": machine_info(),
+    }
     out.update(summarize(results, duration, percentiles, slos_ms))
     return out
 
@@ -275,8 +333,15 @@ def _load_tokenizer(path: str) -> Any:
 async def run_serve_async(args: argparse.Namespace) -> dict[str, Any] | list[dict[str, Any]]:
     """`tram bench serve` without the event loop: one run per (endpoint, sweep value)."""
     tokenizer = _load_tokenizer(args.tokenizer) if args.tokenizer else None
-    requests = make_requests(args.num_prompts, args.input_len, args.output_len, args.seed, tokenizer=tokenizer,
-                             vocab_size=args.vocab_size, dataset_path=args.dataset_path)
+    requests = make_requests(
+        args.num_prompts,
+        args.input_len,
+        args.output_len,
+        args.seed,
+        tokenizer=tokenizer,
+        vocab_size=args.vocab_size,
+        dataset_path=args.dataset_path,
+    )
     urls = _as_list(args.base_url) or ["http://127.0.0.1:8000"]
     models = _per_endpoint(_as_list(args.model), len(urls), "--model")
     labels = _per_endpoint(_as_list(args.label), len(urls), "--label")
@@ -292,10 +357,22 @@ async def run_serve_async(args: argparse.Namespace) -> dict[str, Any] | list[dic
             rate = value if param == "rate" else args.request_rate
             concurrency = value if param == "concurrency" else args.max_concurrency
             result = await benchmark(
-                url, model, requests, endpoint=args.endpoint, request_rate=rate, burstiness=args.burstiness,
-                max_concurrency=concurrency, percentiles=percentiles, slos_ms=slos, tokenizer=tokenizer,
-                seed=args.seed, timeout=args.timeout, warmup=args.warmup if k == 0 else 0,
-                disable_tqdm=args.disable_tqdm, label=label or url)
+                url,
+                model,
+                requests,
+                endpoint=args.endpoint,
+                request_rate=rate,
+                burstiness=args.burstiness,
+                max_concurrency=concurrency,
+                percentiles=percentiles,
+                slos_ms=slos,
+                tokenizer=tokenizer,
+                seed=args.seed,
+                timeout=args.timeout,
+                warmup=args.warmup if k == 0 else 0,
+                disable_tqdm=args.disable_tqdm,
+                label=label or url,
+            )
             if param:
                 result["sweep"] = {"param": param, "value": value}
             print(format_report(result), flush=True)

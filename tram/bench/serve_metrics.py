@@ -4,6 +4,7 @@
 turns the results of a run into the result dict (vLLM's `benchmark_serving` keys, times in ms);
 `format_report` renders that dict as the familiar text table.
 """
+
 from __future__ import annotations
 
 import json
@@ -79,7 +80,7 @@ class StreamParser:
         line = line.strip()
         if not line.startswith("data:"):
             return  # blank separators, ": keep-alive" comments, "event:" lines
-        data = line[len("data:"):].strip()
+        data = line[len("data:") :].strip()
         if data == "[DONE]":
             self.done = True
             return
@@ -108,8 +109,9 @@ class StreamParser:
         return self.first_token_at is None and self.usage is None and not self.done and not self.error
 
     def result(self, end: float, sent_prompt_len: int, requested_output_tokens: int) -> RequestResult:
-        r = RequestResult(requested_output_tokens=requested_output_tokens, latency=end - self.sent_at,
-                          prompt_tokens=sent_prompt_len)
+        r = RequestResult(
+            requested_output_tokens=requested_output_tokens, latency=end - self.sent_at, prompt_tokens=sent_prompt_len
+        )
         if self.error:
             r.error = self.error
             return r
@@ -172,7 +174,9 @@ def peak_concurrency(intervals: Iterable[tuple[float, float]]) -> int:
 
 
 def summarize(
-    results: Sequence[RequestResult], duration: float, percentiles: Sequence[float] = (50, 90, 99),
+    results: Sequence[RequestResult],
+    duration: float,
+    percentiles: Sequence[float] = (50, 90, 99),
     slos_ms: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """The result dict of one run: counts, throughputs, latency statistics (ms) and per-request lists."""
@@ -180,9 +184,13 @@ def summarize(
     total_in, total_out = sum(r.prompt_tokens for r in ok), sum(r.output_tokens for r in ok)
     per_s = 1.0 / duration if duration > 0 else 0.0
     out: dict[str, Any] = {
-        "duration": duration, "completed": len(ok), "failed": len(results) - len(ok),
-        "total_input_tokens": total_in, "total_output_tokens": total_out,
-        "request_throughput": len(ok) * per_s, "output_throughput": total_out * per_s,
+        "duration": duration,
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": len(ok) * per_s,
+        "output_throughput": total_out * per_s,
         "total_token_throughput": (total_in + total_out) * per_s,
         "max_concurrency_observed": peak_concurrency((r.start, r.start + r.latency) for r in results),
         "estimated_output_token_requests": sum(r.output_tokens_estimated for r in ok),
@@ -191,8 +199,10 @@ def summarize(
         "percentiles": list(percentiles),
     }
     series = {
-        "ttft": [r.ttft for r in ok], "tpot": [t for r in ok if (t := r.tpot) is not None],
-        "itl": [gap for r in ok for gap in r.itl], "e2el": [r.latency for r in ok],
+        "ttft": [r.ttft for r in ok],
+        "tpot": [t for r in ok if (t := r.tpot) is not None],
+        "itl": [gap for r in ok for gap in r.itl],
+        "e2el": [r.latency for r in ok],
     }
     for metric, values in series.items():
         for stat, value in stats_ms(values, percentiles).items():
@@ -201,15 +211,21 @@ def summarize(
         good = sum(is_good(r, slos_ms) for r in results)
         out.update(goodput_slos_ms=dict(slos_ms), good_requests=good, request_goodput=good * per_s)
     out.update(
-        input_lens=[r.prompt_tokens for r in results], output_lens=[r.output_tokens for r in results],
+        input_lens=[r.prompt_tokens for r in results],
+        output_lens=[r.output_tokens for r in results],
         ttfts_ms=[r.ttft * 1000 if r.success else None for r in results],
-        e2els_ms=[r.latency * 1000 for r in results], errors=[r.error for r in results if r.error],
+        e2els_ms=[r.latency * 1000 for r in results],
+        errors=[r.error for r in results if r.error],
     )
     return out
 
 
-_SECTIONS = (("ttft", "Time to First Token", "TTFT"), ("tpot", "Time per Output Token (excl. 1st token)", "TPOT"),
-             ("itl", "Inter-token Latency", "ITL"), ("e2el", "End-to-end Latency", "E2EL"))
+_SECTIONS = (
+    ("ttft", "Time to First Token", "TTFT"),
+    ("tpot", "Time per Output Token (excl. 1st token)", "TPOT"),
+    ("itl", "Inter-token Latency", "ITL"),
+    ("e2el", "End-to-end Latency", "E2EL"),
+)
 
 
 def value_text(v: Any) -> str:
@@ -236,16 +252,21 @@ def format_report(s: dict[str, Any]) -> str:
     if s.get("goodput_slos_ms"):
         slos = " ".join(f"{k}:{value_text(v)}" for k, v in s["goodput_slos_ms"].items())
         lines.append(_row("Goodput SLOs (ms):", slos))
-    lines += [_row("Successful requests:", s["completed"]), _row("Failed requests:", s["failed"]),
-              _row("Benchmark duration (s):", float(s["duration"])),
-              _row("Total input tokens:", s["total_input_tokens"]),
-              _row("Total generated tokens:", s["total_output_tokens"]),
-              _row("Request throughput (req/s):", float(s["request_throughput"]))]
+    lines += [
+        _row("Successful requests:", s["completed"]),
+        _row("Failed requests:", s["failed"]),
+        _row("Benchmark duration (s):", float(s["duration"])),
+        _row("Total input tokens:", s["total_input_tokens"]),
+        _row("Total generated tokens:", s["total_output_tokens"]),
+        _row("Request throughput (req/s):", float(s["request_throughput"])),
+    ]
     if "request_goodput" in s:
         lines.append(_row("Request goodput (req/s):", float(s["request_goodput"])))
-    lines += [_row("Output token throughput (tok/s):", float(s["output_throughput"])),
-              _row("Total Token throughput (tok/s):", float(s["total_token_throughput"])),
-              _row("Max concurrency observed:", s["max_concurrency_observed"])]
+    lines += [
+        _row("Output token throughput (tok/s):", float(s["output_throughput"])),
+        _row("Total Token throughput (tok/s):", float(s["total_token_throughput"])),
+        _row("Max concurrency observed:", s["max_concurrency_observed"]),
+    ]
     if s["estimated_output_token_requests"]:
         lines.append(_row("Output counts estimated (no usage):", s["estimated_output_token_requests"]))
     if s["output_len_mismatches"]:
@@ -264,13 +285,16 @@ def format_report(s: dict[str, Any]) -> str:
 def format_sweep_table(runs: Sequence[dict[str, Any]]) -> str:
     """One line per (endpoint, sweep value): the numbers the sweep plot draws."""
     p = percentile_name(max(runs[0]["percentiles"])) if runs else "p99"
-    head = f"{'endpoint':<28} {'value':>8} {'ok':>5} {'fail':>5} {'req/s':>8} {'out tok/s':>10} " \
-           f"{p + ' TTFT':>10} {p + ' ITL':>9}"
+    head = (
+        f"{'endpoint':<28} {'value':>8} {'ok':>5} {'fail':>5} {'req/s':>8} {'out tok/s':>10} "
+        f"{p + ' TTFT':>10} {p + ' ITL':>9}"
+    )
     lines = [head, "-" * len(head)]
     for r in runs:
         ttft, itl = r.get(f"{p}_ttft_ms"), r.get(f"{p}_itl_ms")
         lines.append(
             f"{str(r.get('label'))[:28]:<28} {value_text(r.get('sweep', {}).get('value')):>8} {r['completed']:>5} "
             f"{r['failed']:>5} {r['request_throughput']:>8.2f} {r['output_throughput']:>10.1f} "
-            f"{'n/a' if ttft is None else f'{ttft:.1f}':>10} {'n/a' if itl is None else f'{itl:.2f}':>9}")
+            f"{'n/a' if ttft is None else f'{ttft:.1f}':>10} {'n/a' if itl is None else f'{itl:.2f}':>9}"
+        )
     return "\n".join(lines)

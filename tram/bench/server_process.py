@@ -5,6 +5,7 @@ and stopped with a check that nothing they started outlives them.
 overhead profiler and the llama.cpp comparison all use it); `ServerProcess` runs any other
 OpenAI-compatible server that has a /health endpoint (llama.cpp's `llama-server`).
 """
+
 from __future__ import annotations
 
 import json
@@ -71,14 +72,23 @@ class ServerProcess:
     child process behind (what the tests check), otherwise it kills what is left and carries on.
     """
 
-    def __init__(self, name: str, argv: list[str], port: int, *, log_path: Path | None = None,
-                 env: dict[str, str] | None = None, timeout: float = 300.0) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        port: int,
+        *,
+        log_path: Path | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float = 300.0,
+    ) -> None:
         self.name, self.port = name, port
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"{name}-{port}.log"
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, **(env or {})},
-                                     stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            argv, cwd=REPO, env={**os.environ, **(env or {})}, stdout=self._log, stderr=subprocess.STDOUT
+        )
         self._wait_healthy(timeout)
 
     def _wait_healthy(self, timeout: float) -> None:
@@ -135,9 +145,17 @@ class TramServer(ServerProcess):
     to (or overrides) this process's environment for the server.
     """
 
-    def __init__(self, model: str, args: list[str] | None = None, timeout: float = 90.0, *,
-                 port: int | None = None, dev_mode: bool = False, log_path: Path | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        args: list[str] | None = None,
+        timeout: float = 90.0,
+        *,
+        port: int | None = None,
+        dev_mode: bool = False,
+        log_path: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         port = port or free_port()
         env = {"PYTHONUNBUFFERED": "1", **({"TRAM_SERVER_DEV_MODE": "1"} if dev_mode else {}), **(env or {})}
         argv = [sys.executable, "-m", "tram", "serve", model, "--port", str(port), *(args or [])]

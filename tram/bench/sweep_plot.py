@@ -3,6 +3,7 @@ endpoint, so Tram and a peer measured with the same requests sit on the same axe
 
 matplotlib is imported here only, and only when a plot is drawn: the benchmark itself does not need it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -27,8 +28,11 @@ def plot_sweep(runs: Sequence[dict[str, Any]], path: str, title: str | None = No
     param = runs[0]["sweep"]["param"]
     values = sorted({r["sweep"]["value"] for r in runs})  # numeric order, inf last
     p = percentile_name(max(runs[0]["percentiles"]))
-    panels = [("output_throughput", "output tokens/s"), (f"{p}_ttft_ms", f"{p.upper()} TTFT (ms)"),
-              (f"{p}_itl_ms", f"{p.upper()} ITL (ms)")]
+    panels = [
+        ("output_throughput", "output tokens/s"),
+        (f"{p}_ttft_ms", f"{p.upper()} TTFT (ms)"),
+        (f"{p}_itl_ms", f"{p.upper()} ITL (ms)"),
+    ]
     labels = list(dict.fromkeys(r["label"] for r in runs))
 
     # A Figure with its own Agg canvas, not pyplot: no global backend state, safe in any process.

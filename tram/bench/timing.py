@@ -6,6 +6,7 @@ durations, and the two ways a micro-benchmark times a call.
 - `median_ms`: the median of single calls; on CUDA through triton's `do_bench` (CUDA events, L2
   flushed between calls), on the CPU with the host clock.
 """
+
 from __future__ import annotations
 
 import statistics

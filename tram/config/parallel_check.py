@@ -1,5 +1,6 @@
 """Whether a model's shape splits over a number of tensor-parallel ranks, checked before anything
 loads, with a message that says which dimension does not divide."""
+
 from __future__ import annotations
 
 from typing import Any

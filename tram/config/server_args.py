@@ -3,11 +3,13 @@
 Names and defaults follow vLLM's `vllm serve`, so that its command lines work here; a vLLM setting
 Tram does not implement yet is accepted only at its default (`validate` says so otherwise).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tram.config.cli_args import CliSettings, setting
+from tram.config.cli_args import CliSettings, check_choices, setting
+from tram.config.registry import TOOL_CALL_PARSERS
 
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 DEFAULT_LOG_INTERVAL = 5.0  # seconds between two throughput log lines
@@ -32,26 +34,32 @@ class ServerArgs(CliSettings):
     allow_credentials: bool = setting(False, "allow cookies and auth headers cross-origin (CORS)")
     # Logging: which line each switch controls is in README.md ("Logs").
     uvicorn_log_level: str = setting("warning", "uvicorn's log level", choices=UVICORN_LOG_LEVELS)
-    disable_uvicorn_access_log: bool = setting(False, "no access log line per HTTP request (method, path, "
-                                               "status, latency, tokens)")
-    enable_log_requests: bool = setting(True, "log each generation request as the engine receives it "
-                                        "(id, prompt, sampling params)", off_flag="disable-log-requests")
-    max_log_len: int | None = setting(None, "characters of prompt (and prompt token ids) a request log line "
-                                      "shows (default: all)")
+    disable_uvicorn_access_log: bool = setting(
+        False, "no access log line per HTTP request (method, path, status, latency, tokens)"
+    )
+    enable_log_requests: bool = setting(
+        True,
+        "log each generation request as the engine receives it (id, prompt, sampling params)",
+        off_flag="disable-log-requests",
+    )
+    max_log_len: int | None = setting(
+        None, "characters of prompt (and prompt token ids) a request log line shows (default: all)"
+    )
     log_stats_interval: float = setting(DEFAULT_LOG_INTERVAL, "seconds between throughput log lines")
     max_request_body_bytes: int = setting(16 * 1024 * 1024, "answer 413 to a request body larger than this")
-    enable_auto_tool_choice: bool = setting(False, "let the model decide when to call tools (tool_choice "
-                                            "\"auto\"); needs --tool-call-parser")
-    tool_call_parser: str | None = setting(None, "how to find tool calls in the model's text for tool_choice "
-                                           "\"auto\": hermes (Qwen, Hermes) or llama3_json (Llama 3.1+)")
+    enable_auto_tool_choice: bool = setting(
+        False, 'let the model decide when to call tools (tool_choice "auto"); needs --tool-call-parser'
+    )
+    tool_call_parser: str | None = setting(
+        None, 'how to find tool calls in the model\'s text for tool_choice "auto"', choices=TOOL_CALL_PARSERS
+    )
+
+    def label(self, name: str, value: object) -> str:
+        return f"--{name.replace('_', '-')} {value}"  # the server's messages name its flags
 
     def validate(self) -> None:
         """Reject bad values and what Tram does not support yet (ValueError), before anything loads."""
-        from tram.server.tools.parsers import TOOL_PARSERS
-
-        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_PARSERS:
-            raise ValueError(f"--tool-call-parser {self.tool_call_parser} is not supported: choose one of "
-                             f"{', '.join(sorted(TOOL_PARSERS))}")
+        check_choices(self)
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
         if (self.ssl_keyfile is None) != (self.ssl_certfile is None):

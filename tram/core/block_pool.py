@@ -9,6 +9,7 @@ Contract:
 - A block hash identifies a full block's content: it chains the parent block's hash with the block's
   token ids, so equal hashes mean equal prefixes.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable

@@ -11,6 +11,7 @@ Contract:
 - `free(request)` drops the request's references, tail blocks first, so the least useful blocks of
   a finished request are evicted before its shared prefix.
 """
+
 from __future__ import annotations
 
 from tram.core.block_pool import BlockPool, KVCacheBlock

@@ -1,4 +1,5 @@
 """A request as the core sees it: token ids, how many of them have KV computed, and when to stop."""
+
 from __future__ import annotations
 
 import enum
@@ -33,7 +34,8 @@ _FINISH_REASONS = {
 
 
 class GrammarState(Protocol):
-    """A constrained request's grammar (tram/structured_output/request.py), as the scheduler sees it."""
+    """A constrained request's grammar (tram/structured_output/request.py), as the scheduler
+    (is_ready, is_terminated) and the structured-output manager (accept_token) see it."""
 
     def is_ready(self) -> bool: ...
 

@@ -1,16 +1,16 @@
 """The messages between the engine core and its workers: what to compute this step (the scheduler
-output) and what came of it (the model runner output).
+output) and what came of it (the model runner output, with its logprobs rows).
 
 New requests travel in full once; running ones as small diffs (new block ids, computed count). The
 worker keeps per-request state across steps, drops it when a request id shows up in
 `finished_req_ids`, and takes out of its batch every request that is not scheduled in a step. They
 are msgspec structs so they can cross to worker processes unchanged: token ids as plain lists.
 """
+
 from __future__ import annotations
 
 import msgspec
 
-from tram.engine.messages import LogprobsLists
 from tram.sampling_params import SamplingParams
 
 _STRUCT = dict(array_like=True, omit_defaults=True, gc=False)
@@ -58,6 +58,15 @@ class SchedulerOutput(msgspec.Struct, **_STRUCT):
     @property
     def is_empty(self) -> bool:
         return self.total_num_scheduled_tokens == 0
+
+
+class LogprobsLists(msgspec.Struct, **_STRUCT):
+    """Per position: column 0 is the chosen token, the rest the top-k in descending order. The worker
+    makes them and the engine core passes them on unchanged to the API server (in EngineCoreOutput)."""
+
+    token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    ranks: list[int]  # 1-based rank of the chosen token in the whole vocabulary
 
 
 class ModelRunnerOutput(msgspec.Struct, **_STRUCT):

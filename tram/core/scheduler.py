@@ -5,6 +5,7 @@ longer than the remaining budget is chunked across steps, so decodes never starv
 cache runs out, the newest running request is preempted by recompute: its blocks are freed and
 it goes back to the front of the waiting queue with its output kept.
 """
+
 from __future__ import annotations
 
 import time
@@ -12,14 +13,15 @@ from collections import deque
 
 from tram.config import CacheConfig, SchedulerConfig
 from tram.core.kv_cache_manager import KVCacheManager
+from tram.core.outputs import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from tram.core.request import Request, RequestStatus
 from tram.core.sched_output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
-from tram.engine.messages import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 
 
 class Scheduler:
-    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
-                 send_token_ids: bool = False) -> None:
+    def __init__(
+        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, send_token_ids: bool = False
+    ) -> None:
         self.config = scheduler_config
         # Under pipeline parallelism only the last stage samples: the others learn each request's new
         # output tokens from its next CachedRequestData.
@@ -106,16 +108,20 @@ class Scheduler:
                 new_blocks = self.kv_cache_manager.allocate_slots(req, num_new)
             if new_blocks is None:
                 break
-            out.scheduled_cached_reqs.append(self._cached(req, [b.block_id for b in new_blocks], req.num_computed_tokens))
+            out.scheduled_cached_reqs.append(
+                self._cached(req, [b.block_id for b in new_blocks], req.num_computed_tokens)
+            )
             out.num_scheduled_tokens[req.request_id] = num_new
             budget -= num_new
             i += 1
         return budget, preempted
 
-    def _cached(self, req: Request, block_ids: list[int], num_computed: int, resumed: bool = False) -> CachedRequestData:
+    def _cached(
+        self, req: Request, block_ids: list[int], num_computed: int, resumed: bool = False
+    ) -> CachedRequestData:
         data = CachedRequestData(req.request_id, block_ids, num_computed, resumed)
         if self.send_token_ids and req.num_output_sent < len(req.output_token_ids):
-            data.new_token_ids = req.output_token_ids[req.num_output_sent:]
+            data.new_token_ids = req.output_token_ids[req.num_output_sent :]
             req.num_output_sent = len(req.output_token_ids)
         return data
 
@@ -161,7 +167,11 @@ class Scheduler:
             else:
                 out.scheduled_new_reqs.append(
                     NewRequestData(
-                        req.request_id, req.prompt_token_ids, req.sampling_params, block_ids, num_hit,
+                        req.request_id,
+                        req.prompt_token_ids,
+                        req.sampling_params,
+                        block_ids,
+                        num_hit,
                         req.min_tokens_masked_ids,
                     )
                 )
@@ -205,11 +215,12 @@ class Scheduler:
                     outputs.append(EngineCoreOutput(rid, [], new_prompt_logprobs=prompt_lp))
                 continue
             req.append_output_token(token)
-            if req.structured_output is not None:
-                req.structured_output.accept_token(token)
-            status = req.check_stop()
+            status = req.check_stop()  # the engine core has already advanced a constrained request's grammar
             out = EngineCoreOutput(
-                rid, [token], new_logprobs=result.logprobs.get(rid), new_prompt_logprobs=prompt_lp,
+                rid,
+                [token],
+                new_logprobs=result.logprobs.get(rid),
+                new_prompt_logprobs=prompt_lp,
                 num_cached_tokens=max(req.num_cached_tokens, 0),
             )
             if req.num_output_tokens == 1 and req.scheduled_time is not None:

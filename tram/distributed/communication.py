@@ -5,6 +5,7 @@ Row-parallel layers (o_proj, down_proj) and the vocab-parallel embedding sum par
 their input unchanged with one rank, so single-device code pays nothing. CPU ranks of one node go
 through shared memory (shm_comm.py) for every tensor that fits a slot, gloo otherwise.
 """
+
 from __future__ import annotations
 
 import torch

@@ -5,12 +5,15 @@ builds the model, so each layer knows which slice of the weights it owns (as vLL
 get_tensor_model_parallel_rank/world_size). A process that never calls `init_tensor_parallel`
 (the in-process `uni` executor, every test that builds a model directly) is rank 0 of 1.
 """
+
 from __future__ import annotations
 
 import datetime
 import os
 from dataclasses import dataclass
 from typing import Any
+
+import tram.envs as envs
 
 # Set to 0 to send CPU collectives through gloo rather than shared memory (to compare them).
 SHM_ENV = "TRAM_TP_SHM"
@@ -71,14 +74,22 @@ def set_pp(pp: PipelineParallel) -> None:
     _PP = pp
 
 
-def init_tensor_parallel(rank: int, size: int, init_method: str, device_type: str,
-                         timeout_s: float = 600.0) -> TensorParallel:
+def init_tensor_parallel(
+    rank: int, size: int, init_method: str, device_type: str, timeout_s: float = 600.0
+) -> TensorParallel:
     """Join a process group of `size` tensor-parallel ranks (no pipeline)."""
     return init_parallel(rank, size, 1, init_method, device_type, timeout_s)[0]
 
 
-def init_parallel(rank: int, tp_size: int, pp_size: int, init_method: str, device_type: str,
-                  timeout_s: float = 600.0, shm_ok: bool = True) -> tuple[TensorParallel, PipelineParallel]:
+def init_parallel(
+    rank: int,
+    tp_size: int,
+    pp_size: int,
+    init_method: str,
+    device_type: str,
+    timeout_s: float = 600.0,
+    shm_ok: bool = True,
+) -> tuple[TensorParallel, PipelineParallel]:
     """Join the process group of tp_size * pp_size ranks (gloo on CPU, NCCL on CUDA) and set this
     process's TP group and pipeline stage. Global rank = stage * tp_size + tp_rank: a stage's ranks
     are contiguous (on one node, when ranks fill nodes in order). shm_ok: this rank's TP group is on
@@ -90,8 +101,9 @@ def init_parallel(rank: int, tp_size: int, pp_size: int, init_method: str, devic
         return get_tp(), get_pp()
     backend = "nccl" if device_type == "cuda" else "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend, init_method=init_method, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s)
+        )
     stage, tp_rank = divmod(rank, tp_size)
     group = dist.group.WORLD
     if pp_size > 1:  # every rank creates every group, in the same order (torch.distributed's rule)
@@ -101,10 +113,11 @@ def init_parallel(rank: int, tp_size: int, pp_size: int, init_method: str, devic
             if s == stage:
                 group = created
     tp = TensorParallel(tp_rank, tp_size, group, backend if tp_size > 1 else "none")
-    if tp_size > 1 and device_type == "cpu" and shm_ok and os.environ.get(SHM_ENV, "1") != "0":
+    if tp_size > 1 and device_type == "cpu" and shm_ok and envs.TRAM_TP_SHM:
         tp = TensorParallel(tp_rank, tp_size, group, "shm", _open_shm(tp_rank, tp_size, stage * tp_size, group))
-    pp = PipelineParallel(stage, pp_size, rank - tp_size if stage > 0 else None,
-                          rank + tp_size if stage < pp_size - 1 else None)
+    pp = PipelineParallel(
+        stage, pp_size, rank - tp_size if stage > 0 else None, rank + tp_size if stage < pp_size - 1 else None
+    )
     set_tp(tp)
     set_pp(pp)
     return tp, pp
@@ -151,7 +164,8 @@ def kv_head_range(num_heads: int, num_kv_heads: int, rank: int, size: int) -> tu
     if num_kv_heads >= size:
         return shard_range(num_kv_heads, rank, size)
     if size % num_kv_heads:
-        raise ValueError(f"{size} tensor-parallel ranks cannot share {num_kv_heads} KV heads: one must divide "
-                         "the other")
+        raise ValueError(
+            f"{size} tensor-parallel ranks cannot share {num_kv_heads} KV heads: one must divide the other"
+        )
     q_start, _ = shard_range(num_heads, rank, size)
     return q_start // (num_heads // num_kv_heads), 1

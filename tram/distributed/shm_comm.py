@@ -1,7 +1,7 @@
 """All-reduce and all-gather through shared memory, for tensor-parallel ranks on one CPU node.
 
-gloo sends every collective through TCP on loopback: ~0.1-2 ms whatever the size, twice per layer
-(docs/benchmarks.md, "Tensor parallelism on CPU"). Ranks on one machine can instead write their
+gloo sends every collective through TCP on loopback, a fixed cost whatever the size, twice per layer
+(docs/benchmarks.md, "What one collective costs"). Ranks on one machine can instead write their
 tensor into a shared slot, wait until every rank has written, and each read the others' slots: a
 memory copy, a spin on a counter and a sum. vLLM and SGLang do this in C++; this one is PyTorch ops
 on a mapped file.
@@ -16,6 +16,7 @@ all ranks get bitwise the same result (the model's residual stream must not drif
 Ordering: on x86 a store is never seen before the stores that precede it, so the data is in place
 when the counter says so. Waiting ranks yield the CPU while they spin: ranks may outnumber cores.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -45,7 +46,7 @@ class ShmCommunicator:
             self._map = mmap.mmap(fd, total)
         finally:
             os.close(fd)
-        self._counters = np.frombuffer(self._map, dtype=np.int64, count=size * _LINE // 8)[::_LINE // 8]
+        self._counters = np.frombuffer(self._map, dtype=np.int64, count=size * _LINE // 8)[:: _LINE // 8]
         self._data = torch.frombuffer(self._map, dtype=torch.uint8, offset=_HEADER, count=2 * size * slot_bytes)
         self._seq = 0
 
@@ -66,7 +67,7 @@ class ShmCommunicator:
     def _slot(self, bank: int, rank: int, like: torch.Tensor) -> torch.Tensor:
         start = (bank * self.size + rank) * self.slot_bytes
         nbytes = like.numel() * like.element_size()
-        return self._data[start:start + nbytes].view(like.dtype).view(like.shape)
+        return self._data[start : start + nbytes].view(like.dtype).view(like.shape)
 
     def _exchange(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Publish x and wait for every rank's; returns the slots of this collective, in rank order."""
@@ -85,8 +86,10 @@ class ShmCommunicator:
         while counters.min() < seq:
             os.sched_yield()
             if time.monotonic() > deadline:
-                raise RuntimeError(f"tensor-parallel ranks {np.nonzero(counters < seq)[0].tolist()} did not reach "
-                                   f"collective {seq} within {WAIT_TIMEOUT_S:.0f} s")
+                raise RuntimeError(
+                    f"tensor-parallel ranks {np.nonzero(counters < seq)[0].tolist()} did not reach "
+                    f"collective {seq} within {WAIT_TIMEOUT_S:.0f} s"
+                )
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """x summed over ranks (slot 0 + slot 1 + ..., the same order on every rank), written into x."""

@@ -4,6 +4,7 @@ Each request gets an `OutputCollector` holding what its consumer has not taken y
 output replaces the one before it (a slow consumer skips intermediate states); DELTA outputs are
 merged, so a slow consumer gets everything it missed in one output and nothing is lost.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -13,12 +14,12 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
-from tram.engine.messages import EngineCoreOutputs, RequestError, SchedulerStats
 from tram.config import EngineConfig
 from tram.engine.core_client import EngineCoreClient, EngineDeadError
 from tram.engine.dp_client import DPEngineCoreClient, combine_results
 from tram.engine.frontend import EngineFrontend
 from tram.engine.input_processor import OFFLINE_LENGTH_RULE, LengthRule, PromptType
+from tram.engine.messages import EngineCoreOutputs, RequestError, SchedulerStats
 from tram.engine.metrics import DEFAULT_LOG_INTERVAL, LoggingStatLogger, PrometheusStatLogger
 from tram.engine.usage import OutputTokenCount, current_usage, log_request
 from tram.outputs import RequestOutput, merge_deltas
@@ -78,8 +79,9 @@ class RequestStream:
     """The outputs of one submitted request. Stopping early (aclose, or a cancelled `__anext__`)
     aborts the request in the engine, which frees its KV blocks on the next step."""
 
-    def __init__(self, engine: AsyncLLM, request_id: str, collector: OutputCollector,
-                 tokens: OutputTokenCount | None = None) -> None:
+    def __init__(
+        self, engine: AsyncLLM, request_id: str, collector: OutputCollector, tokens: OutputTokenCount | None = None
+    ) -> None:
         self.engine = engine
         self.request_id = request_id
         self.collector = collector
@@ -122,9 +124,13 @@ class RequestStream:
 
 class AsyncLLM(EngineFrontend):
     def __init__(
-        self, config: EngineConfig, served_model_name: str | None = None,
-        max_queued_requests: int | None = None, log_stats_interval: float = DEFAULT_LOG_INTERVAL,
-        log_requests: bool = False, max_log_len: int | None = None,
+        self,
+        config: EngineConfig,
+        served_model_name: str | None = None,
+        max_queued_requests: int | None = None,
+        log_stats_interval: float = DEFAULT_LOG_INTERVAL,
+        log_requests: bool = False,
+        max_log_len: int | None = None,
     ) -> None:
         super().__init__(config)
         self.max_queued_requests = max_queued_requests
@@ -134,13 +140,15 @@ class AsyncLLM(EngineFrontend):
         self.last_stats = SchedulerStats()
         num_engines = config.parallel_config.data_parallel_size
         self.engine_stats = [SchedulerStats() for _ in range(num_engines)]
-        self.prometheus_engines = PrometheusStatLogger.for_engines(served_model_name or config.model_config.model,
-                                                                   num_engines)
+        self.prometheus_engines = PrometheusStatLogger.for_engines(
+            served_model_name or config.model_config.model, num_engines
+        )
         self.prometheus = self.prometheus_engines[0]  # its registry holds every engine's metrics
         self.log_stats = LoggingStatLogger(log_stats_interval)
         if num_engines > 1:
             self.core: EngineCoreClient | DPEngineCoreClient = DPEngineCoreClient(
-                config, self._on_outputs, self._on_request_error, self._on_dead)
+                config, self._on_outputs, self._on_request_error, self._on_dead
+            )
         else:
             self.core = EngineCoreClient(config, self._on_outputs, self._on_request_error, self._on_dead)
         self._log_task: asyncio.Task | None = None
@@ -173,7 +181,10 @@ class AsyncLLM(EngineFrontend):
         return after > self.max_queued_requests
 
     def add_request(
-        self, prompt: PromptType, params: SamplingParams, request_id: str,
+        self,
+        prompt: PromptType,
+        params: SamplingParams,
+        request_id: str,
         length_rule: LengthRule = OFFLINE_LENGTH_RULE,
     ) -> RequestStream:
         """Validate and submit a request now (ValueError, QueueFullError or EngineDeadError at once);
@@ -204,7 +215,10 @@ class AsyncLLM(EngineFrontend):
         return RequestStream(self, request_id, collector, OutputTokenCount(usage, collector.aggregate))
 
     async def generate(
-        self, prompt: PromptType, params: SamplingParams, request_id: str,
+        self,
+        prompt: PromptType,
+        params: SamplingParams,
+        request_id: str,
     ) -> AsyncIterator[RequestOutput]:
         """Yield outputs (of the params' kind) until the request finishes. Closing the iterator early
         (a client that went away, a cancelled task) aborts the request in the engine."""
@@ -224,8 +238,11 @@ class AsyncLLM(EngineFrontend):
     def _on_outputs(self, outputs: EngineCoreOutputs, engine: int = 0) -> None:
         if outputs.scheduler_stats is not None:
             self.engine_stats[engine] = outputs.scheduler_stats
-            self.last_stats = outputs.scheduler_stats if len(self.engine_stats) == 1 else \
-                SchedulerStats(**combine_results([msgspec.structs.asdict(s) for s in self.engine_stats]))
+            self.last_stats = (
+                outputs.scheduler_stats
+                if len(self.engine_stats) == 1
+                else SchedulerStats(**combine_results([msgspec.structs.asdict(s) for s in self.engine_stats]))
+            )
         for error in outputs.request_errors:
             self._on_request_error(error)
         request_outputs, stopped = self.output_processor.process_outputs(outputs.outputs)
@@ -246,8 +263,11 @@ class AsyncLLM(EngineFrontend):
         collector = self.collectors.pop(request_id, None)
         self.abort(request_id)
         if collector is not None:
-            failure = RequestRejectedError(error.message, error.param) if error.client_error else \
-                RequestFailedError(error.message)
+            failure = (
+                RequestRejectedError(error.message, error.param)
+                if error.client_error
+                else RequestFailedError(error.message)
+            )
             collector.fail(failure)
 
     def _on_dead(self, reason: str) -> None:

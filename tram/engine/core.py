@@ -3,22 +3,25 @@
 It runs in-process under the offline `LLM` and, for the server, in its own process behind ZMQ;
 that is why its inputs and outputs are msgspec structs.
 """
+
 from __future__ import annotations
 
 import logging
 from collections import deque
 from collections.abc import Callable
 
+from tram.config import EngineConfig
 from tram.core.request import Request, RequestStatus
 from tram.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from tram.core.scheduler import Scheduler
-from tram.config import EngineConfig
 from tram.engine.messages import EngineCoreOutputs, EngineCoreRequest, RequestError, SchedulerStats
 from tram.engine.structured_outputs import (
-    GRAMMAR_POLL_S, add_structured_output_stats, make_structured_output_manager,
+    GRAMMAR_POLL_S,
+    add_structured_output_stats,
+    make_structured_output_manager,
 )
-from tram.sampling_params import SamplingParamError
 from tram.executor import Executor, make_executor
+from tram.sampling_params import SamplingParamError
 from tram.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -38,10 +41,14 @@ class EngineCore:
         # Only the last pipeline stage samples: the scheduler sends the others each request's new tokens.
         pp = config.parallel_config.pipeline_parallel_size
         self.scheduler = Scheduler(sc, cc, send_token_ids=pp > 1)
-        # Steps submitted and not yet collected, oldest first; up to one per pipeline stage.
+        # Steps submitted and not yet collected, oldest first; up to one per pipeline stage. Only
+        # step_with_batch_queue fills it.
         self.batch_queue: deque[tuple[SchedulerOutput, Callable[[], ModelRunnerOutput]]] = deque()
         self.batch_queue_size = pp
         self.structured_output = make_structured_output_manager(config)
+        # What the engine loop calls each step, chosen once here: with pipeline stages, a step is
+        # submitted while earlier ones still run, so the stages work on different steps at once.
+        self.step_fn: Callable[[], EngineCoreOutputs] = self.step_with_batch_queue if pp > 1 else self.step
 
     @property
     def model_runner(self) -> ModelRunner:
@@ -63,8 +70,13 @@ class EngineCore:
         kv_dtype = config.model_config.dtype if cc.cache_dtype == "auto" else cc.cache_dtype
         logger.info(
             "KV cache: %d blocks, %d tokens (%.1f MiB per rank, %s); maximum concurrency at %d tokens per request: "
-            "%.2fx", cc.num_blocks, capacity, cc.num_blocks * self.executor.bytes_per_block() / 2**20, kv_dtype,
-            sc.max_model_len, capacity / sc.max_model_len,
+            "%.2fx",
+            cc.num_blocks,
+            capacity,
+            cc.num_blocks * self.executor.bytes_per_block() / 2**20,
+            kv_dtype,
+            sc.max_model_len,
+            capacity / sc.max_model_len,
         )
 
     def add_request(self, req: EngineCoreRequest) -> None:
@@ -72,13 +84,20 @@ class EngineCore:
         if req.prefix_source_id is not None:
             source = self.scheduler.requests.get(req.prefix_source_id)
         request = Request(
-            req.request_id, req.prompt_token_ids, req.sampling_params, req.eos_token_ids,
-            self.config.scheduler_config.max_model_len, req.arrival_time, source,
+            req.request_id,
+            req.prompt_token_ids,
+            req.sampling_params,
+            req.eos_token_ids,
+            self.config.scheduler_config.max_model_len,
+            req.arrival_time,
+            source,
         )
         if req.sampling_params.structured_outputs is not None:
             if self.structured_output is None:
-                raise SamplingParamError("structured_outputs", "structured outputs need the tokenizer "
-                                         "(the engine was started with skip_tokenizer_init)")
+                raise SamplingParamError(
+                    "structured_outputs",
+                    "structured outputs need the tokenizer (the engine was started with skip_tokenizer_init)",
+                )
             so = self.structured_output.new_request(request.request_id, req.sampling_params.structured_outputs)
             request.structured_output = so
         self.scheduler.add_request(request)
@@ -87,27 +106,48 @@ class EngineCore:
         self.scheduler.finish_requests(request_ids, status)
 
     def step(self) -> EngineCoreOutputs:
-        """Schedule a step and run it. With a batch queue (pipeline parallelism) a step is submitted
-        and this returns at once while fewer than pipeline_parallel_size steps are in flight, else
-        it waits for the oldest one: the stages work on different steps at the same time."""
+        """One step: schedule, execute, update."""
+        sched, errors = self._schedule()
+        result = self.executor.execute_model(sched)
+        return self._update(sched, result, errors)
+
+    def step_with_batch_queue(self) -> EngineCoreOutputs:
+        """One step under pipeline parallelism: submit the scheduled step and return at once while
+        fewer than batch_queue_size steps are in flight, else collect and update the oldest. An empty
+        schedule is run, as in `step`, only when nothing is in flight; else it waits for the oldest."""
+        sched, errors = self._schedule()
+        if not sched.is_empty or not self.batch_queue:
+            self.batch_queue.append((sched, self.executor.submit_model(sched)))
+        if not sched.is_empty and len(self.batch_queue) < self.batch_queue_size:
+            stats = self.scheduler.make_stats(sched.total_num_scheduled_tokens)
+            return self._with_errors_and_stats(EngineCoreOutputs([], stats), errors)
+        done, collect = self.batch_queue.popleft()
+        return self._update(done, collect(), errors)
+
+    def _schedule(self) -> tuple[SchedulerOutput, list[RequestError]]:
+        """The scheduler's output with its grammar bitmask, and the requests whose grammar failed."""
         self.executor.raise_if_failed()
         errors = self._fail_grammars()
         sched = self.scheduler.schedule()
         so = self.structured_output
         if so is not None:
-            sched.grammar_bitmask = so.grammar_bitmask(sched, self.scheduler.requests)
+            so.fill_bitmask(sched, self.scheduler.requests)
             if sched.is_empty and not errors and not self.batch_queue:
-                so.wait_for_compiles(GRAMMAR_POLL_S)
-        if not sched.is_empty or not self.batch_queue:
-            self.batch_queue.append((sched, self.executor.submit_model(sched)))
-        if not sched.is_empty and len(self.batch_queue) < self.batch_queue_size:
-            outputs = EngineCoreOutputs([], self.scheduler.make_stats(sched.total_num_scheduled_tokens))
-        else:
-            done, collect = self.batch_queue.popleft()
-            outputs = self.scheduler.update_from_output(done, collect())
+                so.wait_for_compiles(GRAMMAR_POLL_S)  # nothing to run yet: sleep, do not spin
+        return sched, errors
+
+    def _update(
+        self, sched: SchedulerOutput, result: ModelRunnerOutput, errors: list[RequestError]
+    ) -> EngineCoreOutputs:
+        """The sampled tokens into the grammars, then into the requests (whose stop check reads the grammar)."""
+        if self.structured_output is not None:
+            self.structured_output.advance(sched, result, self.scheduler.requests)
+        return self._with_errors_and_stats(self.scheduler.update_from_output(sched, result), errors)
+
+    def _with_errors_and_stats(self, outputs: EngineCoreOutputs, errors: list[RequestError]) -> EngineCoreOutputs:
         outputs.request_errors = errors
-        if so is not None and outputs.scheduler_stats is not None:
-            add_structured_output_stats(outputs.scheduler_stats, so)
+        if self.structured_output is not None and outputs.scheduler_stats is not None:
+            add_structured_output_stats(outputs.scheduler_stats, self.structured_output)
         return outputs
 
     def _fail_grammars(self) -> list[RequestError]:

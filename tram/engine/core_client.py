@@ -4,6 +4,7 @@ Sending uses a plain (blocking) PUSH socket with no high-water mark, so a send n
 runs as an asyncio task on the server's event loop. A thread waits on the process sentinel so that a
 dead engine is noticed at once, whatever it was doing.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -21,11 +22,10 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from tram.engine.messages import EngineCoreOutputs
-from tram.engine import messages
 from tram.config import EngineConfig
-from tram.engine.cpu_threads import choose_cpu_threads, environment, usable_cores
-from tram.engine.messages import EngineCoreRequest
+from tram.engine import messages
+from tram.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from tram.executor.cpu_threads import choose_cpu_threads, environment, usable_cores
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +70,14 @@ class EngineCoreClient:
         self._output.setsockopt(zmq.RCVHWM, 0)
         self._output.bind(output_addr)
         # The OpenMP wait policy goes into the child's environment at spawn: libgomp reads it when
-        # torch loads, and the child loads torch before any of our code runs there (cpu_threads.py).
+        # torch loads, and the child loads torch before any of our code runs there (executor/cpu_threads.py).
         self.cpu_env = choose_cpu_threads(os.environ, usable_cores()).env
         spawn = multiprocessing.get_context("spawn")
         self.process = spawn.Process(
-            target=_engine_core_main, args=(config, input_addr, output_addr, os.getpid(), self.cpu_env),
-            name="TramEngineCore", daemon=True,
+            target=_engine_core_main,
+            args=(config, input_addr, output_addr, os.getpid(), self.cpu_env),
+            name="TramEngineCore",
+            daemon=True,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._output_task: asyncio.Task | None = None

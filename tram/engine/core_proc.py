@@ -5,9 +5,9 @@ It reads requests and aborts from a ZMQ PULL socket between steps and pushes eac
 an idle server costs no CPU. It exits when told (SIGTERM), when its parent dies, or after reporting a
 fatal error; a bad request only fails that request.
 """
+
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import signal
@@ -18,12 +18,12 @@ from typing import Any
 import msgspec
 import zmq
 
-from tram.engine.messages import EngineCoreOutputs
+from tram.config import EngineConfig
 from tram.core.request import RequestStatus
 from tram.engine import messages
-from tram.config import EngineConfig
 from tram.engine.core import EngineCore
-from tram.engine.cpu_threads import choose_cpu_threads, usable_cores
+from tram.engine.messages import EngineCoreOutputs
+from tram.executor.cpu_threads import engine_core_policy, usable_cores
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class EngineCoreProc:
                     return
                 continue
             if self.core.has_unfinished_requests():
-                self._send(messages.OUTPUTS, self.core.step())
+                self._send(messages.OUTPUTS, self.core.step_fn())
 
     def _drain_inputs(self, timeout_ms: int) -> bool:
         """Handle every message already waiting (waiting up to timeout_ms for the first)."""
@@ -105,23 +105,21 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 def _set_cpu_threads(config: EngineConfig, cpu_env: dict[str, str]) -> None:
     """On CPU, set the model's thread count and log the threads and wait policy once (the rules and
-    the measurements behind them: tram/engine/cpu_threads.py). `cpu_env` is what the API server added
+    the measurements behind them: tram/executor/cpu_threads.py). `cpu_env` is what the API server added
     to this process's environment; without it, the rest is the environment the user started with."""
     if config.model_config.device_type != "cpu":
         return
     import torch
 
     user_env = {k: v for k, v in os.environ.items() if k not in cpu_env}
-    policy = choose_cpu_threads(user_env, usable_cores())
-    share = config.parallel_config.cpu_threads
-    if share is not None:  # a data-parallel replica: its share of the cores
-        policy = dataclasses.replace(policy, threads=share, threads_source=f"this replica's share: {share}")
+    policy = engine_core_policy(user_env, usable_cores(), config.parallel_config.cpu_threads)
     torch.set_num_threads(policy.threads)
     logger.info("engine core: %s", policy.describe())
 
 
-def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, parent_pid: int,
-                    cpu_env: dict[str, str] | None = None) -> None:
+def run_engine_core(
+    config: EngineConfig, input_addr: str, output_addr: str, parent_pid: int, cpu_env: dict[str, str] | None = None
+) -> None:
     """Process entry point (spawned by the API server)."""
     config.model_config.resolve()
     _set_cpu_threads(config, cpu_env or {})
@@ -140,8 +138,12 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, par
         proc = EngineCoreProc(core, input_socket, output_socket, parent_pid)
         cc = config.cache_config
         mc = config.model_config
-        proc._send(messages.READY, messages.ReadyInfo(cc.num_blocks, cc.block_size, config.scheduler_config.max_model_len,
-                                                      mc.dtype, mc.device))
+        proc._send(
+            messages.READY,
+            messages.ReadyInfo(
+                cc.num_blocks, cc.block_size, config.scheduler_config.max_model_len, mc.dtype, mc.device
+            ),
+        )
         proc.run_busy_loop()
     except SystemExit:
         pass

@@ -3,7 +3,7 @@
 Why `tokenizers.decoders.DecodeStream` and not the classic prefix_offset/read_offset loop over
 convert_ids_to_tokens: the stream runs the tokenizer's real decoder pipeline in Rust (byte fallback,
 byte-level BPE, metaspace and strip rules all come for free, and they match `tokenizer.decode`), it
-withholds text while the bytes of a character are incomplete, and it costs ~1.5 us per token. Its
+withholds text while the bytes of a character are incomplete, and it is cheap (one Rust call per token). Its
 gaps are covered here:
 
 * Priming with prompt ids works only when the primed ids decode cleanly; if they end inside a
@@ -20,6 +20,7 @@ gaps are covered here:
   tokens rendered) an added token right after another added token is emitted as its bare content,
   without the space the decoder may put before it. The prompt's last token counts as "before".
 """
+
 from __future__ import annotations
 
 import weakref
@@ -226,7 +227,7 @@ def _split_prompt_tail(
         if cut == 0:
             return [], prompt_token_ids
         for size in _primer_sizes(cut):
-            primer = prompt_token_ids[cut - size:cut]
+            primer = prompt_token_ids[cut - size : cut]
             if _REPLACEMENT not in backend.decode(primer, skip_special_tokens=skip_special_tokens):
                 return primer, prompt_token_ids[cut:]
     return [], []

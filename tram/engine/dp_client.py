@@ -14,6 +14,7 @@ outputs reach the front end tagged with their index, so /metrics can label them.
 backend the API server joins (or starts) the Ray cluster once and hands its address to every
 replica, so that all of them place their ranks on one cluster rather than each starting its own.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,8 +28,8 @@ from typing import Any
 from tram.config import EngineConfig
 from tram.engine import messages
 from tram.engine.core_client import EngineCoreClient, EngineDeadError
-from tram.engine.cpu_threads import THREADS_VARS, usable_cores
 from tram.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from tram.executor.cpu_threads import replica_threads, usable_cores
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def prefix_block_hashes(token_ids: list[int], block_size: int, limit: int = MAX_
     """Chained hashes of the prompt's leading full blocks: block i's hash covers blocks 0..i."""
     hashes, parent = [], 0
     for start in range(0, min(len(token_ids) // block_size, limit) * block_size, block_size):
-        parent = hash((parent, tuple(token_ids[start:start + block_size])))
+        parent = hash((parent, tuple(token_ids[start : start + block_size])))
         hashes.append(parent)
     return hashes
 
@@ -93,8 +94,11 @@ class DPEngineCoreClient:
     """The EngineCoreClient interface over N replicas (add, abort, utilities, start, shutdown)."""
 
     def __init__(
-        self, config: EngineConfig, on_outputs: Callable[[EngineCoreOutputs, int], None],
-        on_request_error: Callable[[messages.RequestError], None], on_dead: Callable[[str], None],
+        self,
+        config: EngineConfig,
+        on_outputs: Callable[[EngineCoreOutputs, int], None],
+        on_request_error: Callable[[messages.RequestError], None],
+        on_dead: Callable[[str], None],
     ) -> None:
         size = config.parallel_config.data_parallel_size
         self.on_outputs = on_outputs
@@ -107,8 +111,7 @@ class DPEngineCoreClient:
         if config.parallel_config.distributed_executor_backend == "ray":
             config = self._join_ray(config)
         self.replicas = [
-            EngineCoreClient(replica_config(config, i), self._outputs_of(i), self._request_error,
-                             self._replica_dead(i))
+            EngineCoreClient(replica_config(config, i), self._outputs_of(i), self._request_error, self._replica_dead(i))
             for i in range(size)
         ]
 
@@ -188,21 +191,13 @@ class DPEngineCoreClient:
             self._ray_joined = False
 
 
-def replica_threads(environ: dict[str, str], cores: int, size: int) -> int | None:
-    """A replica's CPU threads: None where the user set them (per replica, or per rank under TP);
-    else an even share of the cores but one (the API server's), at least one."""
-    if any(environ.get(k, "").strip() for k in THREADS_VARS):
-        return None
-    return max(1, (cores - 1) // size)
-
-
 def replica_config(config: EngineConfig, index: int) -> EngineConfig:
     """Replica `index`'s copy of the configuration (its own cache sizing, process and threads)."""
     threads = replica_threads(dict(os.environ), usable_cores(), config.parallel_config.data_parallel_size)
-    parallel = dataclasses.replace(config.parallel_config, data_parallel_size=1, data_parallel_index=index,
-                                   cpu_threads=threads)
-    return dataclasses.replace(config, parallel_config=parallel,
-                               cache_config=dataclasses.replace(config.cache_config))
+    parallel = dataclasses.replace(
+        config.parallel_config, data_parallel_size=1, data_parallel_index=index, cpu_threads=threads
+    )
+    return dataclasses.replace(config, parallel_config=parallel, cache_config=dataclasses.replace(config.cache_config))
 
 
 def combine_results(results: list[Any]) -> Any:

@@ -5,6 +5,7 @@ processor (detokenizing, stop strings, gathering the n samples) and the fan-out 
 the core requests of its samples. The two engines differ only in how they reach the core: a direct
 call, or a message over ZMQ to another process.
 """
+
 from __future__ import annotations
 
 import time
@@ -33,8 +34,9 @@ class EngineFrontend:
             self.tokenizer = load_tokenizer(config.tokenizer, config.revision, config.trust_remote_code)
             check_tokenizer_fits(self.tokenizer, mc.vocab_size, config.tokenizer)
         self.eos_token_ids = self._eos_token_ids()
-        self.input_processor = InputProcessor(self.tokenizer, mc.vocab_size, mc.max_model_len, config.max_logprobs,
-                                              config.scheduler_config.max_num_seqs)
+        self.input_processor = InputProcessor(
+            self.tokenizer, mc.vocab_size, mc.max_model_len, config.max_logprobs, config.scheduler_config.max_num_seqs
+        )
         self.output_processor = OutputProcessor(self.tokenizer, log_stats)
 
     def _eos_token_ids(self) -> list[int]:
@@ -50,12 +52,19 @@ class EngineFrontend:
         return self.tokenizer
 
     def process_input(
-        self, prompt: PromptType, params: SamplingParams, length_rule: LengthRule = OFFLINE_LENGTH_RULE,
+        self,
+        prompt: PromptType,
+        params: SamplingParams,
+        length_rule: LengthRule = OFFLINE_LENGTH_RULE,
     ) -> tuple[str | None, list[int]]:
         return self.input_processor.process(prompt, params, length_rule)
 
     def register_request(
-        self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
         arrival_time: float | None = None,
     ) -> list[EngineCoreRequest]:
         """Track a validated request; return the core requests (one per sample) to submit. Its
@@ -75,15 +84,24 @@ class EngineFrontend:
                 child.n = 1
                 if params.seed is not None:
                     child.seed = params.seed + i  # distinct yet reproducible samples
-            core_requests.append(EngineCoreRequest(
-                sid, prompt_token_ids, child, self.eos_token_ids, arrival,
-                prefix_source_id=sample_ids[0] if i > 0 else None,
-            ))
+            core_requests.append(
+                EngineCoreRequest(
+                    sid,
+                    prompt_token_ids,
+                    child,
+                    self.eos_token_ids,
+                    arrival,
+                    prefix_source_id=sample_ids[0] if i > 0 else None,
+                )
+            )
         return core_requests
 
     def submit(
-        self, request_id: str, core_requests: list[EngineCoreRequest],
-        send: Callable[[EngineCoreRequest], None], abort_sent: Callable[[list[str]], None],
+        self,
+        request_id: str,
+        core_requests: list[EngineCoreRequest],
+        send: Callable[[EngineCoreRequest], None],
+        abort_sent: Callable[[list[str]], None],
     ) -> None:
         """Hand a registered request's core requests to the core, transactionally: if any fails
         (a message that cannot be encoded, a dead core), the request is unregistered and the samples

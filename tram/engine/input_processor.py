@@ -1,14 +1,15 @@
 """Validates and tokenizes what users submit, before anything reaches the core."""
+
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from tram.sampling_params import SamplingParamError, SamplingParams
 
 # A prompt: text, {"prompt": text}, or {"prompt_token_ids": [...] (, "prompt": text)}.
-PromptType = Union[str, dict[str, Any]]
+PromptType = str | dict[str, Any]
 
 
 class PromptTooLongError(ValueError):
@@ -36,8 +37,14 @@ OFFLINE_LENGTH_RULE = LengthRule()
 
 
 class InputProcessor:
-    def __init__(self, tokenizer: Any | None, vocab_size: int, max_model_len: int, max_logprobs: int,
-                 max_num_seqs: int | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any | None,
+        vocab_size: int,
+        max_model_len: int,
+        max_logprobs: int,
+        max_num_seqs: int | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -45,7 +52,10 @@ class InputProcessor:
         self.max_num_seqs = max_num_seqs
 
     def process(
-        self, prompt: PromptType, params: SamplingParams, length_rule: LengthRule = OFFLINE_LENGTH_RULE,
+        self,
+        prompt: PromptType,
+        params: SamplingParams,
+        length_rule: LengthRule = OFFLINE_LENGTH_RULE,
     ) -> tuple[str | None, list[int]]:
         """Return (prompt text or None, prompt token ids); raise ValueError on bad input."""
         if not isinstance(params, SamplingParams):
@@ -63,7 +73,10 @@ class InputProcessor:
         return text, token_ids
 
     def check_prompt_length(
-        self, num_prompt_tokens: int, max_tokens: int | None, rule: LengthRule = OFFLINE_LENGTH_RULE,
+        self,
+        num_prompt_tokens: int,
+        max_tokens: int | None,
+        rule: LengthRule = OFFLINE_LENGTH_RULE,
     ) -> None:
         """PromptTooLongError unless the prompt (and, by `rule`, the completion) fits."""
         limit, what = self.max_model_len, rule.prompt_field
@@ -72,7 +85,8 @@ class InputProcessor:
             raise PromptTooLongError(
                 f"This model's maximum context length is {limit} tokens. However, your {what} (length "
                 f"{num_prompt_tokens}) {verb} longer than the maximum model length of {limit}. "
-                f"Please reduce the length of the {what}.", what,
+                f"Please reduce the length of the {what}.",
+                what,
             )
         if not rule.completion_must_fit:
             return
@@ -82,7 +96,8 @@ class InputProcessor:
                 f"This model's maximum context length is {limit} tokens. However, you requested "
                 f"{num_prompt_tokens + completion} tokens ({num_prompt_tokens} in the {what}, {completion} "
                 f"for the completion), more than the maximum model length. Please reduce the length of "
-                f"the {what} or completion.", "max_tokens",
+                f"the {what} or completion.",
+                "max_tokens",
             )
 
     @functools.cached_property
@@ -104,11 +119,17 @@ class InputProcessor:
             raise PromptTooLongError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, your "
                 f"{what} has {num_chars} characters, more than {self.max_model_len} tokens can hold "
-                f"(at most {per_token} characters each). Please reduce the length of the {what}.", what,
+                f"(at most {per_token} characters each). Please reduce the length of the {what}.",
+                what,
             )
 
-    def tokenize(self, text: str, add_special_tokens: bool = True, check_length: bool = True,
-                 rule: LengthRule = OFFLINE_LENGTH_RULE) -> list[int]:
+    def tokenize(
+        self,
+        text: str,
+        add_special_tokens: bool = True,
+        check_length: bool = True,
+        rule: LengthRule = OFFLINE_LENGTH_RULE,
+    ) -> list[int]:
         """Token ids of `text`; with `check_length`, refuse first a text too long to fit by its
         character count alone."""
         if self.tokenizer is None:
@@ -122,7 +143,8 @@ class InputProcessor:
             if "prompt_token_ids" in prompt:
                 ids = prompt["prompt_token_ids"]
                 if not isinstance(ids, (list, tuple)) or not all(
-                        isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                    isinstance(t, int) and not isinstance(t, bool) for t in ids
+                ):
                     raise ValueError("prompt_token_ids must be a list of integers")
                 return prompt.get("prompt"), list(ids)
             if "prompt" in prompt:
@@ -142,7 +164,8 @@ class InputProcessor:
         # the process that fans them out before the engine saw one.
         if self.max_num_seqs is not None and params.n > self.max_num_seqs:
             raise SamplingParamError(
-                "n", f"n={params.n} is more sequences than one batch holds (max_num_seqs = {self.max_num_seqs})")
+                "n", f"n={params.n} is more sequences than one batch holds (max_num_seqs = {self.max_num_seqs})"
+            )
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(params, name)
             # As in vLLM, -1 asks for the whole vocabulary and counts as that many.

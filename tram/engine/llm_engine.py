@@ -1,14 +1,16 @@
 """LLMEngine: the front end (tokenize, detokenize, gather samples) around the engine core."""
+
 from __future__ import annotations
 
 import logging
 
-from tram.engine.messages import RequestError, SchedulerStats
-from tram.core.request import RequestStatus
 from tram.config import EngineArgs, EngineConfig
+from tram.core.request import RequestStatus
 from tram.engine.core import EngineCore
+from tram.engine.engine_config import create_engine_config
 from tram.engine.frontend import EngineFrontend
 from tram.engine.input_processor import PromptType
+from tram.engine.messages import RequestError, SchedulerStats
 from tram.outputs import RequestOutput
 from tram.sampling_params import SamplingParamError, SamplingParams
 
@@ -20,18 +22,24 @@ class LLMEngine(EngineFrontend):
 
     def __init__(self, config: EngineConfig) -> None:
         if config.parallel_config.data_parallel_size > 1:
-            raise ValueError("data_parallel_size > 1 runs several engine cores behind `tram serve`; offline, "
-                             "start one LLM per replica (or use tensor_parallel_size)")
+            raise ValueError(
+                "data_parallel_size > 1 runs several engine cores behind `tram serve`; offline, "
+                "start one LLM per replica (or use tensor_parallel_size)"
+            )
         super().__init__(config, log_stats=False)  # no metrics offline: nothing would read them
         self.engine_core = EngineCore(config)
         self.last_stats: SchedulerStats = self.engine_core.get_stats()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
-        return cls(engine_args.create_engine_config())
+        return cls(create_engine_config(engine_args))
 
     def add_request(
-        self, request_id: str, prompt: PromptType, params: SamplingParams, arrival_time: float | None = None,
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        arrival_time: float | None = None,
     ) -> None:
         """Validate, tokenize and queue a request; `n > 1` becomes n core requests sharing the prompt.
         `step` returns its outputs as `params.output_kind` asks (cumulative by default)."""
@@ -39,7 +47,11 @@ class LLMEngine(EngineFrontend):
         self.add_processed_request(request_id, text, prompt_ids, params, arrival_time)
 
     def add_processed_request(
-        self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
         arrival_time: float | None = None,
     ) -> None:
         core_requests = self.register_request(request_id, prompt, prompt_token_ids, params, arrival_time)
@@ -57,7 +69,7 @@ class LLMEngine(EngineFrontend):
         self.engine_core.abort_requests(self.output_processor.abort_requests(ids))
 
     def step(self) -> list[RequestOutput]:
-        core_outputs = self.engine_core.step()
+        core_outputs = self.engine_core.step_fn()
         if core_outputs.scheduler_stats is not None:
             self.last_stats = core_outputs.scheduler_stats
         outputs, stopped = self.output_processor.process_outputs(core_outputs.outputs)

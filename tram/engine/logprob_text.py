@@ -21,6 +21,7 @@ The rule (for `Logprob.decoded_token`, and through it completions `tokens` and c
 Per-token results are memoized per tokenizer, so a top-k row costs k dict lookups once the
 tokens have been seen; nothing is re-decoded per step.
 """
+
 from __future__ import annotations
 
 import re
@@ -92,7 +93,7 @@ class TokenTextTable:
         if self._decoder is not None:
             in_context = self._decoder.decode([_CONTEXT_PIECE, piece])
             if in_context.startswith(self._context_text):
-                text = in_context[len(self._context_text):]
+                text = in_context[len(self._context_text) :]
         if text is None:  # no decoder, or one that rewrote the context: the token alone
             text = self._tokenizer.decode([token_id])
         return text.replace(_REPLACEMENT, "")
@@ -141,4 +142,4 @@ def leading_token_text(text: str, rest: list[str], fallback: str) -> str:
     other tokens do not account for, so that all of them add up to `text` (the echoed prompt);
     `fallback` when `text` does not end with their text (a prompt the tokenizer normalised)."""
     tail = "".join(rest)
-    return text[:len(text) - len(tail)] if text.endswith(tail) else fallback
+    return text[: len(text) - len(tail)] if text.endswith(tail) else fallback

@@ -5,19 +5,46 @@ and no torch, only msgspec structs of token ids, floats and sampling parameters.
 two frames, a one-byte kind and a msgpack payload. The structs are `array_like` (encoded as arrays,
 without field names) and `gc=False` (they never hold reference cycles, so the garbage collector
 need not track the thousands a busy server decodes per second).
+
+What the engine core sends up each step (EngineCoreOutputs and the structs inside it, and
+RequestError) is built by the scheduler, so it is defined below engine, in tram/core/outputs.py, and
+re-exported here with the rest of the boundary.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
 import msgspec
 
+from tram.core.outputs import EngineCoreOutput, EngineCoreOutputs, RequestError, SchedulerStats
+from tram.core.sched_output import LogprobsLists
 from tram.sampling_params import SamplingParams
+
+__all__ = [
+    "EngineCoreRequest",
+    "AbortRequests",
+    "UtilityCall",
+    "EngineCoreOutput",
+    "EngineCoreOutputs",
+    "LogprobsLists",
+    "SchedulerStats",
+    "RequestError",
+    "UtilityResult",
+    "ReadyInfo",
+    "FatalError",
+    "UTILITY_METHODS",
+    "INPUT_DECODERS",
+    "OUTPUT_DECODERS",
+    "encode",
+    "decode",
+]
 
 _STRUCT = dict(array_like=True, omit_defaults=True, gc=False)
 
 
 # ---- API server -> engine core ----------------------------------------------------------------
+
 
 class EngineCoreRequest(msgspec.Struct, **_STRUCT):
     """One sequence to generate (a request with n > 1 becomes n of these)."""
@@ -45,51 +72,6 @@ class UtilityCall(msgspec.Struct, **_STRUCT):
 
 # ---- engine core -> API server ----------------------------------------------------------------
 
-class LogprobsLists(msgspec.Struct, **_STRUCT):
-    """Per position: column 0 is the chosen token, the rest the top-k in descending order."""
-
-    token_ids: list[list[int]]
-    logprobs: list[list[float]]
-    ranks: list[int]  # 1-based rank of the chosen token in the whole vocabulary
-
-
-class EngineCoreOutput(msgspec.Struct, **_STRUCT):
-    """What one step produced for one sequence: only the new tokens, never the history."""
-
-    request_id: str
-    new_token_ids: list[int]
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
-    stop_reason: int | str | None = None
-    new_logprobs: LogprobsLists | None = None
-    new_prompt_logprobs: LogprobsLists | None = None
-    num_cached_tokens: int = 0
-    queue_time: float | None = None  # seconds from arrival to first scheduled; on the first token only
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-class SchedulerStats(msgspec.Struct, **_STRUCT):
-    num_running_reqs: int = 0
-    num_waiting_reqs: int = 0
-    kv_cache_usage: float = 0.0
-    prefix_cache_queries: int = 0  # cumulative, in tokens
-    prefix_cache_hits: int = 0  # cumulative, in tokens
-    num_preemptions: int = 0  # cumulative
-    num_scheduled_tokens: int = 0  # this step
-    # Structured outputs: running totals, and the compile times since the last report.
-    structured_output_requests: int = 0
-    grammar_compile_failures: int = 0
-    grammar_cache_hits: int = 0
-    grammar_compile_seconds: list[float] = []
-
-
-class EngineCoreOutputs(msgspec.Struct, **_STRUCT):
-    outputs: list[EngineCoreOutput] = []
-    scheduler_stats: SchedulerStats | None = None
-    request_errors: list["RequestError"] = []  # requests that ended in this step because they were bad
-
 
 class UtilityResult(msgspec.Struct, **_STRUCT):
     call_id: int
@@ -105,13 +87,6 @@ class ReadyInfo(msgspec.Struct, **_STRUCT):
     max_model_len: int
     dtype: str  # what "auto" resolved to in the engine core
     device: str
-
-
-class RequestError(msgspec.Struct, **_STRUCT):
-    request_id: str
-    message: str
-    param: str | None = None  # the request field at fault, when it is the client's
-    client_error: bool = False  # the request was bad (a 400), not the engine (a 500)
 
 
 class FatalError(msgspec.Struct, **_STRUCT):

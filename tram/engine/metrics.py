@@ -1,4 +1,5 @@
 """Prometheus metrics (names mirror vLLM's, prefixed `tram:`) and the periodic throughput log line."""
+
 from __future__ import annotations
 
 import logging
@@ -13,11 +14,53 @@ from tram.engine.stats import IterationStats
 
 logger = logging.getLogger("tram.metrics")
 
-_LATENCY_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0]
+_LATENCY_BUCKETS = [
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+]
 _COMPILE_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
-_ITL_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
-                1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
+_ITL_BUCKETS = [
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+]
 FINISH_REASONS = ("stop", "length", "abort")
 
 
@@ -26,8 +69,13 @@ class PrometheusStatLogger:
     process; the replicas of a data-parallel server share one (`for_engines`), each labelled
     `engine="i"` as vLLM labels them."""
 
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None, engine: str | None = None,
-                 families: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        registry: CollectorRegistry | None = None,
+        engine: str | None = None,
+        families: dict[str, Any] | None = None,
+    ) -> None:
         self.registry = registry or CollectorRegistry()
         families = {} if families is None else families
         labels = ["model_name"] + ([] if engine is None else ["engine"])
@@ -62,10 +110,12 @@ class PrometheusStatLogger:
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", _LATENCY_BUCKETS)
         self.queue = histogram("request_queue_time_seconds", "Arrival to first scheduled.", _LATENCY_BUCKETS)
         self.structured = counter("structured_output_requests", "Requests whose output a grammar constrains.")
-        self.compile_time = histogram("grammar_compile_seconds", "Time to compile a structured-output grammar.",
-                                      _COMPILE_BUCKETS)
-        self.compile_failures = counter("grammar_compile_failures",
-                                        "Grammars that failed to compile or timed out (each fails its request).")
+        self.compile_time = histogram(
+            "grammar_compile_seconds", "Time to compile a structured-output grammar.", _COMPILE_BUCKETS
+        )
+        self.compile_failures = counter(
+            "grammar_compile_failures", "Grammars that failed to compile or timed out (each fails its request)."
+        )
         self.grammar_hits = counter("grammar_cache_hits", "Constrained requests whose grammar was already compiled.")
         self._last = SchedulerStats()
 
@@ -101,7 +151,6 @@ class PrometheusStatLogger:
         for f in it.finished_requests:
             self.success.get(f.finish_reason, self.success["abort"]).inc()
             self.e2e.observe(f.e2e_latency)
-
 
     def _record_structured(self, sched: SchedulerStats) -> None:
         last = self._last
@@ -143,8 +192,12 @@ class LoggingStatLogger:
             logger.info(
                 "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
                 "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%",
-                self.prompt_tokens / elapsed, self.generation_tokens / elapsed, s.num_running_reqs,
-                s.num_waiting_reqs, 100 * s.kv_cache_usage, 100 * hits / queries if queries else 0.0,
+                self.prompt_tokens / elapsed,
+                self.generation_tokens / elapsed,
+                s.num_running_reqs,
+                s.num_waiting_reqs,
+                100 * s.kv_cache_usage,
+                100 * hits / queries if queries else 0.0,
             )
         self.last_log = now
         self.prompt_tokens = self.generation_tokens = 0

@@ -4,15 +4,16 @@ strings, formats logprobs and gathers the n samples of a request.
 The core sends only what is new each step, and a step here costs O(new) for every request that
 asked for DELTA or FINAL_ONLY outputs (see `request_state`), whatever it generated before.
 """
+
 from __future__ import annotations
 
 import functools
 import time
 from typing import Any
 
-from tram.engine.messages import EngineCoreOutput, LogprobsLists
 from tram.engine.detokenizer import IncrementalDetokenizer
 from tram.engine.logprob_text import TokenTextTable, token_text_table
+from tram.engine.messages import EngineCoreOutput, LogprobsLists
 from tram.engine.request_state import RequestState, SampleState
 from tram.engine.stats import FinishedRequestStats, IterationStats
 from tram.outputs import Logprob, RequestMetrics, RequestOutput
@@ -29,8 +30,13 @@ class OutputProcessor:
         self.iteration_stats: IterationStats | None = IterationStats() if log_stats else None
 
     def add_request(
-        self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
-        sample_ids: list[str], arrival_time: float,
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        sample_ids: list[str],
+        arrival_time: float,
     ) -> None:
         samples = {}
         for i, sid in enumerate(sample_ids):
@@ -38,8 +44,9 @@ class OutputProcessor:
             if params.logprobs is not None:
                 samples[sid].logprobs, samples[sid].cumulative_logprob = [], 0.0
             self.sample_owner[sid] = request_id
-        state = RequestState(request_id, prompt, prompt_token_ids, params, samples,
-                             RequestMetrics(arrival_time=arrival_time))
+        state = RequestState(
+            request_id, prompt, prompt_token_ids, params, samples, RequestMetrics(arrival_time=arrival_time)
+        )
         if params.prompt_logprobs is not None:
             state.prompt_logprobs = [None]  # the first prompt token has no logprob
             self._decode_prompt(state)
@@ -49,8 +56,11 @@ class OutputProcessor:
         if self.tokenizer is None or not params.detokenize:
             return None
         return IncrementalDetokenizer(
-            self.tokenizer, prompt_token_ids, skip_special_tokens=params.skip_special_tokens,
-            stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output,
+            self.tokenizer,
+            prompt_token_ids,
+            skip_special_tokens=params.skip_special_tokens,
+            stop=params.stop,
+            include_stop_str_in_output=params.include_stop_str_in_output,
             spaces_between_special_tokens=params.spaces_between_special_tokens,
         )
 
@@ -61,7 +71,9 @@ class OutputProcessor:
         if self.tokenizer is None or not params.detokenize:
             return
         detokenizer = IncrementalDetokenizer(
-            self.tokenizer, [], skip_special_tokens=params.skip_special_tokens,
+            self.tokenizer,
+            [],
+            skip_special_tokens=params.skip_special_tokens,
             spaces_between_special_tokens=params.spaces_between_special_tokens,
         )
         detokenizer.update(state.prompt_token_ids, stop_terminated=False)
@@ -125,8 +137,9 @@ class OutputProcessor:
         # Sample 0 computes the whole prompt (the worker sends each position once); its siblings
         # share its KV blocks and send only the part they compute, which adds nothing.
         if out.new_prompt_logprobs is not None and state.prompt_logprobs is not None and sample.index == 0:
-            rows = self._logprob_dicts(out.new_prompt_logprobs, state.prompt_texts, state.prompt_pending,
-                                       len(state.prompt_logprobs))
+            rows = self._logprob_dicts(
+                out.new_prompt_logprobs, state.prompt_texts, state.prompt_pending, len(state.prompt_logprobs)
+            )
             state.prompt_logprobs.extend(rows)
         if not out.new_token_ids:
             return
@@ -178,7 +191,11 @@ class OutputProcessor:
         self.iteration_stats.finished_requests.append(FinishedRequestStats(reason, e2e))
 
     def _logprob_dicts(
-        self, lp: LogprobsLists, texts: list[str] | None, pending: dict[int, list[int]] | None, start: int = 0,
+        self,
+        lp: LogprobsLists,
+        texts: list[str] | None,
+        pending: dict[int, list[int]] | None,
+        start: int = 0,
     ) -> list[dict[int, Logprob]]:
         """One dict per position. From position `start`, `texts` holds what each chosen token added
         and `pending` the ids held (an unfinished character) before some, which alternatives may

@@ -7,6 +7,7 @@ copies everything so far by definition:
   its text is the detokenizer's delta.
 - FINAL_ONLY appends (amortised O(new)) and builds one output, at the end, from the lists as they are.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -40,8 +41,15 @@ class SampleState:
     def take_delta(self) -> CompletionOutput:
         """What is new since the last output; the lists go to the output, new ones start here."""
         text = self.detokenizer.get_next_output_text(self.finished, delta=True) if self.detokenizer else ""
-        out = CompletionOutput(self.index, text, self.token_ids, self.cumulative_logprob, self.logprobs,
-                               self.finish_reason, self.stop_reason)
+        out = CompletionOutput(
+            self.index,
+            text,
+            self.token_ids,
+            self.cumulative_logprob,
+            self.logprobs,
+            self.finish_reason,
+            self.stop_reason,
+        )
         self.token_ids = []
         if self.logprobs is not None:
             self.logprobs = []
@@ -59,8 +67,9 @@ class SampleState:
             token_ids = list(token_ids)
             logprobs = None if logprobs is None else list(logprobs)
         self.has_news = False
-        return CompletionOutput(self.index, text, token_ids, self.cumulative_logprob, logprobs,
-                                self.finish_reason, self.stop_reason)
+        return CompletionOutput(
+            self.index, text, token_ids, self.cumulative_logprob, logprobs, self.finish_reason, self.stop_reason
+        )
 
 
 @dataclass
@@ -116,7 +125,16 @@ class RequestState:
             prompt_logprobs, self.prompt_logprobs_sent = self.prompt_logprobs, True
         return self._output(completions, prompt_logprobs, finished)
 
-    def _output(self, completions: list[CompletionOutput], prompt_logprobs: PromptLogprobs | None,
-                finished: bool) -> RequestOutput:
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, completions, finished,
-                             prompt_logprobs, self.num_cached_tokens, self.metrics)
+    def _output(
+        self, completions: list[CompletionOutput], prompt_logprobs: PromptLogprobs | None, finished: bool
+    ) -> RequestOutput:
+        return RequestOutput(
+            self.request_id,
+            self.prompt,
+            self.prompt_token_ids,
+            completions,
+            finished,
+            prompt_logprobs,
+            self.num_cached_tokens,
+            self.metrics,
+        )

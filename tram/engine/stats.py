@@ -1,4 +1,5 @@
 """What one step did, seen from the front end: the raw material of metrics and the periodic log line."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

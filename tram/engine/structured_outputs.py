@@ -1,5 +1,6 @@
 """The engine core's side of structured outputs: building the manager at start-up and reporting its
 counters with the scheduler's stats."""
+
 from __future__ import annotations
 
 import logging
@@ -27,17 +28,27 @@ def make_structured_output_manager(config: EngineConfig) -> StructuredOutputMana
     tokenizer = load_tokenizer(config.tokenizer, config.revision, config.trust_remote_code)
     stop_ids = get_stop_token_ids(mc.model, tokenizer, mc.hf_config)
     manager = StructuredOutputManager(
-        config.structured_outputs_backend, tokenizer, mc.vocab_size, stop_ids,
-        config.scheduler_config.max_num_seqs, config.structured_outputs_compile_timeout, COMPILE_THREADS,
+        config.structured_outputs_backend,
+        tokenizer,
+        mc.vocab_size,
+        stop_ids,
+        config.scheduler_config.max_num_seqs,
+        config.structured_outputs_compile_timeout,
+        COMPILE_THREADS,
         config.structured_outputs_disable_any_whitespace,
     )
-    logger.info("Structured outputs: %s over a %d-token vocabulary, ready in %.2f s",
-                manager.backend.name, mc.vocab_size, time.perf_counter() - start)
+    logger.info(
+        "Structured outputs: %s over a %d-token vocabulary, ready in %.2f s",
+        manager.backend.name,
+        mc.vocab_size,
+        time.perf_counter() - start,
+    )
     return manager
 
 
-def add_structured_output_stats(stats: SchedulerStats, manager: StructuredOutputManager,
-                                take_compile_times: bool = True) -> None:
+def add_structured_output_stats(
+    stats: SchedulerStats, manager: StructuredOutputManager, take_compile_times: bool = True
+) -> None:
     s = manager.stats
     stats.structured_output_requests = s.requests
     stats.grammar_compile_failures = s.compile_failures

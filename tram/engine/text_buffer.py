@@ -6,6 +6,7 @@ characters by walking back from the end, and joins everything only when the whol
 for (a final or cumulative output). Every `_COMPACT_EVERY` appends the newest pieces are joined
 into one, so memory stays close to one byte per character however many steps produced the text.
 """
+
 from __future__ import annotations
 
 _COMPACT_EVERY = 64
@@ -48,13 +49,13 @@ class TextBuffer:
             return ""
         last = self._pieces[-1]
         if len(last) >= remaining:  # the common case: the range lies in the newest piece
-            return last[len(last) - remaining:]
+            return last[len(last) - remaining :]
         parts: list[str] = []
         for piece in reversed(self._pieces):
             if remaining <= 0:
                 break
             if len(piece) >= remaining:
-                parts.append(piece[len(piece) - remaining:])  # copies only the part needed
+                parts.append(piece[len(piece) - remaining :])  # copies only the part needed
                 break
             parts.append(piece)
             remaining -= len(piece)

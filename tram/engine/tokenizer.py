@@ -3,6 +3,7 @@
 Tram only works with "fast" tokenizers (a Rust `tokenizers.Tokenizer` behind the transformers object),
 because the incremental detokenizer streams through that backend.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,7 @@ def load_tokenizer(
             )
     except Exception as e:  # noqa: BLE001 - loaders raise many types; the user needs one clear message
         raise ValueError(
-            f"could not load a tokenizer from {path_or_id!r}"
-            f"{f' (revision {revision!r})' if revision else ''}: {e}"
+            f"could not load a tokenizer from {path_or_id!r}{f' (revision {revision!r})' if revision else ''}: {e}"
         ) from e
     # The detokenizer streams through the Rust backend, so a slow (pure Python) tokenizer is no use.
     if not getattr(tokenizer, "is_fast", False) or getattr(tokenizer, "backend_tokenizer", None) is None:
@@ -51,8 +51,10 @@ def check_tokenizer_fits(tokenizer: PreTrainedTokenizerBase, vocab_size: int, so
     e.g. beside a GGUF file): its ids would run past the embedding, so every prompt would fail.
     Fewer tokens than rows is normal (vocabularies are padded)."""
     if len(tokenizer) > vocab_size * (1 + _TOKENIZER_EXCESS):
-        raise ValueError(f"the tokenizer {source!r} has {len(tokenizer)} tokens but the model's vocabulary has "
-                         f"{vocab_size} rows: it is not this model's tokenizer (pass --tokenizer)")
+        raise ValueError(
+            f"the tokenizer {source!r} has {len(tokenizer)} tokens but the model's vocabulary has "
+            f"{vocab_size} rows: it is not this model's tokenizer (pass --tokenizer)"
+        )
 
 
 def _as_id_list(value: int | Iterable[int] | None) -> list[int]:
@@ -114,8 +116,7 @@ def apply_chat_template(
     """
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
         raise ValueError(
-            "this tokenizer has no chat template and none was given; "
-            "pass a chat template or use a plain text prompt"
+            "this tokenizer has no chat template and none was given; pass a chat template or use a plain text prompt"
         )
     # Render to text first and tokenize ourselves: the return type of tokenize=True changed across
     # transformers versions (list, BatchEncoding, dict), and we must control add_special_tokens.

@@ -7,6 +7,7 @@ step-requests), all through `AsyncLLM.add_request`, so the count is kept there, 
 tasks) copy the context they start in, so a request's streams and beam-search steps all count into
 its counter, and concurrent HTTP requests never share one.
 """
+
 from __future__ import annotations
 
 import logging
@@ -66,10 +67,16 @@ class OutputTokenCount:
         self.seen = total
 
 
-def log_request(request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
-                max_log_len: int | None) -> None:
+def log_request(
+    request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams, max_log_len: int | None
+) -> None:
     """vLLM's request log line; `max_log_len` cuts the prompt (characters) and its token ids."""
     if prompt is not None:
         prompt = prompt[:max_log_len]
-    logger.info("Received request %s: prompt: %r, params: %r, prompt_token_ids: %s", request_id, prompt, params,
-                prompt_token_ids[:max_log_len])
+    logger.info(
+        "Received request %s: prompt: %r, params: %r, prompt_token_ids: %s",
+        request_id,
+        prompt,
+        params,
+        prompt_token_ids[:max_log_len],
+    )

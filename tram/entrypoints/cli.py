@@ -2,9 +2,13 @@
 (a demo), `tram bench ...` (benchmarks) and `tram build-kernels` (the C++ CPU kernels, at set-up).
 
 Engine and server flags are derived from their one declaration (`tram.config.EngineArgs`,
-`tram.config.ServerArgs`). Each command imports only what it needs: serving must start from a plain
-`pip install`, without the benchmark extras (aiohttp, matplotlib) that `tram bench` uses.
+`tram.config.ServerArgs`); the names a layer owns (attention backends, quantization methods, tool
+call parsers, ...) are registered by importing the layers' torch-free registrations first, so that
+`--help` lists them and validation knows them. Each command imports only what it needs: serving
+must start from a plain `pip install`, without the benchmark extras (aiohttp, matplotlib) that
+`tram bench` uses.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,12 +17,19 @@ import sys
 from types import ModuleType
 
 import tram
+import tram.engine.engine_config  # noqa: F401 - registers the engine's layers' choices (torch-free)
+import tram.server.tools.parsers  # noqa: F401 - registers the tool call parsers
 from tram.config import EngineArgs, ServerArgs
 
 # Packages that only some commands need -> the extra that installs them.
 OPTIONAL_PACKAGES = {"aiohttp": "bench", "matplotlib": "bench", "triton": "gpu"}
 BENCH_COMMANDS = {
-    "throughput": ("throughput", "add_throughput_args", "run_throughput", "offline throughput of Tram, transformers and vLLM"),
+    "throughput": (
+        "throughput",
+        "add_throughput_args",
+        "run_throughput",
+        "offline throughput of Tram, transformers and vLLM",
+    ),
     "latency": ("latency", "add_latency_args", "run_latency", "one fixed batch: end-to-end and per-step latency"),
     "serve": ("serve", "add_serve_args", "run_serve", "load any OpenAI-compatible server; TTFT, TPOT, ITL, goodput"),
 }
@@ -41,8 +52,9 @@ def missing_extra(error: ModuleNotFoundError, command: str) -> BaseException:
     if package not in OPTIONAL_PACKAGES:
         return error
     extra = OPTIONAL_PACKAGES[package]
-    return MissingExtraError(f"error: `tram {command}` needs {package}, which a plain install leaves out: "
-                             f"pip install 'tram[{extra}]'")
+    return MissingExtraError(
+        f"error: `tram {command}` needs {package}, which a plain install leaves out: pip install 'tram[{extra}]'"
+    )
 
 
 def _generate(a: argparse.Namespace) -> int:

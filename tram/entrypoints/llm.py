@@ -1,4 +1,5 @@
 """The offline API, shaped like vLLM's `LLM` so users switch by changing an import."""
+
 from __future__ import annotations
 
 import itertools
@@ -65,8 +66,14 @@ class LLM:
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts: list[PromptType] = []
         for conv in convs:
-            ids = apply_chat_template(tokenizer, conv, chat_template, add_generation_prompt,
-                                      **({"tools": tools} if tools else {}), **(chat_template_kwargs or {}))
+            ids = apply_chat_template(
+                tokenizer,
+                conv,
+                chat_template,
+                add_generation_prompt,
+                **({"tools": tools} if tools else {}),
+                **(chat_template_kwargs or {}),
+            )
             prompts.append({"prompt_token_ids": ids, "prompt": tokenizer.decode(ids)})
         return self.generate(prompts, sampling_params, use_tqdm)
 
@@ -100,7 +107,9 @@ class LLM:
                             results[out.request_id] = out
                             num_out_tokens += sum(len(c.token_ids) for c in out.outputs)
                             bar.update(1)
-                            bar.set_postfix_str(f"output {num_out_tokens / max(bar.format_dict['elapsed'], 1e-9):.1f} toks/s")
+                            bar.set_postfix_str(
+                                f"output {num_out_tokens / max(bar.format_dict['elapsed'], 1e-9):.1f} toks/s"
+                            )
         except BaseException:
             engine.abort_request([rid for rid in ids if rid not in results])
             raise

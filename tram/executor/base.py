@@ -1,4 +1,5 @@
 """What the engine core asks of its executor, whatever runs the ranks."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -6,7 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 from tram.config import EngineConfig
+from tram.config.registry import EXECUTOR_BACKENDS
 from tram.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from tram.executor.backends import default_executor_backend
 
 
 class WorkerDiedError(RuntimeError):
@@ -18,7 +21,8 @@ class Executor(ABC):
 
     `collective_rpc` calls a Worker method on every rank and returns each rank's answer, in rank
     order; `execute_model` runs one step on every rank and returns the output of the last pipeline
-    stage's first rank (its tensor-parallel peers sample the same tokens). Both raise WorkerDiedError when a rank is gone; the executor is then unusable.
+    stage's first rank (its tensor-parallel peers sample the same tokens). Both raise WorkerDiedError
+    when a rank is gone; the executor is then unusable.
     """
 
     world_size: int
@@ -39,7 +43,7 @@ class Executor(ABC):
         output = self.execute_model(sched)
         return lambda: output
 
-    def raise_if_failed(self) -> None:
+    def raise_if_failed(self) -> None:  # noqa: B027 - executors that cannot lose a rank keep this
         """WorkerDiedError once a rank has failed: the engine must not schedule on a broken replica."""
 
     def determine_num_blocks(self) -> int:
@@ -55,17 +59,6 @@ class Executor(ABC):
 
 
 def make_executor(config: EngineConfig) -> Executor:
-    backend = config.parallel_config.distributed_executor_backend
-    if backend == "uni":
-        from tram.executor.uniproc import UniProcExecutor
-
-        return UniProcExecutor(config)
-    if backend == "mp":
-        from tram.executor.multiproc import MultiprocExecutor
-
-        return MultiprocExecutor(config)
-    if backend == "ray":
-        from tram.executor.ray_executor import RayExecutor
-
-        return RayExecutor(config)
-    raise ValueError(f"unknown executor backend {backend!r}")
+    """The executor backend the config names (registered in backends.py), built for the config."""
+    pc = config.parallel_config
+    return EXECUTOR_BACKENDS.load(pc.distributed_executor_backend or default_executor_backend(pc.world_size))(config)

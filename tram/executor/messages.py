@@ -7,6 +7,7 @@ A step's scheduler output is encoded once and the same bytes go to every rank; o
 a step (msgpack(ModelRunnerOutput)). An RPC is answered by every rank. ERROR carries a traceback and
 means that rank is going away.
 """
+
 from __future__ import annotations
 
 import pickle

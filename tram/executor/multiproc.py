@@ -7,6 +7,7 @@ reports an error fails the step with WorkerDiedError, and every rank is stopped.
 plain subprocesses (`python -m tram.executor.worker_proc`), so a daemonic engine-core process can
 start them, and they end themselves when the engine's process is gone.
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,9 +27,9 @@ import zmq
 
 from tram.config import EngineConfig
 from tram.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from tram.engine.cpu_threads import choose_cpu_threads, usable_cores
 from tram.executor import messages as m
 from tram.executor.base import Executor, WorkerDiedError
+from tram.executor.cpu_threads import rank_threads, usable_cores
 from tram.executor.worker_proc import WorkerArgs
 
 logger = logging.getLogger(__name__)
@@ -44,18 +45,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_threads(environ: dict[str, str], cores: int, world_size: int,
-                 replica_threads: int | None = None) -> tuple[int, dict[str, str]]:
-    """Each rank's CPU threads and the variables added to its environment. TRAM_CPU_THREADS (or
-    OMP_NUM_THREADS) is per rank; by default the usable cores (or a data-parallel replica's share of
-    them) are split evenly, at least one each, so ranks never oversubscribe the machine."""
-    policy = choose_cpu_threads(environ, cores)
-    explicit = any(environ.get(k, "").strip() for k in ("TRAM_CPU_THREADS", "OMP_NUM_THREADS"))
-    pool = cores if replica_threads is None else replica_threads
-    threads = policy.threads if explicit else max(1, pool // world_size)
-    return threads, {**policy.env, "OMP_NUM_THREADS": str(threads)}
-
-
 class MultiprocExecutor(Executor):
     def __init__(self, config: EngineConfig) -> None:
         self.world_size = config.parallel_config.world_size
@@ -68,8 +57,9 @@ class MultiprocExecutor(Executor):
         self._procs: list[subprocess.Popen] = []
         self._finalizer = weakref.finalize(self, _stop, self._procs, self._ctx, self._dir)
         self._dead: str | None = None
-        threads, env = rank_threads(dict(os.environ), usable_cores(), self.world_size,
-                                    config.parallel_config.cpu_threads)
+        threads, env = rank_threads(
+            dict(os.environ), usable_cores(), self.world_size, config.parallel_config.cpu_threads
+        )
         init_method = f"tcp://127.0.0.1:{free_port()}"
         try:
             for rank in range(self.world_size):
@@ -78,18 +68,32 @@ class MultiprocExecutor(Executor):
         except BaseException:
             self.shutdown()
             raise
-        logger.info("Started %d worker processes (pids %s), %d CPU thread(s) each on CPU",
-                    self.world_size, ", ".join(str(p.pid) for p in self._procs), threads)
+        logger.info(
+            "Started %d worker processes (pids %s), %d CPU thread(s) each on CPU",
+            self.world_size,
+            ", ".join(str(p.pid) for p in self._procs),
+            threads,
+        )
 
-    def _start_worker(self, config: EngineConfig, rank: int, init_method: str, threads: int,
-                      env: dict[str, str]) -> None:
+    def _start_worker(
+        self, config: EngineConfig, rank: int, init_method: str, threads: int, env: dict[str, str]
+    ) -> None:
         inbox = self._ctx.socket(zmq.PUSH)
         inbox.bind(f"ipc://{self._dir}/rank{rank}")
         self._inboxes.append(inbox)
-        args = WorkerArgs(config, rank, self.world_size, init_method, f"ipc://{self._dir}/rank{rank}",
-                          f"ipc://{self._dir}/replies", os.getpid(), threads)
-        proc = subprocess.Popen([sys.executable, "-m", "tram.executor.worker_proc"], stdin=subprocess.PIPE,
-                                env={**os.environ, **env})
+        args = WorkerArgs(
+            config,
+            rank,
+            self.world_size,
+            init_method,
+            f"ipc://{self._dir}/rank{rank}",
+            f"ipc://{self._dir}/replies",
+            os.getpid(),
+            threads,
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tram.executor.worker_proc"], stdin=subprocess.PIPE, env={**os.environ, **env}
+        )
         self._procs.append(proc)
         assert proc.stdin is not None
         proc.stdin.write(pickle.dumps(args))

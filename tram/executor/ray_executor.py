@@ -9,6 +9,7 @@ shared-memory all-reduce; across nodes, gloo (or NCCL).
 
 Ray is an optional dependency (`pip install 'tram[ray]'`), imported only here.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,20 +24,11 @@ from typing import Any
 from tram.config import EngineConfig
 from tram.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from tram.executor import messages as m
+from tram.executor.backends import import_ray
 from tram.executor.base import Executor, WorkerDiedError
+from tram.executor.cpu_threads import ray_rank_threads
 
 logger = logging.getLogger(__name__)
-
-RAY_MISSING = ("distributed_executor_backend 'ray' needs Ray, which is not installed: pip install 'tram[ray]' "
-               "(or use mp on one machine)")
-
-
-def import_ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise ValueError(RAY_MISSING) from None
-    return ray
 
 
 def join_ray(address: str | None) -> tuple[str, bool]:
@@ -65,16 +57,6 @@ def _keep_signal_handlers() -> Iterator[None]:
         for sig, handler in saved.items():
             if handler is not None:
                 signal.signal(sig, handler)
-
-
-def ray_rank_threads(environ: dict[str, str], replica_threads: int | None, world_size: int) -> int:
-    """A rank's CPU threads (and Ray CPUs): TRAM_CPU_THREADS per rank, else the data-parallel
-    replica's share split over its ranks, else one. Ray places ranks before we know their nodes,
-    so the default cannot be each node's cores."""
-    explicit = environ.get("TRAM_CPU_THREADS", "").strip()
-    if explicit:
-        return max(1, int(explicit))
-    return max(1, (replica_threads or 1) // world_size)
 
 
 class RankActor:
@@ -133,8 +115,11 @@ class RayExecutor(Executor):
         ray.get(self._pg.ready(), timeout=600)
         actor_cls = ray.remote(RankActor)
         self._actors = [
-            actor_cls.options(num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
-                              scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, i)).remote(threads)
+            actor_cls.options(
+                num_cpus=bundle["CPU"],
+                num_gpus=bundle.get("GPU", 0),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, i),
+            ).remote(threads)
             for i in range(self.world_size)
         ]
         self._dead: str | None = None
@@ -153,8 +138,7 @@ class RayExecutor(Executor):
         # A TP group spread over machines cannot share memory: the workers check rank_nodes.
         parallel = dataclasses.replace(config.parallel_config, rank_nodes=tuple(ips))
         config = dataclasses.replace(config, parallel_config=parallel)
-        self._get([a.start.remote(config, rank, self.world_size, init_method)
-                   for rank, a in enumerate(self._actors)])
+        self._get([a.start.remote(config, rank, self.world_size, init_method) for rank, a in enumerate(self._actors)])
         logger.info("Started %d Ray actors on nodes %s", self.world_size, ", ".join(ips))
 
     def _get(self, refs: list[Any]) -> list[Any]:

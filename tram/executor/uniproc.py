@@ -1,4 +1,5 @@
 """The one-rank executor: the worker lives in the engine core's process and a step is a call."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -6,6 +6,7 @@ with the output), an RPC (every rank answers) or SHUTDOWN. Any failure is report
 ends the process; the engine then fails the requests in flight. A watchdog thread ends the process
 when the engine's process is gone, even in the middle of a collective that would never return.
 """
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@ The model is built on the meta device (no memory, no init cost), materialised em
 device, then filled: from safetensors by name, each tensor through its parameter's `weight_loader`
 (weight_utils.py), or with seeded random values ("dummy").
 """
+
 from __future__ import annotations
 
 import glob
@@ -16,16 +17,17 @@ import torch
 from torch import nn
 
 from tram.config import ModelConfig
-from tram.config import load_hf_config as get_hf_config  # noqa: F401 - the tests' entry point
-from tram.model.attention import get_attention_backend
 from tram.distributed import get_pp
-from tram.model.layers.cpu_packed import pack_cpu_linears
-from tram.model.quant import check_quantization, quantize_linears
-from tram.model.quant.checkpoints import CHECKPOINT_METHODS, CheckpointLoader, checkpoint_loader
+from tram.model.attention import get_attention_backend
 from tram.model.gguf.file import is_gguf
 from tram.model.gguf.loader import check_gguf_placement, load_gguf_weights, plan_gguf_weights
 from tram.model.hub import INDEX_FILE, read_index, resolve_model_path
+from tram.model.hub import read_hf_config as get_hf_config  # noqa: F401 - the tests' entry point
+from tram.model.layers.cpu_packed import pack_cpu_linears
 from tram.model.pipeline import cut_to_stage
+from tram.model.quant.apply import quantize_linears
+from tram.model.quant.check import check_quantization
+from tram.model.quant.checkpoints import CHECKPOINT_METHODS, CheckpointLoader, checkpoint_loader
 from tram.model.registry import get_model_class
 from tram.model.weight_utils import get_weight_loader, load_named_weight, materialize, name_list
 
@@ -46,8 +48,9 @@ def safetensors_files(path: str) -> list[str]:
     if os.path.exists(os.path.join(path, _SINGLE_FILE)):
         return [os.path.join(path, _SINGLE_FILE)]
     # Mistral-format consolidated files use other weight names; they are not this checkpoint.
-    files = sorted(f for f in glob.glob(os.path.join(path, "*.safetensors"))
-                   if not os.path.basename(f).startswith("consolidated"))
+    files = sorted(
+        f for f in glob.glob(os.path.join(path, "*.safetensors")) if not os.path.basename(f).startswith("consolidated")
+    )
     if not files:
         raise ValueError(f"No safetensors weights found in {path}; only safetensors checkpoints are supported")
     return files
@@ -79,11 +82,17 @@ def load_model(model_config: ModelConfig) -> nn.Module:
     if model_config.load_format == "dummy":
         init_dummy_weights(model, model_config.seed)
     elif gguf:
-        load_gguf_weights(model, model_config.model, model_config.hf_config,
-                          int8_activations=model_config.gguf_activations == "int8")
+        load_gguf_weights(
+            model, model_config.model, model_config.hf_config, int8_activations=model_config.gguf_activations == "int8"
+        )
     else:
-        load_safetensors_weights(model, files, tied=_is_tied(model_config.hf_config),
-                                 skip=getattr(model, "missing_prefixes", ()), quant=quant)
+        load_safetensors_weights(
+            model,
+            files,
+            tied=_is_tied(model_config.hf_config),
+            skip=getattr(model, "missing_prefixes", ()),
+            quant=quant,
+        )
     model.eval()
     model.requires_grad_(False)
     # A quantized checkpoint's layers were set while loading; on-the-fly methods quantize now.
@@ -93,9 +102,17 @@ def load_model(model_config: ModelConfig) -> nn.Module:
     if model_config.torch_device.type == "cpu":
         pack_cpu_linears(model)
     num_params = sum(p.numel() for p in model.parameters()) + sum(
-        m.quant.out_features * m.quant.in_features for m in model.modules() if getattr(m, "quant", None) is not None)
-    logger.info("Loaded %s (%s, %.1fM parameters, %s, %s) in %.2f s", model_config.model, cls.__name__,
-                num_params / 1e6, model_config.dtype, model_config.load_format, time.perf_counter() - start)
+        m.quant.out_features * m.quant.in_features for m in model.modules() if getattr(m, "quant", None) is not None
+    )
+    logger.info(
+        "Loaded %s (%s, %.1fM parameters, %s, %s) in %.2f s",
+        model_config.model,
+        cls.__name__,
+        num_params / 1e6,
+        model_config.dtype,
+        model_config.load_format,
+        time.perf_counter() - start,
+    )
     return model
 
 
@@ -104,8 +121,9 @@ def _is_tied(hf_config: Any) -> bool:
 
 
 @torch.no_grad()
-def load_safetensors_weights(model: nn.Module, files: list[str], tied: bool, skip: tuple[str, ...] = (),
-                             quant: CheckpointLoader | None = None) -> None:
+def load_safetensors_weights(
+    model: nn.Module, files: list[str], tied: bool, skip: tuple[str, ...] = (), quant: CheckpointLoader | None = None
+) -> None:
     """Hand each checkpoint tensor to the weight loader of the parameter of the same name; with
     `quant` (a quantized checkpoint, `plan`ned on the files), the quantized Linears' tensors go to it
     instead.
@@ -139,8 +157,10 @@ def load_safetensors_weights(model: nn.Module, files: list[str], tied: bool, ski
         loaded |= quant.finish()
     missing = sorted(set(params) - loaded)
     if missing or unexpected:
-        raise ValueError(f"Checkpoint does not match the model: missing weights {name_list(missing)}; "
-                         f"unexpected weights {name_list(sorted(unexpected))}")
+        raise ValueError(
+            f"Checkpoint does not match the model: missing weights {name_list(missing)}; "
+            f"unexpected weights {name_list(sorted(unexpected))}"
+        )
 
 
 @torch.no_grad()
@@ -148,7 +168,7 @@ def init_dummy_weights(model: nn.Module, seed: int) -> None:
     """Random weights from the seed alone: N(0, 0.02) matrices, ones for norms, zeros for biases.
 
     For benchmarks and tests without a checkpoint; the same seed gives the same weights on a device.
-    Drawing a billion normals costs ~10 s on a small CPU, so matrices are tiled from one pool of
+    Drawing a billion normals takes seconds on a CPU, so matrices are tiled from one pool of
     normals at seeded offsets instead: a memory copy, with values that are still N(0, 0.02).
     """
     pool: torch.Tensor | None = None
@@ -173,4 +193,4 @@ def _fill_from_pool(flat: torch.Tensor, pool: torch.Tensor, start: int) -> None:
     for begin in range(0, flat.numel(), _DUMMY_POOL):
         length = min(_DUMMY_POOL, flat.numel() - begin)
         offset = (start + begin) % _DUMMY_POOL
-        flat[begin:begin + length].copy_(pool[offset:offset + length])
+        flat[begin : begin + length].copy_(pool[offset : offset + length])

@@ -6,6 +6,7 @@ last the final norm and the LM head (and the embedding too when the head is tied
 a stage does not own becomes a `MissingLayer`, and the checkpoint weights under those names are
 skipped by the loader (`missing_prefixes`).
 """
+
 from __future__ import annotations
 
 import torch

@@ -1,17 +1,18 @@
 """Which class serves which Hugging Face architecture name (config.architectures[0])."""
+
 from __future__ import annotations
 
 from typing import Any
 
 from torch import nn
 
+from tram.distributed import get_pp, get_tp
+from tram.distributed.parallel_state import kv_head_range
 from tram.model.models.gemma3 import Gemma3ForCausalLM
 from tram.model.models.llama import LlamaForCausalLM, MistralForCausalLM
 from tram.model.models.qwen2 import Qwen2ForCausalLM
 from tram.model.models.qwen3 import Qwen3ForCausalLM
-from tram.distributed import get_pp, get_tp
 from tram.model.pipeline import layer_range
-from tram.distributed.parallel_state import kv_head_range
 from tram.model.spec import attention_dims
 
 _MODELS: dict[str, type[nn.Module]] = {
@@ -31,8 +32,10 @@ def get_model_class(arch: str) -> type[nn.Module]:
     """The model class for an architecture name; ValueError naming the supported ones otherwise."""
     cls = _MODELS.get(arch)
     if cls is None:
-        raise ValueError(f"Model architecture {arch or '(none given)'} is not supported. "
-                         f"Supported architectures: {', '.join(supported_architectures())}")
+        raise ValueError(
+            f"Model architecture {arch or '(none given)'} is not supported. "
+            f"Supported architectures: {', '.join(supported_architectures())}"
+        )
     return cls
 
 

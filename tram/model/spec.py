@@ -3,6 +3,7 @@
 Families read their own extras (Gemma's attention scalar, logit soft-capping) in their own files;
 what every decoder-only family shares lives here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -78,8 +79,9 @@ class DecoderSpec:
         """qkv_bias None follows config.attention_bias (as o_proj always does)."""
         num_heads, num_kv_heads, head_dim = attention_dims(hf_config)
         if num_heads % num_kv_heads:
-            raise ValueError(f"num_attention_heads ({num_heads}) must be a multiple of "
-                             f"num_key_value_heads ({num_kv_heads})")
+            raise ValueError(
+                f"num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads ({num_kv_heads})"
+            )
         act = check_activation(activation_name(hf_config))
         attention_bias = bool(getattr(hf_config, "attention_bias", False))
         return cls(

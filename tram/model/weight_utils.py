@@ -19,6 +19,7 @@ is: a tensor-parallel shard (a slice of `loaded`), a quantized packing, or a fus
 from several checkpoint tensors (fused q/k/v, gate/up: such a loader takes the shard as a third
 argument, bound by the model's mapping of checkpoint names to parameter names).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -72,8 +73,9 @@ def load_named_weight(name: str, param: nn.Parameter, tensor: torch.Tensor, file
     try:
         get_weight_loader(param)(param, tensor)
     except WeightShapeError as err:
-        raise ValueError(f"Weight {name} has shape {err.loaded_shape} in {file}, "
-                         f"the model expects {err.expected_shape}") from None
+        raise ValueError(
+            f"Weight {name} has shape {err.loaded_shape} in {file}, the model expects {err.expected_shape}"
+        ) from None
     except ValueError as err:
         raise ValueError(f"Weight {name} in {file}: {err}") from err
 

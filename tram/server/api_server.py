@@ -1,4 +1,5 @@
 """The OpenAI-compatible HTTP server: FastAPI routes over an `AsyncLLM` whose core runs in its own process."""
+
 from __future__ import annotations
 
 import asyncio
@@ -7,31 +8,34 @@ import os
 import secrets
 import socket
 import ssl
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-import tram
+import tram.envs as envs
 from tram.config import EngineArgs, EngineConfig, ServerArgs
 from tram.engine.async_llm import AsyncLLM
-from tram.server.http.access_log import AccessLogMiddleware
-from tram.server.http.body_limit import BodySizeLimit
-from tram.server.protocol.errors import APIError, error_response, install_exception_handlers
-from tram.server.http.gc_policy import FullCollections
-from tram.server.http.openapi import openapi_document
-from tram.server.protocol.generate import GenerateRequest
-from tram.server.http.listen import bind_socket, server_url
-from tram.server.protocol.openai import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from tram.server.protocol.responses import ResponsesRequest
+from tram.engine.engine_config import create_engine_config
 from tram.server.handlers.chat import OpenAIServingChat
 from tram.server.handlers.completion import OpenAIServingCompletion
 from tram.server.handlers.generate import LegacyGenerate
 from tram.server.handlers.responses import OpenAIServingResponses
+from tram.server.http.access_log import AccessLogMiddleware
+from tram.server.http.body_limit import BodySizeLimit
+from tram.server.http.gc_policy import FullCollections
+from tram.server.http.listen import bind_socket, server_url
+from tram.server.http.openapi import openapi_document
+from tram.server.protocol.errors import APIError, error_response, install_exception_handlers
+from tram.server.protocol.generate import GenerateRequest
+from tram.server.protocol.openai import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from tram.server.protocol.responses import ResponsesRequest
+from tram.version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -51,16 +55,29 @@ def load_chat_template(value: str | None) -> str | None:
 class Handlers:
     """The serving objects, created once the engine is up."""
 
-    def __init__(self, engine: AsyncLLM, names: list[str], chat_template: str | None,
-                 response_role: str = "assistant", tool_call_parser: str | None = None,
-                 enable_auto_tool_choice: bool = False) -> None:
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        names: list[str],
+        chat_template: str | None,
+        response_role: str = "assistant",
+        tool_call_parser: str | None = None,
+        enable_auto_tool_choice: bool = False,
+    ) -> None:
         template = load_chat_template(chat_template)
         self.engine = engine
         # One tokenizer thread for every endpoint (see OpenAIServing).
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="tram-tokenize")
         self.completion = OpenAIServingCompletion(engine, names, template, self.pool)
-        self.chat = OpenAIServingChat(engine, names, template, self.pool, response_role=response_role,
-                                      tool_call_parser=tool_call_parser, enable_auto_tool_choice=enable_auto_tool_choice)
+        self.chat = OpenAIServingChat(
+            engine,
+            names,
+            template,
+            self.pool,
+            response_role=response_role,
+            tool_call_parser=tool_call_parser,
+            enable_auto_tool_choice=enable_auto_tool_choice,
+        )
         self.responses = OpenAIServingResponses(self.chat)
         self.generate = LegacyGenerate(engine, names, template, self.pool)
 
@@ -84,26 +101,41 @@ def _install_middleware(app: FastAPI, server_args: ServerArgs) -> None:
         _auth_middleware(app, server_args.api_key)
     app.add_middleware(BodySizeLimit, max_bytes=server_args.max_request_body_bytes)
     app.add_middleware(
-        CORSMiddleware, allow_origins=server_args.allowed_origins, allow_credentials=server_args.allow_credentials,
-        allow_methods=server_args.allowed_methods, allow_headers=server_args.allowed_headers,
+        CORSMiddleware,
+        allow_origins=server_args.allowed_origins,
+        allow_credentials=server_args.allow_credentials,
+        allow_methods=server_args.allowed_methods,
+        allow_headers=server_args.allowed_headers,
     )
     if not server_args.disable_uvicorn_access_log:
         app.add_middleware(AccessLogMiddleware)
 
 
 def build_app(engine_args: EngineArgs, server_args: ServerArgs, engine_config: EngineConfig | None = None) -> FastAPI:
-    config = engine_config or engine_args.create_engine_config()
+    config = engine_config or create_engine_config(engine_args)
     names = server_args.served_model_name or [engine_args.model]
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = AsyncLLM(config, names[0], server_args.max_queued_requests, server_args.log_stats_interval,
-                          server_args.enable_log_requests, server_args.max_log_len)
+        engine = AsyncLLM(
+            config,
+            names[0],
+            server_args.max_queued_requests,
+            server_args.log_stats_interval,
+            server_args.enable_log_requests,
+            server_args.max_log_len,
+        )
         gc_task: asyncio.Task | None = None
         try:
             await engine.start()
-            app.state.handlers = Handlers(engine, names, server_args.chat_template, server_args.response_role,
-                                          server_args.tool_call_parser, server_args.enable_auto_tool_choice)
+            app.state.handlers = Handlers(
+                engine,
+                names,
+                server_args.chat_template,
+                server_args.response_role,
+                server_args.tool_call_parser,
+                server_args.enable_auto_tool_choice,
+            )
             collections = FullCollections()
             collections.start()
             gc_task = asyncio.create_task(_collect_when_quiet(engine, collections))
@@ -115,13 +147,13 @@ def build_app(engine_args: EngineArgs, server_args: ServerArgs, engine_config: E
                 app.state.handlers.pool.shutdown(wait=False, cancel_futures=True)
             engine.shutdown()
 
-    app = FastAPI(title="Tram", version=tram.__version__, lifespan=lifespan, root_path=server_args.root_path or "")
+    app = FastAPI(title="Tram", version=__version__, lifespan=lifespan, root_path=server_args.root_path or "")
     app.openapi = lambda: openapi_document(app)  # type: ignore[method-assign]
     install_exception_handlers(app)
     _install_middleware(app, server_args)
     _add_routes(app)
     _add_vllm_routes(app)
-    if os.environ.get("TRAM_SERVER_DEV_MODE") == "1":
+    if envs.TRAM_SERVER_DEV_MODE:
         _add_dev_routes(app)
     return app
 
@@ -151,7 +183,7 @@ def _add_routes(app: FastAPI) -> None:
 
     @app.get("/version")
     async def version() -> dict:
-        return {"version": tram.__version__}
+        return {"version": __version__}
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict:
@@ -205,8 +237,15 @@ def _add_routes(app: FastAPI) -> None:
 
 def _model_card(h: Handlers, name: str) -> dict:
     """OpenAI's model object (plus vLLM's root, parent and max_model_len) for a served name."""
-    return {"id": name, "object": "model", "created": h.completion.created(), "owned_by": "tram",
-            "root": h.engine.config.model_config.model, "parent": None, "max_model_len": h.completion.max_model_len}
+    return {
+        "id": name,
+        "object": "model",
+        "created": h.completion.created(),
+        "owned_by": "tram",
+        "root": h.engine.config.model_config.model,
+        "parent": None,
+        "max_model_len": h.completion.max_model_len,
+    }
 
 
 def _add_vllm_routes(app: FastAPI) -> None:
@@ -232,9 +271,13 @@ def _add_dev_routes(app: FastAPI) -> None:
     async def kv_integrity(request: Request) -> dict:
         engine = _h(request).engine
         stats = await engine.get_stats()
-        return {"blocks": await engine.check_kv_integrity(), "num_running_reqs": stats.num_running_reqs,
-                "num_waiting_reqs": stats.num_waiting_reqs, "kv_cache_usage": stats.kv_cache_usage,
-                "num_unfinished_in_frontend": len(engine.output_processor.requests)}
+        return {
+            "blocks": await engine.check_kv_integrity(),
+            "num_running_reqs": stats.num_running_reqs,
+            "num_waiting_reqs": stats.num_waiting_reqs,
+            "kv_cache_usage": stats.kv_cache_usage,
+            "num_unfinished_in_frontend": len(engine.output_processor.requests),
+        }
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache(request: Request) -> dict:
@@ -259,12 +302,20 @@ def run_server(engine_args: EngineArgs, server_args: ServerArgs, sock: socket.so
     process is stopped on the way out. SystemExit if the port is taken or the engine fails to start."""
     sock = sock or bind_socket(server_args.host, server_args.port)
     url = server_url(server_args.host, server_args.port, tls=server_args.ssl_certfile is not None)
-    logger.info("Tram %s starting: loading %s; %s answers once the engine is up (the log says Ready)",
-                tram.__version__, engine_args.model, url)
+    logger.info(
+        "Tram %s starting: loading %s; %s answers once the engine is up (the log says Ready)",
+        __version__,
+        engine_args.model,
+        url,
+    )
     app = build_app(engine_args, server_args)
     config = uvicorn.Config(
-        app, log_level=server_args.uvicorn_log_level, timeout_graceful_shutdown=3, access_log=False,
-        ssl_keyfile=server_args.ssl_keyfile, ssl_certfile=server_args.ssl_certfile,
+        app,
+        log_level=server_args.uvicorn_log_level,
+        timeout_graceful_shutdown=3,
+        access_log=False,
+        ssl_keyfile=server_args.ssl_keyfile,
+        ssl_certfile=server_args.ssl_certfile,
     )
     try:
         config.load()  # builds the TLS context: a bad key or certificate fails now, not after the engine starts

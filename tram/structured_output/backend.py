@@ -4,6 +4,7 @@ request a matcher that fills its row of the token bitmask and follows the sample
 Both engines behind it (xgrammar, llguidance) use the same bitmask: int32 words, bit j of word i
 allows token 32*i + j. So the worker applies it without knowing which engine filled it.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -11,12 +12,18 @@ from typing import Any
 
 import numpy as np
 
-from tram.structured_output.params import StructuredOutputsParams
+from tram.config.registry import STRUCTURED_OUTPUTS_BACKENDS
+from tram.sampling_params import StructuredOutputsParams
 
-BACKENDS = ("xgrammar", "guidance")
 # How an error names what failed, by StructuredOutputsParams.kind.
-KIND_NAMES = {"json": "JSON schema", "regex": "regex", "choice": "choice", "grammar": "grammar",
-              "json_object": "JSON object", "structural_tag": "structural tag"}
+KIND_NAMES = {
+    "json": "JSON schema",
+    "regex": "regex",
+    "choice": "choice",
+    "grammar": "grammar",
+    "json_object": "JSON object",
+    "structural_tag": "structural tag",
+}
 
 
 class GrammarCompileError(ValueError):
@@ -68,12 +75,26 @@ def choice_ebnf(choices: list[str]) -> str:
     return "root ::= " + " | ".join(json.dumps(c) for c in choices)
 
 
-def make_backend(name: str, tokenizer: Any, vocab_size: int, stop_token_ids: list[int],
-                 max_threads: int) -> GrammarBackend:
-    if name == "xgrammar":
-        from tram.structured_output.xgrammar_backend import XgrammarBackend
-        return XgrammarBackend(tokenizer, vocab_size, stop_token_ids, max_threads)
-    if name in ("guidance", "llguidance"):
-        from tram.structured_output.guidance_backend import GuidanceBackend
-        return GuidanceBackend(tokenizer, vocab_size, stop_token_ids)
-    raise ValueError(f"unknown structured outputs backend {name!r}; choose one of {', '.join(BACKENDS)}")
+def _xgrammar(tokenizer: Any, vocab_size: int, stop_token_ids: list[int], max_threads: int) -> GrammarBackend:
+    from tram.structured_output.xgrammar_backend import XgrammarBackend
+
+    return XgrammarBackend(tokenizer, vocab_size, stop_token_ids, max_threads)
+
+
+def _guidance(tokenizer: Any, vocab_size: int, stop_token_ids: list[int], max_threads: int) -> GrammarBackend:
+    from tram.structured_output.guidance_backend import GuidanceBackend
+
+    return GuidanceBackend(tokenizer, vocab_size, stop_token_ids)
+
+
+# The grammar engines, by the names configuration validates structured_outputs_backend against; each
+# engine's module is imported only when it is built. auto is vLLM's name for "the default engine".
+STRUCTURED_OUTPUTS_BACKENDS.add("xgrammar", target=_xgrammar, aliases=("auto",))
+STRUCTURED_OUTPUTS_BACKENDS.add("guidance", "llguidance", target=_guidance, aliases=("llguidance",))
+
+
+def make_backend(
+    name: str, tokenizer: Any, vocab_size: int, stop_token_ids: list[int], max_threads: int
+) -> GrammarBackend:
+    """The registered engine `name` (or an alias of one); ValueError naming the registered ones."""
+    return STRUCTURED_OUTPUTS_BACKENDS.load(name)(tokenizer, vocab_size, stop_token_ids, max_threads)

@@ -5,6 +5,7 @@ grammar engine returns (seconds, or minutes for a pathological schema). ThreadPo
 workers when the interpreter exits, so the engine core, told to stop, would wait for that compile
 until the API server killed it; daemon threads let it exit at once.
 """
+
 from __future__ import annotations
 
 import threading
@@ -17,8 +18,9 @@ from typing import Any
 class CompilePool:
     def __init__(self, num_threads: int, name: str = "tram-grammar") -> None:
         self._queue: SimpleQueue[tuple[Future, Callable[..., Any], tuple] | None] = SimpleQueue()
-        self._threads = [threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True)
-                         for i in range(num_threads)]
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(num_threads)
+        ]
         for t in self._threads:
             t.start()
 

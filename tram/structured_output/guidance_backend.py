@@ -1,5 +1,6 @@
 """llguidance (`--structured-outputs-backend guidance`): an Earley parser over a lexer, computing
 each mask on demand; no ahead-of-time compile, so huge schemas start at once."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,8 @@ import llguidance.hf
 import llguidance.numpy
 import numpy as np
 
+from tram.sampling_params import StructuredOutputsParams
 from tram.structured_output.backend import KIND_NAMES, GrammarBackend, GrammarCompileError, Matcher
-from tram.structured_output.params import StructuredOutputsParams
 
 
 class GuidanceMatcher(Matcher):
@@ -75,8 +76,9 @@ class GuidanceBackend(GrammarBackend):
             return llguidance.grammar_from("choice", json.dumps(params.choice))
         if kind == "grammar":
             return llguidance.grammar_from("grammar", params.grammar or "")
-        raise GrammarCompileError(params.source_field or "structured_outputs",
-                                  "structural_tag needs the xgrammar backend")
+        raise GrammarCompileError(
+            params.source_field or "structured_outputs", "structural_tag needs the xgrammar backend"
+        )
 
     def compile(self, params: StructuredOutputsParams) -> llguidance.LLMatcher:
         field = params.source_field or "structured_outputs"

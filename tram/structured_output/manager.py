@@ -7,6 +7,7 @@ the GIL). A compile that fails, or is still running at its deadline, fails that 
 bitmask is built after scheduling and travels to the worker in the SchedulerOutput, so the worker
 needs no grammar engine; a step with no constrained request to sample sends none and costs nothing.
 """
+
 from __future__ import annotations
 
 import logging
@@ -20,10 +21,10 @@ import msgspec
 import numpy as np
 
 from tram.core.request import Request
-from tram.core.sched_output import GrammarBitmask, SchedulerOutput
+from tram.core.sched_output import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
+from tram.sampling_params import StructuredOutputsParams
 from tram.structured_output.backend import GrammarCompileError, make_backend
 from tram.structured_output.compile_pool import CompilePool
-from tram.structured_output.params import StructuredOutputsParams
 from tram.structured_output.request import StructuredOutputRequest
 
 logger = logging.getLogger(__name__)
@@ -45,9 +46,17 @@ class StructuredOutputStats:
 
 
 class StructuredOutputManager:
-    def __init__(self, backend: str, tokenizer: Any, vocab_size: int, stop_token_ids: list[int],
-                 max_num_seqs: int, compile_timeout: float, num_threads: int = 2,
-                 disable_any_whitespace: bool = False) -> None:
+    def __init__(
+        self,
+        backend: str,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_token_ids: list[int],
+        max_num_seqs: int,
+        compile_timeout: float,
+        num_threads: int = 2,
+        disable_any_whitespace: bool = False,
+    ) -> None:
         self.backend = make_backend(backend, tokenizer, vocab_size, stop_token_ids, num_threads)
         self.compile_timeout = compile_timeout
         self.disable_any_whitespace = disable_any_whitespace  # the server's default for JSON constraints
@@ -88,8 +97,9 @@ class StructuredOutputManager:
         except GrammarCompileError:
             raise
         except Exception as e:  # noqa: BLE001 - any engine error is this request's, never the loop's
-            raise GrammarCompileError(params.source_field or "structured_outputs",
-                                      f"could not compile the {params.kind} constraint: {e}") from e
+            raise GrammarCompileError(
+                params.source_field or "structured_outputs", f"could not compile the {params.kind} constraint: {e}"
+            ) from e
         finally:
             self.stats.compile_seconds.append(time.perf_counter() - start)
 
@@ -130,6 +140,22 @@ class StructuredOutputManager:
         return None
 
     # ---- one step --------------------------------------------------------------------------
+    def fill_bitmask(self, sched: SchedulerOutput, requests: dict[str, Request]) -> None:
+        """Before the step runs: give `sched` the rows its constrained requests sample with."""
+        sched.grammar_bitmask = self.grammar_bitmask(sched, requests)
+
+    def advance(self, sched: SchedulerOutput, result: ModelRunnerOutput, requests: dict[str, Request]) -> None:
+        """After the step ran: move each constrained request's grammar past the token it sampled.
+        Called before the scheduler's update, whose stop check asks the grammar if it has ended.
+        Requests finished while the step ran are gone from `requests` and skipped, as there."""
+        for rid in self.live:
+            token = result.sampled_token_ids.get(rid)
+            if token is None or rid not in sched.num_scheduled_tokens:
+                continue
+            req = requests.get(rid)
+            if req is not None and req.structured_output is not None:
+                req.structured_output.accept_token(token)
+
     def grammar_bitmask(self, sched: SchedulerOutput, requests: dict[str, Request]) -> GrammarBitmask | None:
         """Rows for the scheduled constrained requests that sample this step (their prompt and
         outputs all computed after it). Work in proportion to the constrained requests alone: a
@@ -149,7 +175,7 @@ class StructuredOutputManager:
             ids.append(rid)
         if not ids:
             return None
-        return GrammarBitmask(ids, self.words, self.bitmask[:len(ids)].tobytes())
+        return GrammarBitmask(ids, self.words, self.bitmask[: len(ids)].tobytes())
 
     def shutdown(self) -> None:
         self.pool.shutdown()

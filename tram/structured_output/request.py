@@ -1,7 +1,9 @@
 """One constrained request's grammar: a compile in flight until it is ready, then its matcher.
 
-The scheduler (tram/core, torch-free) sees only `is_ready`, `accept_token` and `is_terminated`.
+The scheduler (tram/core, torch-free) sees only `is_ready` and `is_terminated`; the engine core's
+manager advances it with `accept_token` after each step.
 """
+
 from __future__ import annotations
 
 import logging
@@ -11,15 +13,16 @@ from typing import Any
 
 import numpy as np
 
+from tram.sampling_params import StructuredOutputsParams
 from tram.structured_output.backend import GrammarBackend, GrammarCompileError, Matcher
-from tram.structured_output.params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 
 
 class StructuredOutputRequest:
-    def __init__(self, params: StructuredOutputsParams, compiled: Future, backend: GrammarBackend,
-                 deadline: float) -> None:
+    def __init__(
+        self, params: StructuredOutputsParams, compiled: Future, backend: GrammarBackend, deadline: float
+    ) -> None:
         self.params = params
         self.compiled = compiled
         self.backend = backend
@@ -48,8 +51,10 @@ class StructuredOutputRequest:
             return GrammarCompileError(self.field, f"{self.field}: {reason}")
         if (time.monotonic() if now is None else now) > self.deadline:
             return GrammarCompileError(
-                self.field, f"{self.field}: compiling the {self.params.kind} constraint took too long (the limit "
-                "is set by --structured-outputs-compile-timeout); simplify the schema")
+                self.field,
+                f"{self.field}: compiling the {self.params.kind} constraint took too long (the limit "
+                "is set by --structured-outputs-compile-timeout); simplify the schema",
+            )
         return None
 
     @property

@@ -1,5 +1,6 @@
 """xgrammar (the default engine): compiles JSON schemas, regexes, EBNF and structural tags into a
 grammar with precomputed token masks per state, so a matcher's fill is a few microseconds."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,8 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
+from tram.sampling_params import StructuredOutputsParams
 from tram.structured_output.backend import KIND_NAMES, GrammarBackend, GrammarCompileError, Matcher, choice_ebnf
-from tram.structured_output.params import StructuredOutputsParams
 
 
 class XgrammarMatcher(Matcher):
@@ -41,14 +42,17 @@ class XgrammarBackend(GrammarBackend):
     def compile(self, params: StructuredOutputsParams) -> xgr.CompiledGrammar:
         kind = params.kind
         if params.whitespace_pattern is not None:
-            raise GrammarCompileError(params.source_field or "structured_outputs",
-                                      "whitespace_pattern needs --structured-outputs-backend guidance")
+            raise GrammarCompileError(
+                params.source_field or "structured_outputs",
+                "whitespace_pattern needs --structured-outputs-backend guidance",
+            )
         try:
             if kind == "json":
                 # strict_mode (xgrammar's default, as vLLM uses it): no properties or items beyond
                 # those the schema names, so disable_additional_properties always holds here.
                 return self.compiler.compile_json_schema(
-                    params.schema(), any_whitespace=not params.disable_any_whitespace, strict_mode=True)
+                    params.schema(), any_whitespace=not params.disable_any_whitespace, strict_mode=True
+                )
             if kind == "json_object":
                 if params.disable_any_whitespace:
                     return self.compiler.compile_json_schema({"type": "object"}, any_whitespace=False)
@@ -61,16 +65,19 @@ class XgrammarBackend(GrammarBackend):
                 return self.compiler.compile_grammar(params.grammar)
             return self._compile_structural_tag(params.structural_tag or "")
         except (RuntimeError, ValueError, TypeError, KeyError) as e:
-            raise GrammarCompileError(params.source_field or "structured_outputs",
-                                      f"invalid {KIND_NAMES[kind]}: {_first_line(e)}") from e
+            raise GrammarCompileError(
+                params.source_field or "structured_outputs", f"invalid {KIND_NAMES[kind]}: {_first_line(e)}"
+            ) from e
 
     def _compile_structural_tag(self, text: str) -> xgr.CompiledGrammar:
         """xgrammar's own format ({"type": "structural_tag", "format": ...}), or vLLM's older one
         ({"structures": [{"begin", "schema", "end"}], "triggers": [...]})."""
         spec = json.loads(text)
         if isinstance(spec, dict) and "structures" in spec:
-            tags = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s.get("schema", {})), end=s["end"])
-                    for s in spec["structures"]]
+            tags = [
+                xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s.get("schema", {})), end=s["end"])
+                for s in spec["structures"]
+            ]
             return self.compiler.compile_structural_tag(tags, spec.get("triggers", []))
         return self.compiler.compile_structural_tag(text)
 

@@ -4,6 +4,7 @@ Rows live in a host array [max_num_reqs, max_blocks_per_req]; a step changes onl
 scheduler just handed out. The device copy is the same memory on CPU and a persistent buffer on
 CUDA that a step refreshes with one copy of the live rows (CUDA graphs read it in place).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,7 +29,7 @@ class BlockTable:
     def append(self, row: int, block_ids: list[int]) -> None:
         if block_ids:
             start = int(self.num_blocks[row])
-            self.np[row, start:start + len(block_ids)] = block_ids
+            self.np[row, start : start + len(block_ids)] = block_ids
             self.num_blocks[row] = start + len(block_ids)
 
     def move_row(self, src: int, dst: int) -> None:
@@ -37,7 +38,7 @@ class BlockTable:
         self.num_blocks[dst] = n
 
     def row(self, row: int) -> np.ndarray:
-        return self.np[row, :self.num_blocks[row]]
+        return self.np[row, : self.num_blocks[row]]
 
     def commit(self, num_reqs: int) -> torch.Tensor:
         """The live rows on the device, [num_reqs, max_blocks_per_req] (one copy on CUDA, none on CPU)."""

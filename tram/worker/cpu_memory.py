@@ -2,17 +2,19 @@
 
 A step allocates and frees the same activation buffers again and again, most of them between
 128 KiB and a few MiB. With glibc's defaults, freed memory at the top of the heap beyond a small
-trim threshold goes back to the kernel, and the next step faults every page of it in again. On this
-project's VM a minor fault costs about 6 us: a 480-token prefill of the 15M preset took 6,000 faults
-and 80-90 ms instead of 50 ms, at random, whenever a trim had just happened (docs/benchmarks.md).
+trim threshold goes back to the kernel, and the next step faults every page of it in again: thousands
+of minor faults, which slowed a prefill at random whenever a trim had just happened
+(docs/benchmarks.md has the faults and timings).
 Engines solve this with tcmalloc or jemalloc under LD_PRELOAD; mallopt does it from inside.
 """
+
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import logging
-import os
+
+import tram.envs as envs
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +36,7 @@ def keep_freed_memory() -> bool:
     global _done
     if _done:
         return True
-    if os.environ.get("TRAM_CPU_MALLOC_TUNING", "1") == "0":
+    if not envs.TRAM_CPU_MALLOC_TUNING:
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

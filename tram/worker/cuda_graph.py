@@ -15,6 +15,7 @@ seq_lens on the device at replay time.
 With `use_graphs=False` the runner replays eagerly over the same padded buffers, which is how the
 padding and bucketing are tested on machines without CUDA.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -44,8 +45,15 @@ def capture_sizes(max_batch: int) -> list[int]:
 
 class DecodeGraphRunner:
     def __init__(
-        self, model: ModelFn, kv_caches: list[torch.Tensor], buffers: StepBuffers, block_table: BlockTable,
-        max_batch: int, max_model_len: int, num_kv_heads: int, use_graphs: bool = True,
+        self,
+        model: ModelFn,
+        kv_caches: list[torch.Tensor],
+        buffers: StepBuffers,
+        block_table: BlockTable,
+        max_batch: int,
+        max_model_len: int,
+        num_kv_heads: int,
+        use_graphs: bool = True,
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
@@ -69,14 +77,20 @@ class DecodeGraphRunner:
         (attention reads no KV for them), and one query token each."""
         self.slot_mapping[num:size].fill_(-1)
         self.seq_lens[num:size].fill_(0)
-        self.query_start_loc[num + 1:size + 1].copy_(self._offsets[num + 1:size + 1])
+        self.query_start_loc[num + 1 : size + 1].copy_(self._offsets[num + 1 : size + 1])
 
     def _meta(self, size: int) -> AttentionMetadata:
         return AttentionMetadata(
-            num_tokens=size, slot_mapping=self.slot_mapping[:size], query_start_loc=self.query_start_loc[: size + 1],
-            seq_lens=self.seq_lens[:size], block_tables=self.block_tables[:size],
-            query_lens_list=[1] * size, seq_lens_list=[self.max_model_len] * size,
-            max_query_len=1, max_seq_len=self.max_model_len, num_padded_reqs=size,
+            num_tokens=size,
+            slot_mapping=self.slot_mapping[:size],
+            query_start_loc=self.query_start_loc[: size + 1],
+            seq_lens=self.seq_lens[:size],
+            block_tables=self.block_tables[:size],
+            query_lens_list=[1] * size,
+            seq_lens_list=[self.max_model_len] * size,
+            max_query_len=1,
+            max_seq_len=self.max_model_len,
+            num_padded_reqs=size,
             num_splits=choose_num_splits(size, self.num_kv_heads, 1, self.max_model_len),
         )
 
@@ -114,12 +128,16 @@ class DecodeGraphRunner:
         size = self.sizes[bisect.bisect_left(self.sizes, num)]
         # The persistent batch writes the step's inputs into these buffers already; copy only
         # inputs that came from elsewhere.
-        for dst, src in ((self.input_ids, input_ids), (self.positions, positions),
-                         (self.slot_mapping, meta.slot_mapping), (self.seq_lens, meta.seq_lens)):
+        for dst, src in (
+            (self.input_ids, input_ids),
+            (self.positions, positions),
+            (self.slot_mapping, meta.slot_mapping),
+            (self.seq_lens, meta.seq_lens),
+        ):
             if src.data_ptr() != dst.data_ptr():
                 dst[:num].copy_(src, non_blocking=True)
         if meta.block_tables.data_ptr() != self.block_tables.data_ptr():
-            self.block_tables[:num, :meta.block_tables.shape[1]].copy_(meta.block_tables, non_blocking=True)
+            self.block_tables[:num, : meta.block_tables.shape[1]].copy_(meta.block_tables, non_blocking=True)
         self._pad(num, size)
         graph, out = self.graphs[size]
         if graph is None:

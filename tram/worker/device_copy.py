@@ -1,4 +1,5 @@
 """Host-to-device copies of per-step inputs that do not stall the host."""
+
 from __future__ import annotations
 
 import numpy as np

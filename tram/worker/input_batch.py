@@ -8,6 +8,7 @@ requests that finished or were not scheduled leave. A request that leaves frees 
 moves the last rows into the holes so rows stay dense, and only then is the sampling state
 (`sampling_metadata`) rebuilt, once per membership change, never on a steady decode step.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,8 +35,9 @@ class CachedRequestState:
 
 
 class InputBatch:
-    def __init__(self, max_num_reqs: int, max_model_len: int, block_size: int, vocab_size: int,
-                 device: torch.device) -> None:
+    def __init__(
+        self, max_num_reqs: int, max_model_len: int, block_size: int, vocab_size: int, device: torch.device
+    ) -> None:
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
@@ -140,8 +142,9 @@ class InputBatch:
         return self._prompt_logprobs_rows
 
 
-def apply_scheduler_output(batch: InputBatch, requests: dict[str, CachedRequestState], sched: SchedulerOutput,
-                           take_new_tokens: bool = False) -> None:
+def apply_scheduler_output(
+    batch: InputBatch, requests: dict[str, CachedRequestState], sched: SchedulerOutput, take_new_tokens: bool = False
+) -> None:
     """Apply the scheduler's diff to the worker's request states and batch: afterwards the batch
     holds exactly this step's requests, condensed. take_new_tokens: a pipeline stage that does not
     sample appends the output tokens the scheduler sends (the sampling stage appends its own)."""

@@ -5,6 +5,7 @@ tokens) plus the sampler's logits for max_num_seqs rows, read the peak allocatio
 cache gpu_memory_utilization x total memory minus weights, that peak, and what lives outside
 PyTorch's allocator (CUDA context, cuBLAS workspaces).
 """
+
 from __future__ import annotations
 
 import logging
@@ -13,7 +14,6 @@ from dataclasses import dataclass
 import torch
 
 from tram.distributed import get_pp
-
 from tram.model.attention.base import AttentionMetadata
 
 logger = logging.getLogger(__name__)
@@ -30,7 +30,9 @@ class MemoryProfile:
         return int(gpu_memory_utilization * self.total) - self.weights - self.peak_activations - self.non_torch
 
 
-def dummy_prefill_meta(num_tokens: int, max_model_len: int, block_size: int, device: torch.device) -> tuple[AttentionMetadata, int]:
+def dummy_prefill_meta(
+    num_tokens: int, max_model_len: int, block_size: int, device: torch.device
+) -> tuple[AttentionMetadata, int]:
     """Metadata for num_tokens of fresh prompts (as many max_model_len sequences as needed) over
     private blocks 0..n-1; returns it with the number of blocks it uses."""
     lens = [max_model_len] * (num_tokens // max_model_len)
@@ -47,9 +49,15 @@ def dummy_prefill_meta(num_tokens: int, max_model_len: int, block_size: int, dev
         next_block += nb
     qsl = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
     meta = AttentionMetadata(
-        num_tokens=num_tokens, slot_mapping=torch.cat(slots).to(device), query_start_loc=qsl.to(device),
-        seq_lens=torch.tensor(lens, dtype=torch.int32, device=device), block_tables=tables.to(device),
-        query_lens_list=lens, seq_lens_list=lens, max_query_len=max(lens), max_seq_len=max(lens),
+        num_tokens=num_tokens,
+        slot_mapping=torch.cat(slots).to(device),
+        query_start_loc=qsl.to(device),
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+        block_tables=tables.to(device),
+        query_lens_list=lens,
+        seq_lens_list=lens,
+        max_query_len=max(lens),
+        max_seq_len=max(lens),
     )
     return meta, next_block
 
@@ -66,11 +74,16 @@ def run_dummy_step(runner: object, num_tokens: int, num_logit_rows: int) -> int:
     positions = torch.cat([torch.arange(n, device=runner.device) for n in meta.query_lens_list])
     pp = get_pp()
     # A later pipeline stage runs on stand-in hidden states: no stage talks to another here.
-    received = None if pp.is_first else torch.zeros(num_tokens, runner.model_config.hf_config.hidden_size,
-                                                    dtype=runner.dtype, device=runner.device)
+    received = (
+        None
+        if pp.is_first
+        else torch.zeros(
+            num_tokens, runner.model_config.hf_config.hidden_size, dtype=runner.dtype, device=runner.device
+        )
+    )
     hidden = runner.model(ids, positions, caches, meta, received)
     if pp.is_last:
-        rows = hidden[-min(num_logit_rows, num_tokens):]
+        rows = hidden[-min(num_logit_rows, num_tokens) :]
         torch.softmax(runner.model.compute_logits(rows), dim=-1)  # the sampler's largest temporaries
     return num_blocks * runner.bytes_per_block()
 
@@ -89,6 +102,11 @@ def profile_cuda_memory(runner: object, num_tokens: int, num_logit_rows: int) ->
     profile = MemoryProfile(total, weights, peak, non_torch)
     logger.info(
         "GPU memory: total %.2f GiB, weights %.2f GiB, peak activations %.2f GiB at %d tokens, "
-        "outside PyTorch %.2f GiB", total / 2**30, weights / 2**30, peak / 2**30, num_tokens, non_torch / 2**30,
+        "outside PyTorch %.2f GiB",
+        total / 2**30,
+        weights / 2**30,
+        peak / 2**30,
+        num_tokens,
+        non_torch / 2**30,
     )
     return profile

@@ -1,5 +1,6 @@
 """The model runner: applies the scheduler's diff to its persistent batch, runs one forward over the
 flattened batch, and samples. It never sees text."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,9 +11,8 @@ import numpy as np
 import torch
 
 from tram.config import ModelConfig
-from tram.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from tram.core.sched_output import LogprobsLists, ModelRunnerOutput, SchedulerOutput
 from tram.distributed import get_pp, pp_recv, pp_send
-from tram.engine.messages import LogprobsLists
 from tram.model.attention.kv_quant import kv_cache_torch_dtype
 from tram.model.kernels.cpu_kernels import load_cpu_kernels
 from tram.model.loader import load_model
@@ -25,15 +25,20 @@ from tram.worker.sampler import Sampler, compute_token_logprobs
 from tram.worker.step_inputs import PromptLogprobsJob, StepBuffers, StepInputs, prepare_inputs
 
 logger = logging.getLogger(__name__)
-# Tokens in the CPU warm-up step: a long prompt, and ~2.5 TFLOP for a 1B model (about 12 s on 2 cores).
+# Tokens in the CPU warm-up step: a long prompt, yet ~2.5 TFLOP for a 1B model, seconds on a small CPU.
 CPU_WARMUP_TOKENS = 1024
 
 
 class ModelRunner:
     def __init__(
-        self, model_config: ModelConfig, block_size: int, max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 4096, kv_cache_dtype: str = "auto",
+        self,
+        model_config: ModelConfig,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        kv_cache_dtype: str,
     ) -> None:
+        # No defaults here: the worker passes the resolved CacheConfig and SchedulerConfig values.
         model_config.resolve()
         self.model_config = model_config
         self.max_num_seqs = max_num_seqs
@@ -46,14 +51,15 @@ class ModelRunner:
         self.model = load_model(model_config)
         if self.device.type == "cpu":
             keep_freed_memory()
-            # Build (first run on a machine, ~40 s) or load the C++ kernels now, not in the first
+            # Build (first run on a machine, minutes) or load the C++ kernels now, not in the first
             # request's step.
             load_cpu_kernels()
         self.num_layers, self.num_kv_heads, self.head_dim = kv_cache_shape_info(model_config.hf_config)
         self.sampler = Sampler()
         self.requests: dict[str, CachedRequestState] = {}
-        self.input_batch = InputBatch(max_num_seqs, model_config.max_model_len, block_size, self.vocab_size,
-                                      self.device)
+        self.input_batch = InputBatch(
+            max_num_seqs, model_config.max_model_len, block_size, self.vocab_size, self.device
+        )
         # Decode steps have one token per request, so the buffers must hold max_num_seqs tokens too.
         self.buffers = StepBuffers(max(max_num_batched_tokens, max_num_seqs), max_num_seqs, self.device)
         self.kv_caches: list[torch.Tensor] = []
@@ -67,8 +73,9 @@ class ModelRunner:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         # Zeros, not empty: padded attention reads masked slots, and 0 * NaN would poison outputs.
         shape = (2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
-                          for _ in range(self.num_layers)]
+        self.kv_caches = [
+            torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device) for _ in range(self.num_layers)
+        ]
         if self._use_cuda_graphs():
             self.capture_cuda_graphs()
         if self.device.type == "cpu":
@@ -76,7 +83,7 @@ class ModelRunner:
 
     def warm_up(self) -> None:
         """CPU: one dummy prefill before the first request, so that request does not pay for growing
-        the heap (a page fault per 4 KiB page, ~6 us each on this project's VM), MKL's buffers and the
+        the heap (a page fault per 4 KiB page), MKL's buffers and the
         thread pool; with `keep_freed_memory` the memory stays for later steps. Capped so a large
         model does not spend long here; a longer first prompt grows the heap once more."""
         tokens = min(self.max_num_batched_tokens, CPU_WARMUP_TOKENS)
@@ -88,19 +95,33 @@ class ModelRunner:
         # Graphs need a backend that plans nothing on the host; the PyTorch backend does. Pipeline
         # stages talk between their layers, which a captured graph cannot.
         mc = self.model_config
-        return (self.device.type == "cuda" and not mc.enforce_eager and mc.attention_backend == "triton"
-                and get_pp().size == 1)
+        return (
+            self.device.type == "cuda"
+            and not mc.enforce_eager
+            and mc.attention_backend == "triton"
+            and get_pp().size == 1
+        )
 
     def capture_cuda_graphs(self, use_graphs: bool = True) -> None:
         """Decode graphs for batch-size buckets up to max_num_seqs (capped at 512, as vLLM), over the
         persistent batch's own input buffers."""
         self.graph_runner = DecodeGraphRunner(
-            self.model, self.kv_caches, self.buffers, self.input_batch.block_table, min(self.max_num_seqs, 512),
-            self.model_config.max_model_len, self.num_kv_heads, use_graphs=use_graphs,
+            self.model,
+            self.kv_caches,
+            self.buffers,
+            self.input_batch.block_table,
+            min(self.max_num_seqs, 512),
+            self.model_config.max_model_len,
+            self.num_kv_heads,
+            use_graphs=use_graphs,
         )
         seconds = self.graph_runner.capture()
-        logger.info("Captured decode CUDA graphs for %d batch sizes (up to %d) in %.1f s",
-                    len(self.graph_runner.sizes), self.graph_runner.sizes[-1], seconds)
+        logger.info(
+            "Captured decode CUDA graphs for %d batch sizes (up to %d) in %.1f s",
+            len(self.graph_runner.sizes),
+            self.graph_runner.sizes[-1],
+            seconds,
+        )
 
     def profile_memory(self) -> MemoryProfile:
         """Peak GPU memory of the largest step (max_num_batched_tokens), for sizing the KV cache."""

@@ -5,6 +5,7 @@ The persistent batch rebuilds it only when its membership changes (`build_sampli
 its long-lived processors); built from scratch from a list of rows, it is what a test or the
 memory profiler uses, and what the persistent batch must always equal.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -15,8 +16,15 @@ import torch
 from tram.sampling_params import SamplingType
 from tram.worker.device_copy import to_device
 from tram.worker.logits_processors import (
-    LOGITS_PROCESSORS, LogitBiasProcessor, LogitsProcessor, MinPProcessor, MinTokensProcessor, PenaltiesProcessor,
-    SamplingRow, TokenBias, TokenMask,
+    LOGITS_PROCESSORS,
+    LogitBiasProcessor,
+    LogitsProcessor,
+    MinPProcessor,
+    MinTokensProcessor,
+    PenaltiesProcessor,
+    SamplingRow,
+    TokenBias,
+    TokenMask,
 )
 
 __all__ = ["SamplingMetadata", "SamplingRow", "build_sampling_metadata", "make_logits_processors"]
@@ -70,8 +78,12 @@ def make_logits_processors(vocab_size: int, device: torch.device | str) -> list[
     return [cls(vocab_size, torch.device(device)) for cls in LOGITS_PROCESSORS]
 
 
-def build_sampling_metadata(rows: Sequence[SamplingRow], vocab_size: int, device: torch.device | str,
-                            processors: Sequence[LogitsProcessor] | None = None) -> SamplingMetadata:
+def build_sampling_metadata(
+    rows: Sequence[SamplingRow],
+    vocab_size: int,
+    device: torch.device | str,
+    processors: Sequence[LogitsProcessor] | None = None,
+) -> SamplingMetadata:
     """The batch's sampling state, one row per request; `processors` (kept by a persistent batch)
     are brought up to date, or fresh ones are made."""
     device = torch.device(device)
@@ -96,11 +108,19 @@ def build_sampling_metadata(rows: Sequence[SamplingRow], vocab_size: int, device
         if any(0 < p.top_k < vocab_size for p in params):
             ks = [min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in params]
             top_k, max_top_k = column(ks, torch.int64), max(ks)
-    generators = {i: r.generator for i, r in enumerate(rows)
-                  if r.generator is not None and types[i] == SamplingType.RANDOM_SEED}
+    generators = {
+        i: r.generator for i, r in enumerate(rows) if r.generator is not None and types[i] == SamplingType.RANDOM_SEED
+    }
     requested = [vocab_size if p.logprobs == -1 else p.logprobs for p in params if p.logprobs is not None]
     return SamplingMetadata(
-        vocab_size=vocab_size, all_greedy=all_greedy, all_random=all_random, temperature=temperature,
-        top_p=top_p, top_k=top_k, max_top_k=max_top_k, generators=generators,
-        max_num_logprobs=min(max(requested), vocab_size) if requested else None, processors=processors,
+        vocab_size=vocab_size,
+        all_greedy=all_greedy,
+        all_random=all_random,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        max_top_k=max_top_k,
+        generators=generators,
+        max_num_logprobs=min(max(requested), vocab_size) if requested else None,
+        processors=processors,
     )

@@ -4,6 +4,7 @@ Every per-token and per-request input of a step lives in persistent buffers (`St
 arrays written in place, and on CUDA device buffers refreshed with one copy each. The decode CUDA
 graphs are captured over these same device buffers, so a replay needs no copies of its own.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,9 +22,12 @@ class StepBuffers:
     logits_indices [max_reqs]. `np` holds numpy views of the host tensors, `dev` the device ones."""
 
     _SPECS = {
-        "input_ids": (torch.int64, "tokens"), "positions": (torch.int64, "tokens"),
-        "slot_mapping": (torch.int64, "tokens"), "query_start_loc": (torch.int32, "reqs+1"),
-        "seq_lens": (torch.int32, "reqs"), "logits_indices": (torch.int64, "reqs"),
+        "input_ids": (torch.int64, "tokens"),
+        "positions": (torch.int64, "tokens"),
+        "slot_mapping": (torch.int64, "tokens"),
+        "query_start_loc": (torch.int32, "reqs+1"),
+        "seq_lens": (torch.int32, "reqs"),
+        "logits_indices": (torch.int64, "reqs"),
     }
 
     def __init__(self, max_tokens: int, max_reqs: int, device: torch.device) -> None:
@@ -32,8 +36,9 @@ class StepBuffers:
         self.device = device
         self.host = {k: torch.zeros(sizes[n], dtype=dt, pin_memory=pin) for k, (dt, n) in self._SPECS.items()}
         self.np = {k: t.numpy() for k, t in self.host.items()}
-        self.dev = self.host if device.type == "cpu" else {k: torch.zeros_like(t, device=device)
-                                                          for k, t in self.host.items()}
+        self.dev = (
+            self.host if device.type == "cpu" else {k: torch.zeros_like(t, device=device) for k, t in self.host.items()}
+        )
         # Set once a step's host-to-device copies are queued: the next step must not rewrite the pinned
         # host buffers before the copies have read them (a step that samples nothing never syncs).
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
@@ -85,7 +90,7 @@ def prepare_inputs(batch: InputBatch, sched: SchedulerOutput, buffers: StepBuffe
     total = int(cu[-1])
     b = buffers.np
     b["query_start_loc"][0] = 0
-    b["query_start_loc"][1:num_reqs + 1] = cu
+    b["query_start_loc"][1 : num_reqs + 1] = cu
     rows = np.repeat(np.arange(num_reqs), q)
     # positions: each request's slice continues from its computed count
     positions = b["positions"][:total]
@@ -131,7 +136,10 @@ def _prompt_logprobs_jobs(batch: InputBatch, offsets: np.ndarray, q: np.ndarray)
         prompt = state.sampling.prompt_token_ids
         first, end = max(start, state.num_prompt_logprobs_sent), min(start + n, len(prompt) - 1)
         if end > first:
-            jobs.append(PromptLogprobsJob(state.req_id, np.arange(offset + first - start, offset + end - start),
-                                          prompt[first + 1:end + 1]))
+            jobs.append(
+                PromptLogprobsJob(
+                    state.req_id, np.arange(offset + first - start, offset + end - start), prompt[first + 1 : end + 1]
+                )
+            )
             state.num_prompt_logprobs_sent = end
     return jobs

@@ -2,6 +2,7 @@
 executes each step on them. The executor (tram/executor/) owns the workers and says where they run:
 in the engine core's process (one rank) or one process per rank.
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,8 +44,9 @@ class Worker:
     scheduler output, so their persistent batches stay equal; each samples from the same gathered
     logits with the same random state, so they pick the same tokens."""
 
-    def __init__(self, config: EngineConfig, rank: int = 0, world_size: int = 1,
-                 init_method: str | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, rank: int = 0, world_size: int = 1, init_method: str | None = None
+    ) -> None:
         self.config = config
         self.rank = rank
         mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
@@ -58,8 +60,14 @@ class Worker:
         if world_size > 1:
             assert init_method is not None
             pc = config.parallel_config
-            init_parallel(rank, pc.tensor_parallel_size, pc.pipeline_parallel_size, init_method, mc.device_type,
-                          shm_ok=pc.tp_group_on_one_node(rank))
+            init_parallel(
+                rank,
+                pc.tensor_parallel_size,
+                pc.pipeline_parallel_size,
+                init_method,
+                mc.device_type,
+                shm_ok=pc.tp_group_on_one_node(rank),
+            )
         self.model_runner = ModelRunner(mc, cc.block_size, sc.max_num_seqs, sc.max_num_batched_tokens, cc.cache_dtype)
 
     def determine_num_blocks(self) -> int:

@@ -12,6 +12,7 @@ KV cache layout, one tensor per layer: [2, num_blocks, block_size, num_kv_heads,
 model's dtype, or fp8 (kv_quant.py): keys stored as k / k_scale, read back as stored * k_scale
 (values with v_scale); backends ignore the scales for any other cache dtype.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -6,6 +6,7 @@ likewise with v_scale). The scales are per layer (`Attention.k_scale`, `.v_scale
 calibrated checkpoint they are 1.0, as in vLLM. Saturating matters for e4m3: a value past +-448
 would otherwise become NaN on some conversions (torch's CPU cast saturates, a GPU's need not).
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,8 +24,9 @@ def kv_cache_torch_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.dt
     if cache_dtype == "auto":
         return model_dtype
     if cache_dtype not in FP8_KV_DTYPES:
-        raise ValueError(f"kv_cache_dtype {cache_dtype!r} is not supported: choose auto or one of "
-                         f"{', '.join(FP8_KV_DTYPES)}")
+        raise ValueError(
+            f"kv_cache_dtype {cache_dtype!r} is not supported: choose auto or one of {', '.join(FP8_KV_DTYPES)}"
+        )
     return FP8_KV_DTYPES[cache_dtype]
 
 

@@ -14,6 +14,7 @@ An fp8 cache (kv_quant.py) is written quantized; the C++ kernels widen its bytes
 and the PyTorch paths dequantize what they gather to the query's dtype. A prefill then reads its own
 chunk back from the cache too, so every path attends over the same (rounded) keys and values.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -24,7 +25,12 @@ import torch.nn.functional as F
 from tram.model.attention.base import AttentionMetadata
 from tram.model.attention.kv_quant import dequantize_kv, is_fp8, quantize_kv
 from tram.model.kernels.cpu_kernels import SUPPORTED_DTYPES as _CPU_KERNEL_DTYPES
-from tram.model.kernels.cpu_kernels import kernels_for, load_cpu_kernels, paged_decode_attention, paged_prefill_attention_
+from tram.model.kernels.cpu_kernels import (
+    kernels_for,
+    load_cpu_kernels,
+    paged_decode_attention,
+    paged_prefill_attention_,
+)
 
 
 def _sdpa_supports_gqa() -> bool:
@@ -115,20 +121,20 @@ def _window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int |
     return mask
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-          scale: float, causal: bool = False) -> torch.Tensor:
+def _sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bool = False
+) -> torch.Tensor:
     """q [..., H, L, D], k/v [..., Hkv, S, D]; K/V heads are shared by H // Hkv query heads."""
     if q.dim() == 3:
         # PyTorch's CPU flash-attention kernel takes only 4-D inputs; 3-D ones fall back to the math
-        # path, which materialises the [H, L, S] scores (5x slower for a 512-token prompt).
+        # path, which materialises the [H, L, S] scores.
         mask = mask.unsqueeze(0) if mask is not None and mask.dim() == 3 else mask
         return _sdpa(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), mask, scale, causal).squeeze(0)
     groups = q.shape[-3] // k.shape[-3]
     if groups == 1:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
     if _SDPA_HAS_GQA:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
-                                              enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
     k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
 
@@ -163,25 +169,37 @@ class TorchAttentionBackend:
         else:
             out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         if plan.decode_tokens is not None:
-            out[plan.decode_tokens] = self._decode(query[plan.decode_tokens], kv_cache, plan, scale, sliding_window,
-                                                   scales)
+            out[plan.decode_tokens] = self._decode(
+                query[plan.decode_tokens], kv_cache, plan, scale, sliding_window, scales
+            )
         if plan.prefills and query.shape[-1] % 16 == 0 and kernels_for(query) is not None:
             self._cpu_prefills(out, query, kv_cache, meta, plan, scale, sliding_window, scales)
             return out
         for pre in plan.prefills:
-            out[pre.start:pre.end] = self._prefill(query, key, value, kv_cache, pre, scale, sliding_window, scales)
+            out[pre.start : pre.end] = self._prefill(query, key, value, kv_cache, pre, scale, sliding_window, scales)
         return out
 
     @staticmethod
-    def _cpu_prefills(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                      plan: _StepPlan, scale: float, sliding_window: int | None,
-                      scales: KVScales = (1.0, 1.0)) -> None:
+    def _cpu_prefills(
+        out: torch.Tensor,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        plan: _StepPlan,
+        scale: float,
+        sliding_window: int | None,
+        scales: KVScales = (1.0, 1.0),
+    ) -> None:
         """Every prefill chunk of the step in one C++ call (csrc/paged_prefill.cpp), K/V read from the cache."""
         if plan.cpu_prefill_args is None:  # once per step, not per layer
             pres = plan.prefills
             tables = meta.block_tables[_as_index(plan.prefill_reqs, query.device)].to(torch.int32)
-            plan.cpu_prefill_args = (tables, [p.start for p in pres], [p.query_len for p in pres],
-                                     [p.seq_len for p in pres])
+            plan.cpu_prefill_args = (
+                tables,
+                [p.start for p in pres],
+                [p.query_len for p in pres],
+                [p.seq_len for p in pres],
+            )
         paged_prefill_attention_(out, query, kv_cache, *plan.cpu_prefill_args, scale, sliding_window, *scales)
 
     @staticmethod
@@ -191,18 +209,32 @@ class TorchAttentionBackend:
             meta.plan = _plan(meta, block_size, device)
         return meta.plan
 
-    def _decode(self, query: torch.Tensor, kv_cache: torch.Tensor, plan: _StepPlan, scale: float,
-                sliding_window: int | None, scales: KVScales = (1.0, 1.0)) -> torch.Tensor:
+    def _decode(
+        self,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        plan: _StepPlan,
+        scale: float,
+        sliding_window: int | None,
+        scales: KVScales = (1.0, 1.0),
+    ) -> torch.Tensor:
         """query [Bd, H, D] -> [Bd, H, D]: the C++ kernel on CPU, else `_decode_sdpa`."""
         if query.device.type == "cpu" and query.dtype in _CPU_KERNEL_DTYPES and load_cpu_kernels() is not None:
             # K/V read straight from the paged cache: no padded gather, no mask (csrc/paged_decode.cpp).
-            return paged_decode_attention(query, kv_cache, plan.decode_block_tables, plan.decode_seq_lens,
-                                          scale, sliding_window, *scales)
+            return paged_decode_attention(
+                query, kv_cache, plan.decode_block_tables, plan.decode_seq_lens, scale, sliding_window, *scales
+            )
         return self._decode_sdpa(query, kv_cache, plan, scale, sliding_window, scales)
 
     @staticmethod
-    def _decode_sdpa(query: torch.Tensor, kv_cache: torch.Tensor, plan: _StepPlan, scale: float,
-                     sliding_window: int | None, scales: KVScales = (1.0, 1.0)) -> torch.Tensor:
+    def _decode_sdpa(
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        plan: _StepPlan,
+        scale: float,
+        sliding_window: int | None,
+        scales: KVScales = (1.0, 1.0),
+    ) -> torch.Tensor:
         """The PyTorch path of `_decode`: K/V gathered through the block tables, padded and masked."""
         num_kv_heads, head_dim = kv_cache.shape[-2:]
         bd, num_heads = query.shape[0], query.shape[1]
@@ -224,15 +256,23 @@ class TorchAttentionBackend:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [Bd, Hkv, G, D]
         return out.reshape(bd, num_heads, head_dim)
 
-    def _prefill(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                 pre: _Prefill, scale: float, sliding_window: int | None,
-                 scales: KVScales = (1.0, 1.0)) -> torch.Tensor:
+    def _prefill(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        pre: _Prefill,
+        scale: float,
+        sliding_window: int | None,
+        scales: KVScales = (1.0, 1.0),
+    ) -> torch.Tensor:
         """One request's chunk: -> [q_len, H, D]."""
-        q = query[pre.start:pre.end].transpose(0, 1)  # [H, q_len, D]
+        q = query[pre.start : pre.end].transpose(0, 1)  # [H, q_len, D]
         if pre.seq_len == pre.query_len and not is_fp8(kv_cache.dtype):
             # No cached prefix: the step's own K/V are the whole context, no gather needed.
-            k = key[pre.start:pre.end].transpose(0, 1)  # [Hkv, q_len, D]
-            v = value[pre.start:pre.end].transpose(0, 1)  # [Hkv, q_len, D]
+            k = key[pre.start : pre.end].transpose(0, 1)  # [Hkv, q_len, D]
+            v = value[pre.start : pre.end].transpose(0, 1)  # [Hkv, q_len, D]
             if sliding_window is None:
                 return _sdpa(q, k, v, None, scale, causal=True).transpose(0, 1)
         else:
@@ -247,14 +287,15 @@ class TorchAttentionBackend:
         return _sdpa(q, k, v, mask, scale).transpose(0, 1)
 
 
-def _gather_context(kv_cache: torch.Tensor, pre: _Prefill, dtype: torch.dtype,
-                    scales: KVScales = (1.0, 1.0)) -> tuple[torch.Tensor, torch.Tensor]:
+def _gather_context(
+    kv_cache: torch.Tensor, pre: _Prefill, dtype: torch.dtype, scales: KVScales = (1.0, 1.0)
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The request's first seq_len cached keys and values as `dtype`, each [Hkv, seq_len, D]."""
     block_size, num_kv_heads, head_dim = kv_cache.shape[2:]
     num_blocks = -(-pre.seq_len // block_size)
     blocks = pre.block_table[:num_blocks]
-    k = kv_cache[0][blocks].view(-1, num_kv_heads, head_dim)[:pre.seq_len]  # [seq_len, Hkv, D]
-    v = kv_cache[1][blocks].view(-1, num_kv_heads, head_dim)[:pre.seq_len]  # [seq_len, Hkv, D]
+    k = kv_cache[0][blocks].view(-1, num_kv_heads, head_dim)[: pre.seq_len]  # [seq_len, Hkv, D]
+    v = kv_cache[1][blocks].view(-1, num_kv_heads, head_dim)[: pre.seq_len]  # [seq_len, Hkv, D]
     return _read(k, dtype, scales[0]).transpose(0, 1), _read(v, dtype, scales[1]).transpose(0, 1)
 
 
@@ -263,8 +304,13 @@ def _read(cached: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tenso
     return dequantize_kv(cached, dtype, scale) if is_fp8(cached.dtype) else cached
 
 
-def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                   slot_mapping: torch.Tensor, scales: KVScales = (1.0, 1.0)) -> None:
+def write_kv_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    scales: KVScales = (1.0, 1.0),
+) -> None:
     """Scatter key/value [T, Hkv, D] into their slots of kv_cache [2, num_blocks, block_size, Hkv, D]
     (quantized with scales = (k_scale, v_scale) when the cache is fp8)."""
     num_kv_heads, head_dim = kv_cache.shape[-2:]

@@ -5,6 +5,7 @@ lives in device tensors, and the launch grids depend only on (tokens, requests, 
 splits). That is what lets a CUDA graph captured for a decode batch size replay any later decode
 step of that size with other lengths and block tables.
 """
+
 from __future__ import annotations
 
 import torch
@@ -50,12 +51,20 @@ class TritonAttentionBackend:
         num_tokens = query.shape[0]
         write_kv_cache(key, value, kv_cache, meta.slot_mapping[:num_tokens], k_scale, v_scale)
         out = torch.empty_like(query)
-        splits = meta.num_splits or choose_num_splits(
-            meta.num_reqs, key.shape[1], meta.max_query_len, meta.max_seq_len
-        )
+        splits = meta.num_splits or choose_num_splits(meta.num_reqs, key.shape[1], meta.max_query_len, meta.max_seq_len)
         paged_attention(
-            query, kv_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables, scale,
-            num_reqs=meta.num_reqs, max_query_len=meta.max_query_len, sliding_window=sliding_window,
-            num_splits=splits, k_scale=k_scale, v_scale=v_scale,
+            query,
+            kv_cache,
+            out,
+            meta.query_start_loc,
+            meta.seq_lens,
+            meta.block_tables,
+            scale,
+            num_reqs=meta.num_reqs,
+            max_query_len=meta.max_query_len,
+            sliding_window=sliding_window,
+            num_splits=splits,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
         return out

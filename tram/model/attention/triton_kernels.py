@@ -30,6 +30,7 @@ float32 first (`_round_to_fp8`), so the final cast is exact on any GPU and in Tr
 (exact: every fp8 value is a float16 and a bfloat16) and folds k_scale into the score scale and
 v_scale into the output, so a cache with scales of 1 costs no multiply per element.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -54,16 +55,34 @@ def _round_to_fp8(x, FP8_MAX: tl.constexpr, MANT_BITS: tl.constexpr, MIN_EXP: tl
 
 # --------------------------------------------------------------------------------------- KV write
 
+
 @triton.jit
 def _write_kv_kernel(
-    key_ptr, value_ptr, cache_ptr, slot_ptr,
-    k_scale, v_scale,  # fp8 only: stored = x / scale
-    stride_kt, stride_kh, stride_kd,
-    stride_vt, stride_vh, stride_vd,
-    stride_c_kv, stride_c_blk, stride_c_off, stride_c_h, stride_c_d,
+    key_ptr,
+    value_ptr,
+    cache_ptr,
+    slot_ptr,
+    k_scale,
+    v_scale,  # fp8 only: stored = x / scale
+    stride_kt,
+    stride_kh,
+    stride_kd,
+    stride_vt,
+    stride_vh,
+    stride_vd,
+    stride_c_kv,
+    stride_c_blk,
+    stride_c_off,
+    stride_c_h,
+    stride_c_d,
     num_kv_heads,
-    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
-    FP8_MAX: tl.constexpr, MANT_BITS: tl.constexpr, MIN_EXP: tl.constexpr,  # FP8_MAX 0: not an fp8 cache
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    MANT_BITS: tl.constexpr,
+    MIN_EXP: tl.constexpr,  # FP8_MAX 0: not an fp8 cache
 ):
     tok = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
@@ -83,8 +102,14 @@ def _write_kv_kernel(
     tl.store(dst + stride_c_kv, v, mask=mask)
 
 
-def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                   slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+def write_kv_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
     """key/value [T, Hkv, D]; slot_mapping [T] int64; slot < 0 means a padding token: skip it. An
     fp8 cache stores x / scale, saturated, rounded to nearest even."""
     num_tokens, num_kv_heads, head_dim = key.shape
@@ -94,12 +119,23 @@ def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tenso
         return
     fp8_max, mant_bits, min_exp = _FP8_FORMATS.get(kv_cache.dtype, (0.0, 0, 0))
     _write_kv_kernel[(num_tokens,)](
-        key, value, kv_cache, slot_mapping,
-        float(k_scale), float(v_scale),
-        *key.stride(), *value.stride(), *kv_cache.stride(),
+        key,
+        value,
+        kv_cache,
+        slot_mapping,
+        float(k_scale),
+        float(v_scale),
+        *key.stride(),
+        *value.stride(),
+        *kv_cache.stride(),
         num_kv_heads,
-        BLOCK_SIZE=kv_cache.shape[2], HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_H=triton.next_power_of_2(num_kv_heads), FP8_MAX=fp8_max, MANT_BITS=mant_bits, MIN_EXP=min_exp,
+        BLOCK_SIZE=kv_cache.shape[2],
+        HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_H=triton.next_power_of_2(num_kv_heads),
+        FP8_MAX=fp8_max,
+        MANT_BITS=mant_bits,
+        MIN_EXP=min_exp,
         num_warps=_write_num_warps(num_kv_heads * head_dim),
     )
 
@@ -109,6 +145,7 @@ def _write_num_warps(elements: int) -> int:
 
 
 # -------------------------------------------------------------------------------------- attention
+
 
 @triton.jit
 def _find_request(qsl_ptr, q_block, num_reqs, BLOCK_Q: tl.constexpr):
@@ -127,20 +164,43 @@ def _find_request(qsl_ptr, q_block, num_reqs, BLOCK_Q: tl.constexpr):
 
 @triton.jit
 def _attention_kernel(
-    q_ptr, cache_ptr, out_ptr, qsl_ptr, seq_lens_ptr, block_tables_ptr,
-    ws_acc_ptr, ws_m_ptr, ws_l_ptr,  # split-K workspaces; unused when NUM_SPLITS == 1
+    q_ptr,
+    cache_ptr,
+    out_ptr,
+    qsl_ptr,
+    seq_lens_ptr,
+    block_tables_ptr,
+    ws_acc_ptr,
+    ws_m_ptr,
+    ws_l_ptr,  # split-K workspaces; unused when NUM_SPLITS == 1
     qk_scale,  # softmax scale * log2(e) (* k_scale for an fp8 cache): scores live in the log2 domain
     v_scale,  # fp8 cache only: multiplies the output
-    num_reqs, num_tokens, num_heads, window,
-    stride_qt, stride_qh, stride_qd,
-    stride_ot, stride_oh, stride_od,
-    stride_c_kv, stride_c_blk, stride_c_off, stride_c_h, stride_c_d,
+    num_reqs,
+    num_tokens,
+    num_heads,
+    window,
+    stride_qt,
+    stride_qh,
+    stride_qd,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    stride_c_kv,
+    stride_c_blk,
+    stride_c_off,
+    stride_c_h,
+    stride_c_d,
     stride_bt,
     GROUP: tl.constexpr,  # query heads per kv head
-    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,  # BLOCK_D: head_dim padded to a power of two >= 16
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    TILE_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,  # BLOCK_D: head_dim padded to a power of two >= 16
     BLOCK_SIZE: tl.constexpr,
-    USE_WINDOW: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,  # multiply in fp32 (Triton's interpreter cannot tl.dot bfloat16)
     KV_FP8: tl.constexpr,  # the cache holds fp8: widened to q's dtype as loaded
 ):
@@ -165,8 +225,11 @@ def _attention_kernel(
     tok = (q_start + q_idx).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM  # padded dims load as 0: they add nothing to any dot product
-    q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :] * stride_qd,
-                mask=row_valid[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :] * stride_qd,
+        mask=row_valid[:, None] & d_ok[None, :],
+        other=0.0,
+    )
     if DOT_F32:
         q = q.to(tl.float32)
 
@@ -192,10 +255,14 @@ def _attention_kernel(
         k_valid = k_pos < hi
         blk = tl.load(table + k_pos // BLOCK_SIZE, mask=k_valid, other=0).to(tl.int64)
         kv_off = blk * stride_c_blk + (k_pos % BLOCK_SIZE) * stride_c_off + head_off
-        k_t = tl.load(cache_ptr + kv_off[None, :] + d[:, None] * stride_c_d,
-                      mask=k_valid[None, :] & d_ok[:, None], other=0.0)  # [BLOCK_D, TILE_N]
-        v = tl.load(cache_ptr + stride_c_kv + kv_off[:, None] + d[None, :] * stride_c_d,
-                    mask=k_valid[:, None] & d_ok[None, :], other=0.0)  # [TILE_N, BLOCK_D]
+        k_t = tl.load(
+            cache_ptr + kv_off[None, :] + d[:, None] * stride_c_d, mask=k_valid[None, :] & d_ok[:, None], other=0.0
+        )  # [BLOCK_D, TILE_N]
+        v = tl.load(
+            cache_ptr + stride_c_kv + kv_off[:, None] + d[None, :] * stride_c_d,
+            mask=k_valid[:, None] & d_ok[None, :],
+            other=0.0,
+        )  # [TILE_N, BLOCK_D]
         if DOT_F32 or KV_FP8:
             k_t = k_t.to(q.dtype)
             v = v.to(q.dtype)
@@ -216,8 +283,11 @@ def _attention_kernel(
         acc = acc * v_scale
     if NUM_SPLITS == 1:
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od,
-                 o.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & d_ok[None, :])
+        tl.store(
+            out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od,
+            o.to(out_ptr.dtype.element_ty),
+            mask=row_valid[:, None] & d_ok[None, :],
+        )
     else:  # workspaces are contiguous [NUM_SPLITS, T, Hq] (x HEAD_DIM for acc)
         ws = (split * num_tokens + tok) * num_heads + head
         tl.store(ws_m_ptr + ws, m_i, mask=row_valid)
@@ -227,10 +297,21 @@ def _attention_kernel(
 
 @triton.jit
 def _reduce_splits_kernel(
-    out_ptr, ws_acc_ptr, ws_m_ptr, ws_l_ptr, qsl_ptr,
-    num_reqs, num_tokens, num_heads,
-    stride_ot, stride_oh, stride_od,
-    NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    out_ptr,
+    ws_acc_ptr,
+    ws_m_ptr,
+    ws_l_ptr,
+    qsl_ptr,
+    num_reqs,
+    num_tokens,
+    num_heads,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_P2: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -242,11 +323,11 @@ def _reduce_splits_kernel(
     d_ok = d < HEAD_DIM
     ws = (s * num_tokens + tok) * num_heads + head
     m = tl.load(ws_m_ptr + ws, mask=s_valid, other=float("-inf"))
-    l = tl.load(ws_l_ptr + ws, mask=s_valid, other=0.0)
+    row_sum = tl.load(ws_l_ptr + ws, mask=s_valid, other=0.0)
     acc = tl.load(ws_acc_ptr + ws[:, None] * HEAD_DIM + d[None, :], mask=s_valid[:, None] & d_ok[None, :], other=0.0)
     m_max = tl.max(m, 0)
     w = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))  # empty splits weigh 0
-    total = tl.sum(w * l, 0)
+    total = tl.sum(w * row_sum, 0)
     o = tl.sum(w[:, None] * acc, 0) / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + tok * stride_ot + head * stride_oh + d * stride_od, o.to(out_ptr.dtype.element_ty), mask=d_ok)
 
@@ -268,15 +349,20 @@ def _attention_config(group: int, max_query_len: int, head_dim: int, elem_size: 
 
 
 def paged_attention(
-    query: torch.Tensor,            # [T, Hq, D]
-    kv_cache: torch.Tensor,         # [2, num_blocks, block_size, Hkv, D]
-    out: torch.Tensor,              # [T, Hq, D], written
+    query: torch.Tensor,  # [T, Hq, D]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D]
+    out: torch.Tensor,  # [T, Hq, D], written
     query_start_loc: torch.Tensor,  # [B+1] int32 (device), cumulative query lengths
-    seq_lens: torch.Tensor,         # [B] int32 (device), context length incl. this step's tokens
-    block_tables: torch.Tensor,     # [B, max_blocks] int32 (device)
+    seq_lens: torch.Tensor,  # [B] int32 (device), context length incl. this step's tokens
+    block_tables: torch.Tensor,  # [B, max_blocks] int32 (device)
     scale: float,
-    *, num_reqs: int, max_query_len: int, sliding_window: int | None = None, num_splits: int = 1,
-    k_scale: float = 1.0, v_scale: float = 1.0,  # an fp8 cache's K/V are read as stored * scale
+    *,
+    num_reqs: int,
+    max_query_len: int,
+    sliding_window: int | None = None,
+    num_splits: int = 1,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,  # an fp8 cache's K/V are read as stored * scale
 ) -> None:
     """Causal attention of each request's query tokens over its paged context (see module doc)."""
     num_tokens, num_heads, head_dim = query.shape
@@ -303,24 +389,53 @@ def paged_attention(
     else:
         ws_acc = ws_m = ws_l = out  # placeholders, never touched
     _attention_kernel[grid](
-        query, kv_cache, out, query_start_loc, seq_lens, block_tables,
-        ws_acc, ws_m, ws_l,
-        scale * _LOG2E * (k_scale if kv_fp8 else 1.0), float(v_scale),
-        num_reqs, num_tokens, num_heads, sliding_window or 0,
-        *query.stride(), *out.stride(), *kv_cache.stride(), block_tables.stride(0),
-        GROUP=group, BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=tile_n,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_SIZE=block_size,
-        USE_WINDOW=sliding_window is not None, NUM_SPLITS=num_splits,
+        query,
+        kv_cache,
+        out,
+        query_start_loc,
+        seq_lens,
+        block_tables,
+        ws_acc,
+        ws_m,
+        ws_l,
+        scale * _LOG2E * (k_scale if kv_fp8 else 1.0),
+        float(v_scale),
+        num_reqs,
+        num_tokens,
+        num_heads,
+        sliding_window or 0,
+        *query.stride(),
+        *out.stride(),
+        *kv_cache.stride(),
+        block_tables.stride(0),
+        GROUP=group,
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        TILE_N=tile_n,
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_SIZE=block_size,
+        USE_WINDOW=sliding_window is not None,
+        NUM_SPLITS=num_splits,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else None,  # exact fp32; default otherwise
-        DOT_F32=_INTERPRETED and query.dtype == torch.bfloat16, KV_FP8=kv_fp8,
+        DOT_F32=_INTERPRETED and query.dtype == torch.bfloat16,
+        KV_FP8=kv_fp8,
         num_warps=num_warps,
     )
     if num_splits > 1:
         _reduce_splits_kernel[(num_tokens, num_heads)](
-            out, ws_acc, ws_m, ws_l, query_start_loc,
-            num_reqs, num_tokens, num_heads,
+            out,
+            ws_acc,
+            ws_m,
+            ws_l,
+            query_start_loc,
+            num_reqs,
+            num_tokens,
+            num_heads,
             *out.stride(),
-            NUM_SPLITS=num_splits, SPLITS_P2=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
-            BLOCK_D=block_d, num_warps=1 if block_d <= 64 else 2,
+            NUM_SPLITS=num_splits,
+            SPLITS_P2=triton.next_power_of_2(num_splits),
+            HEAD_DIM=head_dim,
+            BLOCK_D=block_d,
+            num_warps=1 if block_d <= 64 else 2,
         )
-

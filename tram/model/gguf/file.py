@@ -2,7 +2,7 @@
 tensors under the Hugging Face names Tram's models use.
 
 Torch-free: the API server process builds the config of `tram serve model.gguf` before the engine
-core starts. gguf_reader.py parses the file (a memory map; nothing is read until used).
+core starts. reader.py parses the file (a memory map; nothing is read until used).
 
 What a GGUF file holds differently from a Hugging Face folder:
   * tensor names (`blk.3.attn_q.weight`) and reversed shapes (ggml's ne order: [K, N]);
@@ -11,6 +11,7 @@ What a GGUF file holds differently from a Hugging Face folder:
     un-permuted (`unpermute_rows`);
   * no `output.weight` when the LM head is tied to the token embedding.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,10 +30,17 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "qwen3": ("Qwen3ForCausalLM", "Qwen3Config"),
 }
 _LAYER_NAMES = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
@@ -65,15 +73,17 @@ def _reader(path: str, mtime: float) -> Any:
         reader = GGUFFile(path)
     except Exception as err:  # noqa: BLE001 - struct, numpy and value errors all mean a broken file
         if "unknown tensor type" in str(err):
-            raise ValueError(f"{path} holds an {err}: written by a newer llama.cpp than the installed gguf "
-                             "package knows (pip install -U gguf)") from err
+            raise ValueError(
+                f"{path} holds an {err}: written by a newer llama.cpp than the installed gguf "
+                "package knows (pip install -U gguf)"
+            ) from err
         raise ValueError(f"{path} is not a readable GGUF file ({type(err).__name__}: {err})") from err
     _check_extent(reader, path)
     return reader
 
 
 def open_gguf(path: str) -> Any:
-    """The parsed file (gguf_reader.GGUFFile, cached); ValueError for a missing package or a broken file."""
+    """The parsed file (reader.GGUFFile, cached); ValueError for a missing package or a broken file."""
     try:
         import gguf  # noqa: F401 - the type tables
     except ImportError as err:
@@ -91,8 +101,10 @@ def _check_extent(reader: Any, path: str) -> None:
     size = os.path.getsize(path)
     for t in reader.tensors:
         if t.data_offset + t.n_bytes > size:
-            raise ValueError(f"{path} is truncated: tensor {t.name} needs bytes up to "
-                             f"{t.data_offset + t.n_bytes}, the file has {size}")
+            raise ValueError(
+                f"{path} is truncated: tensor {t.name} needs bytes up to "
+                f"{t.data_offset + t.n_bytes}, the file has {size}"
+            )
 
 
 def field(reader: Any, key: str, default: Any = None) -> Any:
@@ -102,8 +114,9 @@ def field(reader: Any, key: str, default: Any = None) -> Any:
 def gguf_architecture(reader: Any, path: str) -> str:
     arch = field(reader, "general.architecture")
     if arch not in ARCHITECTURES:
-        raise ValueError(f"GGUF architecture {arch!r} in {path} is not supported: "
-                         f"Tram serves {', '.join(sorted(ARCHITECTURES))}")
+        raise ValueError(
+            f"GGUF architecture {arch!r} in {path} is not supported: Tram serves {', '.join(sorted(ARCHITECTURES))}"
+        )
     return arch
 
 
@@ -145,8 +158,10 @@ def load_gguf_config(path: str) -> Any:
 
 def _rope_parameters(reader: Any, arch: str, names: dict[str, Any], path: str) -> dict[str, Any]:
     """transformers' rope_parameters: the base frequency, and linear scaling when the file has it."""
-    params: dict[str, Any] = {"rope_type": "default", "rope_theta": float(field(reader, f"{arch}.rope.freq_base",
-                                                                                10000.0))}
+    params: dict[str, Any] = {
+        "rope_type": "default",
+        "rope_theta": float(field(reader, f"{arch}.rope.freq_base", 10000.0)),
+    }
     kind = field(reader, f"{arch}.rope.scaling.type", "none")
     if kind == "linear":
         params.update(rope_type="linear", factor=float(field(reader, f"{arch}.rope.scaling.factor")))
@@ -155,8 +170,14 @@ def _rope_parameters(reader: Any, arch: str, names: dict[str, Any], path: str) -
     if "rope_freqs.weight" in names:
         from tram.model.gguf.rope import llama3_rope_parameters
 
-        params.update(llama3_rope_parameters(names["rope_freqs.weight"], params["rope_theta"],
-                                             int(field(reader, f"{arch}.rope.dimension_count", 0)), path))
+        params.update(
+            llama3_rope_parameters(
+                names["rope_freqs.weight"],
+                params["rope_theta"],
+                int(field(reader, f"{arch}.rope.dimension_count", 0)),
+                path,
+            )
+        )
     return params
 
 
@@ -164,5 +185,4 @@ def unpermute_rows(rows: Any, num_heads: int) -> Any:
     """Undo convert_hf_to_gguf.py's q/k permutation of a llama tensor's rows (numpy array [N, ...]):
     per head, rows (pair i, half j) go back from interleaved order to Hugging Face's rotate-half."""
     n = rows.shape[0]
-    return (rows.reshape(num_heads, n // num_heads // 2, 2, *rows.shape[1:])
-            .swapaxes(1, 2).reshape(rows.shape))
+    return rows.reshape(num_heads, n // num_heads // 2, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)

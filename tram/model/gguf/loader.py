@@ -8,6 +8,7 @@ embedding (rows dequantized as they are looked up) and on an untied LM head; a t
 by the embedding's quantized weight. The block-layout kernels are CPU kernels: on a GPU the plan
 keeps nothing, and every tensor is dequantized at load (the file runs in its float model's memory).
 """
+
 from __future__ import annotations
 
 import logging
@@ -19,8 +20,8 @@ import torch
 from torch import nn
 
 from tram.model.gguf.file import IGNORED_TENSORS, close_gguf, gguf_architecture, hf_name, open_gguf, unpermute_rows
-from tram.model.quant.slab_gemm import bf16_gemm_fast
 from tram.model.gguf.weight import GGUF_KEPT_TYPES, GGUFWeight
+from tram.model.quant.slab_gemm import bf16_gemm_fast
 from tram.model.weight_utils import load_named_weight, name_list
 
 logger = logging.getLogger(__name__)
@@ -57,9 +58,11 @@ def plan_gguf_weights(model: nn.Module, path: str, keep_quantized: bool = True) 
     """On the meta-device model: layers whose tensors stay quantized give up their float weight
     (none where `keep_quantized` is False: load_gguf_weights then dequantizes every tensor)."""
     if not keep_quantized:
-        logger.warning("GGUF off the CPU: Tram has no GPU kernels for GGUF's block types yet, so every tensor "
-                       "is dequantized to the model's dtype at load (the float model's memory); the Hugging "
-                       "Face checkpoint, or a GPTQ/AWQ/compressed-tensors one, runs as fast in less memory")
+        logger.warning(
+            "GGUF off the CPU: Tram has no GPU kernels for GGUF's block types yet, so every tensor "
+            "is dequantized to the model's dtype at load (the float model's memory); the Hugging "
+            "Face checkpoint, or a GPTQ/AWQ/compressed-tensors one, runs as fast in less memory"
+        )
         return
     reader = open_gguf(path)
     for t in reader.tensors:
@@ -111,13 +114,23 @@ def load_gguf_weights(model: nn.Module, path: str, hf_config: Any, int8_activati
     close_gguf()  # the map's pages count in the resident set while a reader holds it
     first = next(iter(params.values()))  # every float parameter has the model's dtype and device
     if converted:
-        logger.info("GGUF types %s have no kernel in Tram: dequantized at load to %s",
-                    ", ".join(f"{k} ({n} tensors)" for k, n in sorted(converted.items())), first.dtype)
+        logger.info(
+            "GGUF types %s have no kernel in Tram: dequantized at load to %s",
+            ", ".join(f"{k} ({n} tensors)" for k, n in sorted(converted.items())),
+            first.dtype,
+        )
     logger.info("Read %s: %d tensors kept quantized in %.2f s", path, kept, time.perf_counter() - start)
-    if kept and first.dtype == torch.float32 and first.device.type == "cpu" and not int8_activations \
-            and bf16_gemm_fast():
-        logger.info("GGUF linears take float32 activations (transformers' numbers); this CPU has native "
-                    "bf16 GEMMs, with which --dtype bfloat16 prefills several times faster")
+    if (
+        kept
+        and first.dtype == torch.float32
+        and first.device.type == "cpu"
+        and not int8_activations
+        and bf16_gemm_fast()
+    ):
+        logger.info(
+            "GGUF linears take float32 activations (transformers' numbers); this CPU has native "
+            "bf16 GEMMs, with which --dtype bfloat16 prefills several times faster"
+        )
 
 
 def _stage_skipped(model: nn.Module, name: str) -> set[str]:
@@ -153,13 +166,17 @@ def _dequantized(data: np.ndarray, qtype: int) -> torch.Tensor:
     try:
         return torch.from_numpy(np.array(dequantize(data, GGMLQuantizationType(qtype))))
     except NotImplementedError as err:
-        raise ValueError(f"GGUF type {GGMLQuantizationType(qtype).name} cannot be dequantized by the gguf "
-                         f"package ({err})") from err
+        raise ValueError(
+            f"GGUF type {GGMLQuantizationType(qtype).name} cannot be dequantized by the gguf package ({err})"
+        ) from err
 
 
-def _check_complete(model: nn.Module, params: dict[str, nn.Parameter], loaded: set[str],
-                    unexpected: list[str], path: str) -> None:
+def _check_complete(
+    model: nn.Module, params: dict[str, nn.Parameter], loaded: set[str], unexpected: list[str], path: str
+) -> None:
     missing = sorted(set(params) - loaded)
     if missing or unexpected:
-        raise ValueError(f"GGUF file {path} does not match the model: missing weights {name_list(missing)}; "
-                         f"unexpected tensors {name_list(sorted(unexpected))}")
+        raise ValueError(
+            f"GGUF file {path} does not match the model: missing weights {name_list(missing)}; "
+            f"unexpected tensors {name_list(sorted(unexpected))}"
+        )

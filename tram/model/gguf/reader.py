@@ -7,6 +7,7 @@ server for the config and tokenizer, the engine core for the weights): more than
 weights. Here string arrays are skipped unless asked for, and nothing else is kept. The layout is
 the GGUF v2/v3 specification's (ggml/docs/gguf.md); type sizes come from the gguf package.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -69,8 +70,10 @@ class GGUFFile:
         infos = [self._tensor_info() for _ in range(n_tensors)]
         align = int(self.fields.get("general.alignment", 32))
         start = -(-self._pos // align) * align
-        self.tensors = [GGUFTensor(name, shape, qtype, start + offset, _n_bytes(name, shape, qtype), self._map)
-                        for name, shape, qtype, offset in infos]
+        self.tensors = [
+            GGUFTensor(name, shape, qtype, start + offset, _n_bytes(name, shape, qtype), self._map)
+            for name, shape, qtype, offset in infos
+        ]
 
     def _unpack(self, fmt: str) -> tuple:
         values = struct.unpack_from(fmt, self._map, self._pos)
@@ -82,7 +85,7 @@ class GGUFFile:
         end = self._pos + length
         if end > len(self._map):
             raise ValueError("a string runs past the end of the file")
-        text = self._map[self._pos:end].decode("utf-8", errors="replace")
+        text = self._map[self._pos : end].decode("utf-8", errors="replace")
         self._pos = end
         return text
 

@@ -5,6 +5,7 @@ The factors are a function of (factor, low_freq_factor, high_freq_factor, origin
 the parameters are recovered by matching the published Llama 3.1 / 3.2 settings against the tensor;
 a file whose factors match none of them is refused rather than served with a wrong RoPE.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,7 +39,13 @@ def llama3_rope_parameters(tensor: Any, theta: float, dim: int, path: str) -> di
     for factor, low, high, original in _KNOWN:
         want = llama3_factors(theta, dim, factor, low, high, original)
         if len(want) == len(factors) and all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(want, factors)):
-            return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low, "high_freq_factor": high,
-                    "original_max_position_embeddings": original}
-    raise ValueError(f"{path}: rope_freqs.weight matches no known Llama 3 RoPE scaling "
-                     f"(factor/low/high/original in {list(_KNOWN)})")
+            return {
+                "rope_type": "llama3",
+                "factor": factor,
+                "low_freq_factor": low,
+                "high_freq_factor": high,
+                "original_max_position_embeddings": original,
+            }
+    raise ValueError(
+        f"{path}: rope_freqs.weight matches no known Llama 3 RoPE scaling (factor/low/high/original in {list(_KNOWN)})"
+    )

@@ -13,8 +13,9 @@ to). A row of a weight [N, K] is K / block_size blocks, each a run of bytes with
     per-thread float32 buffer and multiplies every row of x by it (csrc/tiled_gemm.h). With
     bfloat16 x on a CPU with native bf16 GEMMs (AMX, AVX512-BF16), from 32 rows on (128 for an
     LM head), W is decoded to bfloat16 a slab at a time for oneDNN's GEMM instead (slab_gemm.py):
-    3-5x faster at a prefill's thousands of rows there; so is float32 x to float32 slabs for MKL
-    where the kernels were built without AVX-512 (1.1-1.4x).
+    there the native bf16 GEMM outruns the float32 tiled GEMM once the decode is spread over many
+    rows; so does float32 x on float32 slabs for MKL where the kernels were built without AVX-512
+    (docs/benchmarks.md has the crossovers behind these row limits).
   * No kernels (TRAM_CPU_KERNELS=0, another device, float16): `dequantize_gguf` below, in PyTorch,
     then F.linear in float32 (`reference_linear`).
 
@@ -27,10 +28,11 @@ dequantized weight.
 The type ids and block sizes are written out here (they are part of the file format) so that this
 module does not need the gguf package; the tests check them against it.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -39,11 +41,25 @@ from tram.model.quant.slab_gemm import Decode, slab_linear, wants_slabs
 from tram.model.quant.weights import SKINNY_MAX_ROWS, QuantizedWeight, _kernels, reference_linear
 
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 6, 7, 8, 12, 13, 14  # gguf.GGMLQuantizationType values
-_NAMES = {Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q4_K: "Q4_K", Q5_K: "Q5_K",
-          Q6_K: "Q6_K"}
+_NAMES = {
+    Q8_0: "Q8_0",
+    Q4_0: "Q4_0",
+    Q4_1: "Q4_1",
+    Q5_0: "Q5_0",
+    Q5_1: "Q5_1",
+    Q4_K: "Q4_K",
+    Q5_K: "Q5_K",
+    Q6_K: "Q6_K",
+}
 BLOCK_SIZES = {  # (k, bytes) per block
-    Q8_0: (32, 34), Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24),
-    Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210),
+    Q8_0: (32, 34),
+    Q4_0: (32, 18),
+    Q4_1: (32, 20),
+    Q5_0: (32, 22),
+    Q5_1: (32, 24),
+    Q4_K: (256, 144),
+    Q5_K: (256, 176),
+    Q6_K: (256, 210),
 }
 GGUF_KEPT_TYPES = frozenset(BLOCK_SIZES)
 
@@ -66,18 +82,21 @@ def check_gguf_data(data: torch.Tensor, ggml_type: int, in_features: int) -> Non
         raise ValueError(f"GGUF {_type_name(ggml_type)} is not kept quantized: the kept types are {kept}")
     name = _NAMES[ggml_type]
     if data.dtype != torch.uint8 or data.dim() != 2:
-        raise ValueError(f"GGUF {name} data must be a 2-D uint8 tensor [N, row_bytes], got {data.dtype} "
-                         f"{tuple(data.shape)}")
+        raise ValueError(
+            f"GGUF {name} data must be a 2-D uint8 tensor [N, row_bytes], got {data.dtype} {tuple(data.shape)}"
+        )
     block, size = BLOCK_SIZES[ggml_type]
     if in_features <= 0 or in_features % block:
         raise ValueError(f"GGUF {name} rows hold a multiple of {block} weights, not in_features={in_features}")
     if data.shape[1] != in_features // block * size:
-        raise ValueError(f"GGUF {name} rows of {in_features} weights are {in_features // block * size} bytes, "
-                         f"got {data.shape[1]}")
+        raise ValueError(
+            f"GGUF {name} rows of {in_features} weights are {in_features // block * size} bytes, got {data.shape[1]}"
+        )
 
 
 # ---- the pure-PyTorch dequantizers: blocks [B, bytes] uint8 -> [B, block] float32, each value bit
 # for bit gguf.quants.dequantize's (the same products and differences, each rounded to float32) -----
+
 
 def _f16(b: torch.Tensor) -> torch.Tensor:
     """[B, 2] bytes -> [B, 1] float32 (fp16 widens exactly)."""
@@ -156,7 +175,14 @@ def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
 
 
 _DEQUANTIZERS: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
-    Q8_0: _q8_0, Q4_0: _q4_0, Q4_1: _q4_1, Q5_0: _q5_0, Q5_1: _q5_1, Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k,
+    Q8_0: _q8_0,
+    Q4_0: _q4_0,
+    Q4_1: _q4_1,
+    Q5_0: _q5_0,
+    Q5_1: _q5_1,
+    Q4_K: _q4_k,
+    Q5_K: _q5_k,
+    Q6_K: _q6_k,
 }
 
 
@@ -179,7 +205,7 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.reshape(m, k), d.reshape(m, k // 32)
 
 
-def reference_linear_int8(x: torch.Tensor, weight: "GGUFWeight", bias: torch.Tensor | None) -> torch.Tensor:
+def reference_linear_int8(x: torch.Tensor, weight: GGUFWeight, bias: torch.Tensor | None) -> torch.Tensor:
     """The int8-activation product in PyTorch: x's int8 quants times their scales, then F.linear with the
     dequantized weight in float32, rounded once to x's dtype (the kernel differs in summation order only)."""
     q, d = quantize_activations(x)
@@ -219,6 +245,7 @@ class GGUFWeight(QuantizedWeight):
 
     def decoded_rows(self, kernels: ModuleType) -> Decode:
         """Rows n0 .. n1 - 1 of the blocks decoded into a float32 or bfloat16 slab (gguf_dequantize_)."""
+
         def decode(n0: int, n1: int, out: torch.Tensor) -> None:
             kernels.gguf_dequantize_(out, self.data[n0:n1], self.ggml_type)
 

@@ -1,12 +1,13 @@
 """Building the C++ CPU kernels (cpu_kernels.py) with a log that tells the truth, and `tram build-kernels`.
 
 torch.utils.cpp_extension.load compiles with g++ through ninja and prints nothing meanwhile. On a
-first start that build ran inside the engine core process for most of a minute (several on a
-slow machine) while the port refused connections and the log said nothing. So: `tram build-kernels`
+first start that build runs inside the engine core process for minutes while the port refuses
+connections, which looks like a hang. So: `tram build-kernels`
 builds at set-up (scripts/setup.sh runs it), and a build that still happens at start says what it
 is doing, about how long it takes here, that it is still going (every HEARTBEAT_SECONDS), and how
 long it took. The engine core inherits the server's stderr, so its log lines appear there.
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,13 +23,11 @@ from types import ModuleType
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 15.0
-# A fresh build on this project's 2-core VM with nothing else running: 34 s wall, 54 s CPU
-# (docs/benchmarks.md, "Set-up time") until the quantized and fp8 kernels came (issue 16); since
-# then 77-91 s wall, 145 s CPU, and with the int8-activation GGUF kernels (gguf_int8.cpp, one
-# instantiation per type, ISA and tile shape) 124-125 s wall, 216 s CPU; with the GGUF kernel's
-# 5-8-row tiles and passes over k 110-158 s wall on a day whose machine speed swung widely (~135
-# typical). paged_decode.cpp (its fp8 instantiations) takes ~37 s alone, which more cores cannot
-# shorten. A busy machine takes longer: the heartbeat says so.
+# The start-up log's estimate of a fresh build: ninja spreads the files over the cores, but the
+# longest one (paged_decode.cpp with its fp8 instantiations) bounds the wall time whatever their
+# number. Both grow as kernels are added (the GGUF int8 kernels compile once per block type, ISA and
+# tile shape); docs/benchmarks.md ("Set-up time") has the measured builds. A busy machine takes
+# longer: the heartbeat says so.
 _TWO_CORE_SECONDS = 140.0
 _LONGEST_FILE_SECONDS = 40.0
 
@@ -95,9 +94,14 @@ def build_with_progress(name: str, build: Callable[[], ModuleType]) -> ModuleTyp
     cached = is_built(name)
     cores = usable_cores()
     if not cached:
-        logger.info("Building the C++ CPU kernels (once per machine and checkout; `tram build-kernels` does it "
-                    "at set-up): usually about %.0f s with %d core(s). The server answers once they are built. "
-                    "Cache: %s", expected_build_seconds(cores), cores, build_directory(name))
+        logger.info(
+            "Building the C++ CPU kernels (once per machine and checkout; `tram build-kernels` does it "
+            "at set-up): usually about %.0f s with %d core(s). The server answers once they are built. "
+            "Cache: %s",
+            expected_build_seconds(cores),
+            cores,
+            build_directory(name),
+        )
     start = time.monotonic()
     with heartbeat("building the C++ CPU kernels" if not cached else "loading the C++ CPU kernels"):
         module = build()
@@ -121,8 +125,11 @@ def build_kernels_command() -> int:
         module = cpu_kernels.build_cpu_kernels()
     except Exception as e:  # noqa: BLE001 - a compiler error, missing tools: all end in one message
         print(f"error: {e}".rstrip(), file=sys.stderr)
-        print(f"error: the C++ CPU kernels could not be built. Install g++ and ninja, or set "
-              f"{cpu_kernels.ENV_SWITCH}=0 to serve with the slower PyTorch paths.", file=sys.stderr)
+        print(
+            f"error: the C++ CPU kernels could not be built. Install g++ and ninja, or set "
+            f"{cpu_kernels.ENV_SWITCH}=0 to serve with the slower PyTorch paths.",
+            file=sys.stderr,
+        )
         return 1
     elapsed = time.monotonic() - start
     verb = "were already built; loaded" if cached else "built"

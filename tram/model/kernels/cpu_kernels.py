@@ -14,7 +14,7 @@ The extension is built with torch.utils.cpp_extension.load on first use (needs g
 once per process; torch caches the build under its extensions directory (TORCH_EXTENSIONS_DIR,
 default ~/.cache/torch_extensions), keyed by sources and flags, so later processes only load it.
 `tram build-kernels` (run by scripts/setup.sh) builds it ahead of the first start; a build that
-happens at start logs its progress (kernel_build.py).
+happens at start logs its progress (build.py).
 It is compiled with -march=native, so the module name carries a hash of the CPU's features (and of
 the headers) and a cache shared between different machines never hands one a binary for another.
 TRAM_CPU_MARCH names another target (x86-64-v3: AVX2 + FMA, the kernels' floor; x86-64-v4: AVX-512)
@@ -24,6 +24,7 @@ CPU that has more.
 If the build fails, or TRAM_CPU_KERNELS=0, `load_cpu_kernels()` returns None (a warning is logged
 once on failure) and callers keep the pure-PyTorch paths.
 """
+
 from __future__ import annotations
 
 import glob
@@ -37,16 +38,29 @@ from types import ModuleType
 
 import torch
 
+import tram.envs as envs
 from tram.model.kernels.build import build_with_progress
 
 logger = logging.getLogger(__name__)
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
-_SOURCES = [os.path.join(_CSRC, name) for name in (
-    "bindings.cpp", "paged_decode.cpp", "paged_prefill.cpp", "skinny_linear.cpp", "rms_norm.cpp", "rotary.cpp",
-    "silu_and_mul.cpp", "argmax.cpp", "widen.cpp", "quant_linear.cpp",
-    "gguf_linear.cpp", "gguf_int8.cpp",
-)]
+_SOURCES = [
+    os.path.join(_CSRC, name)
+    for name in (
+        "bindings.cpp",
+        "paged_decode.cpp",
+        "paged_prefill.cpp",
+        "skinny_linear.cpp",
+        "rms_norm.cpp",
+        "rotary.cpp",
+        "silu_and_mul.cpp",
+        "argmax.cpp",
+        "widen.cpp",
+        "quant_linear.cpp",
+        "gguf_linear.cpp",
+        "gguf_int8.cpp",
+    )
+]
 # -fopenmp: at::parallel_for is header code that only runs in parallel when compiled with OpenMP
 # (the extension then shares the libgomp torch already loaded). No -ffast-math: the kernels' loops
 # are written to vectorise without it (vector extensions, omp simd reductions, a polynomial exp).
@@ -63,7 +77,7 @@ _module: ModuleType | None = None
 
 def target_arch() -> str:
     """The -march the kernels are built for: TRAM_CPU_MARCH, else native."""
-    march = os.environ.get(MARCH_VAR, "").strip() or "native"
+    march = envs.TRAM_CPU_MARCH
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", march):
         raise ValueError(f"{MARCH_VAR}={march!r} is not a -march name (e.g. native, x86-64-v3, x86-64-v4)")
     return march
@@ -100,18 +114,21 @@ def _build() -> ModuleType:
     from torch.utils.cpp_extension import load
 
     name = extension_name()
-    return build_with_progress(name, lambda: load(
-        name=name,
-        sources=list(_SOURCES),
-        extra_include_paths=[_CSRC],
-        extra_cflags=[*_CFLAGS, f"-march={target_arch()}"],  # copies: load() appends to the lists in place
-        extra_ldflags=list(_LDFLAGS),
-        verbose=False,
-    ))
+    return build_with_progress(
+        name,
+        lambda: load(
+            name=name,
+            sources=list(_SOURCES),
+            extra_include_paths=[_CSRC],
+            extra_cflags=[*_CFLAGS, f"-march={target_arch()}"],  # copies: load() appends to the lists in place
+            extra_ldflags=list(_LDFLAGS),
+            verbose=False,
+        ),
+    )
 
 
 def kernels_enabled() -> bool:
-    return os.environ.get(ENV_SWITCH, "1").strip() != "0"
+    return envs.TRAM_CPU_KERNELS
 
 
 def build_cpu_kernels() -> ModuleType:
@@ -138,8 +155,7 @@ def load_cpu_kernels() -> ModuleType | None:
             try:
                 _module = _build()
             except Exception as exc:  # compiler missing, build error, bad flags on this CPU...
-                logger.warning("CPU kernels unavailable (%s: %s); using the PyTorch paths",
-                               type(exc).__name__, exc)
+                logger.warning("CPU kernels unavailable (%s: %s); using the PyTorch paths", type(exc).__name__, exc)
                 _module = None
         _loaded = True
         return _module
@@ -176,8 +192,9 @@ def paged_decode_attention(
     module = load_cpu_kernels()
     if module is None:
         raise RuntimeError(f"CPU kernels are not available (disabled by {ENV_SWITCH}=0 or failed to build)")
-    return module.paged_decode_attention(query, kv_cache, block_tables, seq_lens, float(scale),
-                                         int(sliding_window or 0), float(k_scale), float(v_scale))
+    return module.paged_decode_attention(
+        query, kv_cache, block_tables, seq_lens, float(scale), int(sliding_window or 0), float(k_scale), float(v_scale)
+    )
 
 
 def paged_prefill_attention_(
@@ -198,8 +215,19 @@ def paged_prefill_attention_(
     module = load_cpu_kernels()
     if module is None:
         raise RuntimeError(f"CPU kernels are not available (disabled by {ENV_SWITCH}=0 or failed to build)")
-    module.paged_prefill_attention_(out, query, kv_cache, block_tables, query_starts, query_lens, seq_lens,
-                                    float(scale), int(sliding_window or 0), float(k_scale), float(v_scale))
+    module.paged_prefill_attention_(
+        out,
+        query,
+        kv_cache,
+        block_tables,
+        query_starts,
+        query_lens,
+        seq_lens,
+        float(scale),
+        int(sliding_window or 0),
+        float(k_scale),
+        float(v_scale),
+    )
 
 
 def _reset_for_tests() -> None:
@@ -222,8 +250,8 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     """logits.argmax(dim=-1) for a 2-D tensor: the C++ kernel for float32 CPU rows (same answer,
-    first maximum or first NaN; 0.14 against 1.72 ms at [128, 32000] on this project's VM), torch
-    elsewhere."""
+    first maximum or first NaN, in one vector pass where torch compares value and index per element),
+    torch elsewhere."""
     if logits.dim() == 2 and logits.dtype == torch.float32 and logits.shape[1] > 0:
         module = kernels_for(logits)
         if module is not None:
@@ -232,8 +260,8 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
 
 
 def to_float32(x: torch.Tensor) -> torch.Tensor:
-    """x.float(): the C++ widening for 16-bit CPU tensors (exact, like the cast; 0.65 against 0.90
-    ms for [128, 32000] bfloat16 logits on this project's VM), torch elsewhere."""
+    """x.float(): the C++ widening for 16-bit CPU tensors (exact, like the cast, and a plain shift for
+    bfloat16; every step of a bf16 model widens its logits), torch elsewhere."""
     if x.dtype == torch.float32:
         return x
     module = kernels_for(x) if x.dtype in (torch.bfloat16, torch.float16) else None

@@ -1,4 +1,5 @@
 """Activations by their Hugging Face config names, computed as transformers' ACT2FN computes them."""
+
 from __future__ import annotations
 
 from collections.abc import Callable

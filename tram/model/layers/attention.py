@@ -1,5 +1,6 @@
 """Self-attention over a flattened, paged batch: q/k/v projections, optional per-head q/k norms,
 RoPE, the attention backend (which writes the paged KV cache), o_proj."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -29,16 +30,27 @@ class Attention(nn.Module):
     with (column-parallel q/k/v, replicated KV heads when tp > num_kv_heads) and a row-parallel o_proj.
     """
 
-    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 backend: AttentionBackend, dtype: torch.dtype, *, qkv_bias: bool, o_bias: bool,
-                 scale: float | None = None, sliding_window: int | None = None,
-                 head_norm: HeadNormFactory | None = None) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        backend: AttentionBackend,
+        dtype: torch.dtype,
+        *,
+        qkv_bias: bool,
+        o_bias: bool,
+        scale: float | None = None,
+        sliding_window: int | None = None,
+        head_norm: HeadNormFactory | None = None,
+    ) -> None:
         super().__init__()
         tp = get_tp()
         q_start, self.num_heads = shard_range(num_heads, tp.rank, tp.size)
         kv_start, self.num_kv_heads = kv_head_range(num_heads, num_kv_heads, tp.rank, tp.size)
         self.head_dim = head_dim
-        self.scale = head_dim ** -0.5 if scale is None else scale
+        self.scale = head_dim**-0.5 if scale is None else scale
         self.sliding_window = sliding_window
         self.backend = backend
         # fp8 KV cache scales (stored = k / k_scale): 1.0 as vLLM without calibration; a checkpoint's
@@ -48,21 +60,24 @@ class Attention(nn.Module):
         d = head_dim
 
         def column(first_head: int, heads: int, total_heads: int) -> ColumnParallelLinear:
-            return ColumnParallelLinear(hidden_size, total_heads * d, first_head * d, heads * d, bias=qkv_bias,
-                                        dtype=dtype)
+            return ColumnParallelLinear(
+                hidden_size, total_heads * d, first_head * d, heads * d, bias=qkv_bias, dtype=dtype
+            )
 
         self.q_proj = column(q_start, self.num_heads, num_heads)
         self.k_proj = column(kv_start, self.num_kv_heads, num_kv_heads)
         self.v_proj = column(kv_start, self.num_kv_heads, num_kv_heads)
-        self.o_proj = RowParallelLinear(num_heads * d, hidden_size, q_start * d, self.num_heads * d, bias=o_bias,
-                                        dtype=dtype)
+        self.o_proj = RowParallelLinear(
+            num_heads * d, hidden_size, q_start * d, self.num_heads * d, bias=o_bias, dtype=dtype
+        )
         if head_norm is not None:
             self.q_norm = head_norm(head_dim)
             self.k_norm = head_norm(head_dim)
         self.has_head_norm = head_norm is not None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:  # x [T, hidden] -> [T, hidden]
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:  # x [T, hidden] -> [T, hidden]
         num_tokens = x.shape[0]
         q, k, v = linear_n(x, (self.q_proj, self.k_proj, self.v_proj))
         if self.has_head_norm:  # per head, before RoPE; on rows of head_dim (one kernel call on CPU)
@@ -72,6 +87,7 @@ class Attention(nn.Module):
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         q, k = apply_rotary_qk(q, k, cos, sin)  # in place on CPU: q and k are fresh tensors
-        out = self.backend.forward(q, k, v, kv_cache, meta, self.scale, self.sliding_window,
-                                   k_scale=self.k_scale, v_scale=self.v_scale)  # [T, H, D]
+        out = self.backend.forward(
+            q, k, v, kv_cache, meta, self.scale, self.sliding_window, k_scale=self.k_scale, v_scale=self.v_scale
+        )  # [T, H, D]
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))  # [T, hidden]

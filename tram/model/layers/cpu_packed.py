@@ -1,31 +1,32 @@
 """oneDNN-packed weights for the CPU linear layers (vLLM's CPU backend packs them the same way).
 
-Why: PyTorch's float32 `F.linear` goes to MKL's sgemm on nn.Linear's [N, K] layout, which reached
-40-170 GFLOP/s on the shapes of a decode or mixed step on this project's 2-core VM, while oneDNN's
-inner product on a weight reordered once into its blocked layout reached 170-210 (float32) and
-270-400 (bfloat16 with AVX512-BF16) on the same shapes, with or without AVX-512 (docs/benchmarks.md,
-"oneDNN-packed linear weights"). The reorder happens once, after loading; the packed copy lives
-beside the plain weight, which the skinny kernel (one or two rows), the embedding (a tied LM head)
-and everything that reads `weight` keep using.
+Why: PyTorch's float32 `F.linear` goes to MKL's sgemm on nn.Linear's [N, K] layout, which on the
+shapes of a decode or mixed step runs well below oneDNN's inner product on a weight reordered once
+into its blocked layout, in float32 and more so in bfloat16 with AVX512-BF16, with or without
+AVX-512 (docs/benchmarks.md, "oneDNN-packed linear weights", has the GFLOP/s). The reorder happens
+once, after loading; the packed copy lives beside the plain weight, which the skinny kernel (one or
+two rows), the embedding (a tied LM head) and everything that reads `weight` keep using.
 
 A weight is packed when torch was built with oneDNN and the dtype is float32 or bfloat16.
 TRAM_CPU_PACKED_LINEAR=0 switches packing off.
 
 bfloat16 on a CPU without bf16 instructions (AVX2 machines such as AMD Zen 3): oneDNN refuses to
-reorder bf16 there, and PyTorch's bf16 `F.linear` converts element by element at 25-40 GFLOP/s
-where float32 runs at 150-200. The packed copy is then float32 (the bf16 values exactly), the few
+reorder bf16 there, and PyTorch's bf16 `F.linear` converts element by element, several times
+slower than float32. The packed copy is then float32 (the bf16 values exactly), the few
 activations are widened and the result rounded once to bfloat16 -- the rounding a bf16 GEMM with
 float32 accumulation makes. It costs twice the bf16 weight's memory beside it; the log says how much.
 """
+
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 
 import torch
 from torch import nn
+
+import tram.envs as envs
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ _LAYOUT_ROWS = 32
 
 
 def packing_enabled() -> bool:
-    return os.environ.get(ENV_SWITCH, "1").strip() != "0" and torch.backends.mkldnn.is_available()
+    return envs.TRAM_CPU_PACKED_LINEAR and torch.backends.mkldnn.is_available()
 
 
 def bf16_gemm_native() -> bool:
@@ -95,8 +96,12 @@ def pack_cpu_linears(model: nn.Module) -> int:
             packed += 1
             extra += weight.numel() * module.packed_weight.element_size()
     if packed:
-        logger.info("Packed %d linear weights for oneDNN in %.2f s (%.0f MiB beside the plain weights)",
-                    packed, time.perf_counter() - start, extra / 2**20)
+        logger.info(
+            "Packed %d linear weights for oneDNN in %.2f s (%.0f MiB beside the plain weights)",
+            packed,
+            time.perf_counter() - start,
+            extra / 2**20,
+        )
     return packed
 
 

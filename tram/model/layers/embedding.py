@@ -1,5 +1,6 @@
 """Token embedding (optionally scaled, as Gemma's) and the LM head that turns hidden states into logits
 (tied to the embedding or its own weight, optionally soft-capped)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -83,8 +84,14 @@ class LMHead(nn.Module):
 
     quant: Any = None
 
-    def __init__(self, hidden_size: int, vocab_size: int, dtype: torch.dtype, tied: bool,
-                 final_logit_softcapping: float | None = None) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        vocab_size: int,
+        dtype: torch.dtype,
+        tied: bool,
+        final_logit_softcapping: float | None = None,
+    ) -> None:
         super().__init__()
         self.tied = tied
         self.softcap = final_logit_softcapping
@@ -108,7 +115,7 @@ class LMHead(nn.Module):
         if self.sharded:  # [N, vocab / tp] -> [N, vocab]
             logits = tp_all_gather(logits)
             if logits.shape[-1] != self.vocab_size:
-                logits = logits[:, :self.vocab_size].contiguous()
+                logits = logits[:, : self.vocab_size].contiguous()
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return to_float32(logits)

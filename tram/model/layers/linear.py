@@ -8,6 +8,7 @@ beats the skinny kernel from 2-3 rows on; an unpacked one keeps the skinny kerne
 then MKL through F.linear. The row limits come from the crossovers measured on the logits and MLP
 shapes of the 15M and 110M presets.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -44,8 +45,9 @@ def takes_packed(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return _packed_usable(x, weight) and x.shape[0] > SKINNY_MAX_ROWS_BESIDE_PACKED.get(x.dtype, 0)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           packed_weight: torch.Tensor | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, packed_weight: torch.Tensor | None = None
+) -> torch.Tensor:
     """x @ weight.T + bias: the skinny kernel for a 2-D CPU input of a few rows, oneDNN when the
     weight has a packed copy (cpu_packed.py), else F.linear. Inference only past F.linear."""
     usable_packed = packed_weight is not None and _packed_usable(x, weight)

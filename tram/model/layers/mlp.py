@@ -1,4 +1,5 @@
 """The gated MLP of Llama-style decoders: down(act(gate(x)) * up(x)), activation chosen by config."""
+
 from __future__ import annotations
 
 import torch
@@ -6,8 +7,8 @@ from torch import nn
 
 from tram.distributed import get_tp, shard_range
 from tram.model.kernels.cpu_kernels import kernels_for
-from tram.model.layers.cpu_packed import PackFn, packed_linear
 from tram.model.layers.activation import get_activation
+from tram.model.layers.cpu_packed import PackFn, packed_linear
 from tram.model.layers.linear import Linear, linear_n, takes_packed
 from tram.model.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear
 
@@ -18,8 +19,9 @@ class GatedMLP(nn.Module):
     Under tensor parallelism each rank holds intermediate_size / tp channels: gate and up are
     column-parallel, down row-parallel (one all-reduce)."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str, bias: bool,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, hidden_act: str, bias: bool, dtype: torch.dtype
+    ) -> None:
         super().__init__()
         tp = get_tp()
         start, size = shard_range(intermediate_size, tp.rank, tp.size)

@@ -1,5 +1,6 @@
 """RMSNorm in the two roundings Hugging Face uses: Llama's (weight times the normalised row cast back)
 and Gemma's (1 + weight, multiplied in float32 before the cast back)."""
+
 from __future__ import annotations
 
 import torch

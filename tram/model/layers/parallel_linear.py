@@ -10,6 +10,7 @@ the checkpoint tensor's full shape before slicing, so a wrong checkpoint fails a
 Each layer keeps its `shard`, so that loaders other than the float weight's (a quantized checkpoint's
 packed tensors, quant/checkpoint_shards.py) cut the same slice.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from torch import nn
 
 from tram.distributed import get_tp, tp_all_reduce
 from tram.model.layers.linear import Linear
-from tram.model.weight_utils import WeightShapeError, WeightLoader, set_weight_loader
+from tram.model.weight_utils import WeightLoader, WeightShapeError, set_weight_loader
 
 
 def slice_loader(dim: int, start: int, size: int, full: int) -> WeightLoader:
@@ -77,8 +78,9 @@ class Shard:
 class ColumnParallelLinear(Linear):
     """Rows [start, start + size) of a [full_out, in_features] linear."""
 
-    def __init__(self, in_features: int, full_out: int, start: int, size: int, *, bias: bool,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self, in_features: int, full_out: int, start: int, size: int, *, bias: bool, dtype: torch.dtype
+    ) -> None:
         super().__init__(in_features, size, bias=bias, dtype=dtype)
         self.shard = Shard(0, start, size, full_out)
         set_weight_loader(self.weight, self.shard.loader())
@@ -89,8 +91,9 @@ class ColumnParallelLinear(Linear):
 class RowParallelLinear(Linear):
     """Columns [start, start + size) of a [out_features, full_in] linear; outputs summed over ranks."""
 
-    def __init__(self, full_in: int, out_features: int, start: int, size: int, *, bias: bool,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self, full_in: int, out_features: int, start: int, size: int, *, bias: bool, dtype: torch.dtype
+    ) -> None:
         super().__init__(size, out_features, bias=bias, dtype=dtype)
         self.tp_size = get_tp().size
         self.shard = Shard(1, start, size, full_in)

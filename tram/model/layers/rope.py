@@ -3,15 +3,16 @@
 The cache is indexed by absolute positions, so a flattened batch of prefill chunks and decodes
 needs no per-request bookkeeping: row t of the batch simply reads cache[positions[t]].
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch import nn
 
 from tram.model.kernels.cpu_kernels import kernels_for
-from torch import nn
 
 _DEFAULT_THETA = 10000.0
 _SLIDING = "sliding_attention"
@@ -55,8 +56,7 @@ def _flat_rope_parameters(params: dict[str, Any], hf_config: Any) -> dict[str, A
     return params
 
 
-def _inv_freq_and_scaling(hf_config: Any, head_dim: int,
-                          layer_type: str | None) -> tuple[torch.Tensor, float]:
+def _inv_freq_and_scaling(hf_config: Any, head_dim: int, layer_type: str | None) -> tuple[torch.Tensor, float]:
     """Inverse frequencies (float32, CPU) and the cos/sin multiplier, exactly as transformers computes them."""
     params = rope_parameters(hf_config, layer_type)
     rope_type = params["rope_type"]
@@ -96,8 +96,9 @@ class RotaryEmbedding(nn.Module):
     max_position_embeddings (transformers re-derives frequencies beyond that, which a KV cache cannot follow).
     """
 
-    def __init__(self, hf_config: Any, head_dim: int, max_positions: int | None = None,
-                 layer_type: str | None = None) -> None:
+    def __init__(
+        self, hf_config: Any, head_dim: int, max_positions: int | None = None, layer_type: str | None = None
+    ) -> None:
         super().__init__()
         self.head_dim = head_dim
         # Forced onto the CPU so that building the model under a meta device context still yields numbers.
@@ -132,17 +133,18 @@ class LayerTypeRotaryEmbedding(nn.Module):
 
     def __init__(self, hf_config: Any, head_dim: int, layer_types: Sequence[str]) -> None:
         super().__init__()
-        self.ropes = nn.ModuleDict({t: RotaryEmbedding(hf_config, head_dim, layer_type=t)
-                                    for t in sorted(set(layer_types))})
+        self.ropes = nn.ModuleDict(
+            {t: RotaryEmbedding(hf_config, head_dim, layer_type=t) for t in sorted(set(layer_types))}
+        )
 
-    def cos_sin(self, positions: torch.Tensor,
-                dtype: torch.dtype) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Layer type -> (cos, sin), each [T, 1, rotary_dim] in dtype."""
         return {t: rope.cos_sin(positions, dtype) for t, rope in self.ropes.items()}
 
 
-def apply_rotary_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-                    sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_rotary_qk(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate query [T, H, D] and key [T, Hkv, D] with cos/sin [T, 1, rotary_dim].
 
     On CPU the C++ kernel rotates both in place in one call (bitwise the same as `apply_rotary`),

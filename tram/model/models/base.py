@@ -1,11 +1,12 @@
 """What every causal LM in Tram looks like to the model runner."""
+
 from __future__ import annotations
 
 import torch
 from torch import nn
 
 from tram.model.attention import AttentionBackend, AttentionMetadata, get_attention_backend
-from tram.model.layers import LMHead, VocabEmbedding
+from tram.model.layers.embedding import LMHead, VocabEmbedding
 
 
 def resolve_backend(attention_backend: AttentionBackend | str) -> AttentionBackend:
@@ -16,7 +17,8 @@ class CausalLM(nn.Module):
     """A decoder-only LM on a flattened variable-length batch with a paged KV cache.
 
     forward(input_ids [T], positions [T], kv_caches (one [2, num_blocks, block_size, Hkv, D] tensor per
-    layer of this pipeline stage), meta, hidden) -> hidden [T, hidden_size] (normed on the last stage); compute_logits(hidden [N, hidden_size]) -> [N, vocab] float32.
+    layer of this pipeline stage), meta, hidden) -> hidden [T, hidden_size] (normed on the last stage);
+    compute_logits(hidden [N, hidden_size]) -> [N, vocab] float32.
 
     Families build `self.model` (a decoder whose forward has that signature and which owns
     `embed_tokens`) and `self.lm_head`, and are constructed as cls(hf_config, dtype, attention_backend).
@@ -28,8 +30,14 @@ class CausalLM(nn.Module):
     # Checkpoint names of the modules another pipeline stage owns (pipeline.cut_to_stage); the loader skips them.
     missing_prefixes: tuple[str, ...] = ()
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
-                meta: AttentionMetadata, hidden: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+        hidden: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """`hidden`: the previous pipeline stage's output, on every stage but the first."""
         return self.model(input_ids, positions, kv_caches, meta, hidden)
 

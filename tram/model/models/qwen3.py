@@ -5,6 +5,7 @@ Unlike Qwen2, q/k/v carry a bias only when config.attention_bias says so (o_proj
 head_dim is explicit in the config (128 for every released size, whatever hidden_size / heads is),
 which DecoderSpec reads. Sliding windows follow layer_types as for Qwen2.
 """
+
 from __future__ import annotations
 
 from tram.model.models.llama import LlamaForCausalLM

@@ -1,41 +1,22 @@
-"""Quantizing a loaded float model's linear layers on the fly (`quantization="int8"` / `"int4"`).
+"""Quantizing a loaded float model's linear layers on the fly (`quantization="int8"` / `"int4"`, the
+methods names.ON_THE_FLY lists; check.py says whether they run on a device).
 
 Every `Linear` (q/k/v, o, gate/up, down; their tensor-parallel shards too) gets a `quant` weight
 and gives up its float one; the embedding and the LM head stay in the model's dtype, as in vLLM
 and llama.cpp's usual mixes (the head is one layer, and its precision shows in every logit).
 """
+
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 import torch
 from torch import nn
 
-from tram.model.quant.checkpoints import CHECKPOINT_METHODS, check
 from tram.model.quant.weights import Int4Weight, Int8Weight, QuantizedWeight, int4_group_size
 
 logger = logging.getLogger(__name__)
-
-ON_THE_FLY = ("int8", "int4")
-
-
-def check_quantization(method: str | None, device_type: str, hf_config: Any = None,
-                       tensor_parallel_size: int = 1) -> None:
-    """ValueError, naming what is supported, for a method Tram cannot run here. A quantized
-    checkpoint's method is checked against its config (`hf_config`) where given."""
-    if method is None:
-        return
-    if method in CHECKPOINT_METHODS:
-        check(method, device_type, hf_config, tensor_parallel_size)
-        return
-    if method not in ON_THE_FLY:
-        raise ValueError(f"quantization {method!r} is not supported: choose {' or '.join(ON_THE_FLY)} "
-                         "(weight-only, made from a float checkpoint at load), or serve a GPTQ, AWQ or "
-                         "compressed-tensors checkpoint (its config.json's quantization_config selects it)")
-    if device_type not in ("cpu", "cuda"):
-        raise ValueError(f"quantization {method!r} runs on CPU and CUDA devices, not {device_type!r}")
 
 
 def quantize_weight(method: str, weight: torch.Tensor) -> tuple[QuantizedWeight, str]:
@@ -70,6 +51,12 @@ def quantize_linears(model: nn.Module, method: str) -> int:
         count += 1
     if count:
         used = ", ".join(f"{n} {f}" for f, n in sorted(formats.items()))
-        logger.info("Quantized %d linear layers (%s) in %.2f s: %.1f MiB -> %.1f MiB", count, used,
-                    time.perf_counter() - start, before / 2**20, after / 2**20)
+        logger.info(
+            "Quantized %d linear layers (%s) in %.2f s: %.1f MiB -> %.1f MiB",
+            count,
+            used,
+            time.perf_counter() - start,
+            before / 2**20,
+            after / 2**20,
+        )
     return count

@@ -1,6 +1,7 @@
 """A quantized checkpoint's Linears under tensor parallelism: each rank unpacks the whole layer's
-tensors (checkpoint_formats.py), keeps its `Shard` (parallel_linear.py) and repacks only that, so it
-holds its slice of the layer in the same int4 / int8 form as one rank holds all of it.
+tensors (its format's `unpack`, formats/), keeps its `Shard` (parallel_linear.py; the format's
+`shard`, which defaults to `shard_weight` here) and repacks only that, so it holds its slice of the
+layer in the same int4 / int8 form as one rank holds all of it.
 
   * Column-parallel (q/k/v, gate/up): output rows [start, start + size) of the values, scales and
     zero points. Groups run along the input, so every rank keeps every group, whole.
@@ -8,13 +9,14 @@ holds its slice of the layer in the same int4 / int8 form as one rank holds all 
     points of every group they touch. Where a rank's columns are whole groups (its share of K a
     multiple of the group size, no act-order) the layer keeps its layout; otherwise (act-order
     groups, which scatter each group over the whole of K, or a group that the rank boundary cuts)
-    the rank holds parts of groups of unequal sizes, which checkpoint_formats.int4_runs stores as
-    runs of 32 columns. vLLM's GPTQ kernels look each column's group up in g_idx instead.
+    the rank holds parts of groups of unequal sizes, which unpacked.int4_runs stores as runs of 32
+    columns. vLLM's GPTQ kernels look each column's group up in g_idx instead.
     Per-channel scales (one group of K) cover any columns: the slice's group is its own width.
 
 int8 (compressed-tensors W8A16) is per output channel: rows and scales for column-parallel, columns
 (all scales) for row-parallel.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -22,14 +24,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from tram.model.quant.checkpoint_formats import Int4Parts
 from tram.model.quant.checkpoint_weight import int8_weight
-from tram.model.quant.weights import QuantizedWeight
+from tram.model.quant.unpacked import Int4Parts, Unpacked
 
 if TYPE_CHECKING:  # parallel_linear imports linear, which imports this package: no import cycle at run time
     from tram.model.layers.parallel_linear import Shard
-
-Unpacked = Int4Parts | QuantizedWeight  # int4 before repacking, or an int8 weight
 
 
 def layer_shard(module: nn.Module) -> Shard | None:
@@ -58,13 +57,13 @@ def shard_weight(weight: Unpacked, shard: Shard) -> Unpacked:
 def _shard_int4(p: Int4Parts, shard: Shard) -> Int4Parts:
     end = shard.start + shard.size
     if shard.dim == 0:  # output rows: every group, whole
-        zero = None if p.zero is None else p.zero[shard.start:end]
-        return Int4Parts(p.q[shard.start:end], p.scale[shard.start:end], zero, p.group, p.g_idx)
-    q = p.q[:, shard.start:end]  # [N, K / tp]
+        zero = None if p.zero is None else p.zero[shard.start : end]
+        return Int4Parts(p.q[shard.start : end], p.scale[shard.start : end], zero, p.group, p.g_idx)
+    q = p.q[:, shard.start : end]  # [N, K / tp]
     if p.group >= p.q.shape[1]:  # per channel: the rank's columns are its one group
         return Int4Parts(q, p.scale, p.zero, shard.size)
     # The groups this rank's columns touch, renumbered 0.. in order, with their scales and zero points;
     # int4_weight keeps the layout where they are whole, runs of 32 where they are not.
-    groups, g_idx = torch.unique(p.groups_of_columns()[shard.start:end], return_inverse=True)
+    groups, g_idx = torch.unique(p.groups_of_columns()[shard.start : end], return_inverse=True)
     zero = None if p.zero is None else p.zero[:, groups]
     return Int4Parts(q, p.scale[:, groups], zero, p.group, g_idx)

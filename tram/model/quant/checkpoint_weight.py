@@ -1,4 +1,4 @@
-"""Weights read from a quantized checkpoint (GPTQ, AWQ, compressed-tensors; quant/checkpoints.py), in
+"""Weights read from a quantized checkpoint (GPTQ, AWQ, compressed-tensors; formats/), in
 the layouts of weights.py so that csrc/quant_linear.cpp runs them:
 
   * CheckpointInt4Weight: Int4Weight's nibbles and group scales, plus a zero point per group where the
@@ -10,6 +10,7 @@ The zero point is an integer, not a float offset m = -zero * scale: (q - zero) i
 each widened weight is exactly (q - zero) * scale, the checkpoint's dequantized value, as the
 symmetric path's (q - 8) * scale is; a fused q * scale + m would round differently.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,13 +33,20 @@ class CheckpointInt4Weight(Int4Weight):
     Act-order checkpoints assign input columns to groups by salience; sorted by group, every group is
     contiguous, as the kernel needs, and x is permuted the same way (index_select) before it, so the
     product is that of the original weight. Groups of unequal sizes are stored as runs of 32 columns
-    (checkpoint_formats.int4_runs), the last of each padded with zero weights whose `perm` entry is
+    (unpacked.int4_runs), the last of each padded with zero weights whose `perm` entry is
     any column of x: then in_features (the stored width) exceeds `x_features`, x's width."""
 
     perm: torch.Tensor | None = None
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, group: int, zero: torch.Tensor | None = None,
-                 perm: torch.Tensor | None = None, x_features: int | None = None) -> None:
+    def __init__(
+        self,
+        q: torch.Tensor,
+        scale: torch.Tensor,
+        group: int,
+        zero: torch.Tensor | None = None,
+        perm: torch.Tensor | None = None,
+        x_features: int | None = None,
+    ) -> None:
         # q [N, K] values 0..15 in stored column order; scale (and zero) [N, K / group]
         self.out_features, self.in_features = q.shape
         self.x_features = self.in_features if x_features is None else x_features

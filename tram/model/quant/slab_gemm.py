@@ -24,6 +24,7 @@ kernels keep their fixed order.
 Slabs of at most SLAB_WEIGHTS weights bound the transient: the whole LM head of a 152K-token
 vocabulary at hidden 896 would be 272 MB of bfloat16.
 """
+
 from __future__ import annotations
 
 import functools
@@ -70,8 +71,9 @@ def wants_slabs(x: torch.Tensor, out_features: int, in_features: int, kernels: M
     return x.shape[0] >= (MIN_ROWS if one_slab else MIN_ROWS_MANY_SLABS)
 
 
-def slab_linear(x: torch.Tensor, out_features: int, in_features: int, decode: Decode,
-                bias: torch.Tensor | None) -> torch.Tensor:
+def slab_linear(
+    x: torch.Tensor, out_features: int, in_features: int, decode: Decode, bias: torch.Tensor | None
+) -> torch.Tensor:
     """x [M, K] @ W.T + bias with W decoded slab by slab in x's dtype; [M, out_features] in x's dtype."""
     rows = max(1, min(out_features, SLAB_WEIGHTS // in_features))
     outs = []

@@ -15,6 +15,7 @@ packed weight tile in registers, so W is read from memory in its packed form onl
 fp32 x multiplies with exact ("ieee") dots, as the attention kernels do. Triton's interpreter
 cannot tl.dot bfloat16: there the tiles are widened to fp32 first (DOT_F32).
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,11 +25,24 @@ import triton.language as tl
 
 @triton.jit
 def _int8_linear_kernel(
-    x_ptr, w_ptr, scale_ptr, bias_ptr, y_ptr,
-    M, N, K,
-    stride_xm, stride_xk, stride_ym, stride_yn,
-    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    scale_ptr,
+    bias_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_ym,
+    stride_yn,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr,
 ):
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -51,12 +65,27 @@ def _int8_linear_kernel(
 
 @triton.jit
 def _int4_linear_kernel(
-    x_ptr, w_ptr, scale_ptr, zero_ptr, bias_ptr, y_ptr,
-    M, N, K,
-    stride_xm, stride_xk, stride_ym, stride_yn,
-    GROUP: tl.constexpr, HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,  # BLOCK_K: 32 | BLOCK_K | GROUP
-    DOT_PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    scale_ptr,
+    zero_ptr,
+    bias_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_ym,
+    stride_yn,
+    GROUP: tl.constexpr,
+    HAS_ZERO: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # BLOCK_K: 32 | BLOCK_K | GROUP
+    DOT_PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr,
 ):
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -118,10 +147,15 @@ def quant_linear_config(rows: int, group: int) -> tuple[int, int, int, int]:
     return 64, 128, _block_k(group, 64), 8
 
 
-def triton_quant_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, group: int,
-                        bias: torch.Tensor | None = None,
-                        config: tuple[int, int, int, int] | None = None,
-                        zero: torch.Tensor | None = None) -> torch.Tensor:
+def triton_quant_linear(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scale: torch.Tensor,
+    group: int,
+    bias: torch.Tensor | None = None,
+    config: tuple[int, int, int, int] | None = None,
+    zero: torch.Tensor | None = None,
+) -> torch.Tensor:
     """y = x @ W.T + bias in x's dtype, W given as weights.py stores it: group 0 is Int8Weight
     (qweight int8 [N, K], scale [N]), else Int4Weight (qweight uint8 [N, K / 2], scale [N, K / group],
     and a checkpoint's uint8 zero points of the same shape, or None: 8). x [..., K] is fp16, bf16 or
@@ -130,7 +164,10 @@ def triton_quant_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Ten
     x2 = x.reshape(-1, k)  # [M, K]
     rows, n = x2.shape[0], qweight.shape[0]
     if group == 0:
-        assert qweight.dtype == torch.int8 and qweight.shape == (n, k) and scale.shape == (n,), (qweight.shape, scale.shape)
+        assert qweight.dtype == torch.int8 and qweight.shape == (n, k) and scale.shape == (n,), (
+            qweight.shape,
+            scale.shape,
+        )
     else:
         assert group % 32 == 0 and k % group == 0, (group, k)
         assert qweight.dtype == torch.uint8 and qweight.shape == (n, k // 2), qweight.shape
@@ -146,14 +183,31 @@ def triton_quant_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Ten
     bias_arg = y if bias is None else bias  # a pointer the kernel never reads where there is no bias
     strides = (*x2.stride(), *y.stride())
     common = dict(
-        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else None,  # exact fp32; default otherwise
-        DOT_F32=_INTERPRETED and x.dtype == torch.bfloat16, num_warps=num_warps,
+        DOT_F32=_INTERPRETED and x.dtype == torch.bfloat16,
+        num_warps=num_warps,
     )
     if group == 0:
         assert zero is None, "int8 weights are symmetric"
         _int8_linear_kernel[grid](x2, qweight, scale, bias_arg, y, rows, n, k, *strides, **common)
     else:
-        _int4_linear_kernel[grid](x2, qweight, scale, scale if zero is None else zero, bias_arg, y, rows, n, k,
-                                  *strides, GROUP=group, HAS_ZERO=zero is not None, **common)
+        _int4_linear_kernel[grid](
+            x2,
+            qweight,
+            scale,
+            scale if zero is None else zero,
+            bias_arg,
+            y,
+            rows,
+            n,
+            k,
+            *strides,
+            GROUP=group,
+            HAS_ZERO=zero is not None,
+            **common,
+        )
     return y.view(*lead, n)

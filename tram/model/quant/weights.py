@@ -17,6 +17,7 @@ were built without AVX-512 (slab_gemm.py).
 `dequantize()` gives the float weight both compute with; `reference_linear` multiplies by it with
 F.linear, the pure-PyTorch path that TRAM_CPU_KERNELS=0 selects and the tests compare against.
 """
+
 from __future__ import annotations
 
 from types import ModuleType
@@ -81,8 +82,9 @@ class QuantizedWeight:
         zero = self.zero
 
         def decode(n0: int, n1: int, out: torch.Tensor) -> None:
-            kernels.quant_dequantize_(out, self.qweight[n0:n1], self.scale[n0:n1], self.group,
-                                      None if zero is None else zero[n0:n1])
+            kernels.quant_dequantize_(
+                out, self.qweight[n0:n1], self.scale[n0:n1], self.group, None if zero is None else zero[n0:n1]
+            )
 
         return decode
 

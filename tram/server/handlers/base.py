@@ -1,4 +1,5 @@
 """What every OpenAI endpoint shares: the engine, the served model names, defaults and prompt rules."""
+
 from __future__ import annotations
 
 import asyncio
@@ -36,9 +37,15 @@ def prompt_logprobs_json(prompt_logprobs: PromptLogprobs | None) -> list[dict[st
     -> {logprob, rank, decoded_token}."""
     if prompt_logprobs is None:
         return None
-    return [None if row is None else {
-        str(t): {"logprob": json_logprob(lp.logprob), "rank": lp.rank, "decoded_token": lp.decoded_token}
-        for t, lp in row.items()} for row in prompt_logprobs]
+    return [
+        None
+        if row is None
+        else {
+            str(t): {"logprob": json_logprob(lp.logprob), "rank": lp.rank, "decoded_token": lp.decoded_token}
+            for t, lp in row.items()
+        }
+        for row in prompt_logprobs
+    ]
 
 
 def generation_config_defaults(model_path: str | None) -> dict[str, Any]:
@@ -61,8 +68,13 @@ class OpenAIServing:
     must not stall every other client and /health (Hugging Face's fast tokenizers release the GIL
     while they encode). One thread, as vLLM's, keeps tokenizations in arrival order."""
 
-    def __init__(self, engine: AsyncLLM, served_model_names: list[str], chat_template: str | None = None,
-                 pool: ThreadPoolExecutor | None = None) -> None:
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        served_model_names: list[str],
+        chat_template: str | None = None,
+        pool: ThreadPoolExecutor | None = None,
+    ) -> None:
         self.pool = pool or ThreadPoolExecutor(1, thread_name_prefix="tram-tokenize")
         self.engine = engine
         self.served_model_names = served_model_names
@@ -79,8 +91,13 @@ class OpenAIServing:
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
-    async def tokenize(self, text: str, add_special_tokens: bool = True, check_length: bool = True,
-                       rule: LengthRule = PROMPT_LENGTH_RULE) -> list[int]:
+    async def tokenize(
+        self,
+        text: str,
+        add_special_tokens: bool = True,
+        check_length: bool = True,
+        rule: LengthRule = PROMPT_LENGTH_RULE,
+    ) -> list[int]:
         """Token ids of a prompt; a text whose length alone proves it cannot fit is refused first."""
         if self.tokenizer is None:
             raise APIError(400, "This server has no tokenizer; send token ids")
@@ -89,8 +106,11 @@ class OpenAIServing:
 
     @staticmethod
     def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens}
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
 
     @staticmethod
     def created() -> int:

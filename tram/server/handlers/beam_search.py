@@ -19,6 +19,7 @@ Conventions (where vLLM leaves a choice):
   minus a trailing EOS. With a generated length, the prompt's size cannot change which beam wins.
 - Only the tokenizer's EOS (`engine.eos_token_ids[0]`) ends a beam, as in vLLM.
 """
+
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable
@@ -52,7 +53,10 @@ def beam_score(seq: BeamSearchSequence, length_penalty: float = 1.0) -> float:
 
 
 async def _next_token_logprobs(
-    engine: Any, token_ids: list[int], params: SamplingParams, request_id: str,
+    engine: Any,
+    token_ids: list[int],
+    params: SamplingParams,
+    request_id: str,
 ) -> dict[int, Logprob]:
     """Run one single-token request and return the logprobs of its only position.
 
@@ -69,14 +73,19 @@ async def _next_token_logprobs(
 
 
 async def _run_step(
-    engine: Any, prompt_token_ids: list[int], beams: list[BeamSearchSequence],
-    params: SamplingParams, step_id: str,
+    engine: Any,
+    prompt_token_ids: list[int],
+    beams: list[BeamSearchSequence],
+    params: SamplingParams,
+    step_id: str,
 ) -> list[dict[int, Logprob]]:
     """Expand every live beam concurrently; on any failure or cancellation abort the rest."""
-    return await gather_or_cancel([
-        _next_token_logprobs(engine, prompt_token_ids + beam.tokens, params, f"{step_id}-{i}")
-        for i, beam in enumerate(beams)
-    ])
+    return await gather_or_cancel(
+        [
+            _next_token_logprobs(engine, prompt_token_ids + beam.tokens, params, f"{step_id}-{i}")
+            for i, beam in enumerate(beams)
+        ]
+    )
 
 
 def _validate(engine: Any, prompt_token_ids: list[int], beam_width: int, max_tokens: int) -> None:
@@ -91,22 +100,33 @@ def _validate(engine: Any, prompt_token_ids: list[int], beam_width: int, max_tok
     if 2 * beam_width > max_logprobs:
         raise ValueError(
             f"beam_width={beam_width} needs {2 * beam_width} logprobs per step, more than the "
-            f"engine's max_logprobs ({max_logprobs})")
-    engine.input_processor.check_prompt_length(
-        len(prompt_token_ids), max_tokens, LengthRule(completion_must_fit=True))
+            f"engine's max_logprobs ({max_logprobs})"
+        )
+    engine.input_processor.check_prompt_length(len(prompt_token_ids), max_tokens, LengthRule(completion_must_fit=True))
 
 
 async def beam_search(
-    engine: Any, prompt_token_ids: list[int], beam_width: int, max_tokens: int, *,
-    length_penalty: float = 1.0, ignore_eos: bool = False, request_id: str,
+    engine: Any,
+    prompt_token_ids: list[int],
+    beam_width: int,
+    max_tokens: int,
+    *,
+    length_penalty: float = 1.0,
+    ignore_eos: bool = False,
+    request_id: str,
 ) -> list[BeamSearchSequence]:
     """Return up to `beam_width` sequences, best score first, with `text` and `finish_reason` set."""
     _validate(engine, prompt_token_ids, beam_width, max_tokens)
     eos_id = engine.eos_token_ids[0] if engine.eos_token_ids else None
     # 2 * beam_width candidates per beam (vLLM's choice): with at most one of them EOS, a beam's own
     # candidates can always refill all beam_width live beams. The text of a step is never used.
-    params = SamplingParams(max_tokens=1, logprobs=2 * beam_width, temperature=0.0, detokenize=False,
-                            output_kind=RequestOutputKind.FINAL_ONLY)
+    params = SamplingParams(
+        max_tokens=1,
+        logprobs=2 * beam_width,
+        temperature=0.0,
+        detokenize=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
 
     def score(seq: BeamSearchSequence) -> float:
         return beam_score(seq, length_penalty)
@@ -116,8 +136,7 @@ async def beam_search(
     for step in range(max_tokens):
         if not live:
             break
-        step_logprobs = await _run_step(
-            engine, prompt_token_ids, live, params, f"{request_id}-beam-{step}")
+        step_logprobs = await _run_step(engine, prompt_token_ids, live, params, f"{request_id}-beam-{step}")
         candidates: list[BeamSearchSequence] = []
         for beam, logprobs in zip(live, step_logprobs):
             for token_id, lp in logprobs.items():
@@ -156,14 +175,21 @@ class BeamSearchCompletion:
     def __init__(self, serving: OpenAIServingCompletion) -> None:
         self.serving = serving
 
-    async def run(self, req: CompletionRequest, request_id: str,
-                  prompts: list[tuple[str | None, list[int]]]) -> dict:
+    async def run(self, req: CompletionRequest, request_id: str, prompts: list[tuple[str | None, list[int]]]) -> dict:
         s = self.serving
         # The remaining context when max_tokens is null, as a sampled completion would get.
-        searches = [beam_search(s.engine, ids, req.n, req.max_tokens or s.max_model_len - len(ids),
-                                length_penalty=req.length_penalty, ignore_eos=req.ignore_eos,
-                                request_id=f"{request_id}-{i}")
-                    for i, (_, ids) in enumerate(prompts)]
+        searches = [
+            beam_search(
+                s.engine,
+                ids,
+                req.n,
+                req.max_tokens or s.max_model_len - len(ids),
+                length_penalty=req.length_penalty,
+                ignore_eos=req.ignore_eos,
+                request_id=f"{request_id}-{i}",
+            )
+            for i, (_, ids) in enumerate(prompts)
+        ]
         results = await gather_or_cancel(searches)
         choices, completion_tokens = [], 0
         for i, ((text, ids), beams) in enumerate(zip(prompts, results)):
@@ -171,17 +197,29 @@ class BeamSearchCompletion:
                 choices.append(self._choice(req, i * req.n + j, text, ids, beam))
                 completion_tokens += len(beam.tokens)
         prompt_tokens = sum(len(ids) for _, ids in prompts)
-        return {"id": request_id, "object": "text_completion", "created": s.created(), "model": s.model_name,
-                "choices": choices, "usage": s.usage(prompt_tokens, completion_tokens)}
+        return {
+            "id": request_id,
+            "object": "text_completion",
+            "created": s.created(),
+            "model": s.model_name,
+            "choices": choices,
+            "usage": s.usage(prompt_tokens, completion_tokens),
+        }
 
-    def _choice(self, req: CompletionRequest, index: int, prompt: str | None, ids: list[int],
-                beam: BeamSearchSequence) -> dict:
+    def _choice(
+        self, req: CompletionRequest, index: int, prompt: str | None, ids: list[int], beam: BeamSearchSequence
+    ) -> dict:
         text = beam.text or ""
         if req.echo:
             prompt_text = prompt if prompt is not None else self.serving.tokenizer.decode(ids)
             text = prompt_text + text
-        return {"index": index, "text": text, "logprobs": None,
-                "finish_reason": beam.finish_reason, "stop_reason": None}
+        return {
+            "index": index,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": beam.finish_reason,
+            "stop_reason": None,
+        }
 
     async def stream(self, req: CompletionRequest, request_id: str, work: Awaitable[dict]) -> AsyncIterator[str]:
         try:
@@ -193,4 +231,3 @@ class BeamSearchCompletion:
         except Exception as e:  # noqa: BLE001 - the status line is gone; report in the stream
             yield stream_error_event(e)
         yield DONE_EVENT
-

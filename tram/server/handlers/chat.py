@@ -1,4 +1,5 @@
 """POST /v1/chat/completions: messages through the chat template, n choices, streamed or not."""
+
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
@@ -12,16 +13,20 @@ from tram.engine.input_processor import PromptTooLongError
 from tram.engine.logprob_text import token_text_table
 from tram.engine.tokenizer import apply_chat_template
 from tram.outputs import CompletionOutput, RequestOutput
-from tram.server.tools.chat import ToolPlan, merge_structured, plan_tools, template_messages, tool_calls_json
-from tram.server.tools.chat_stream import ChoiceDelta, ChoiceToolStreams
+from tram.server.handlers.base import (
+    MESSAGES_LENGTH_RULE,
+    OpenAIServing,
+    json_logprob,
+    prompt_logprobs_json,
+    random_id,
+)
 from tram.server.handlers.choice_ledger import ChoiceLedger
+from tram.server.handlers.streams import DONE_EVENT, respond_unless_disconnected, sse
 from tram.server.protocol.errors import APIError, stream_error_event
 from tram.server.protocol.openai import ChatCompletionRequest, ChatMessage, TokenizeRequest
-from tram.server.handlers.base import (
-    MESSAGES_LENGTH_RULE, OpenAIServing, json_logprob, prompt_logprobs_json, random_id,
-)
+from tram.server.tools.chat import ToolPlan, merge_structured, plan_tools, template_messages, tool_calls_json
+from tram.server.tools.chat_stream import ChoiceDelta, ChoiceToolStreams
 from tram.server.tools.parsers import get_tool_parser
-from tram.server.handlers.streams import DONE_EVENT, respond_unless_disconnected, sse
 
 
 def _message_dict(m: ChatMessage) -> dict[str, Any]:
@@ -33,21 +38,30 @@ def _message_dict(m: ChatMessage) -> dict[str, Any]:
 
 
 class OpenAIServingChat(OpenAIServing):
-    def __init__(self, *args: Any, response_role: str = "assistant", tool_call_parser: str | None = None,
-                 enable_auto_tool_choice: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        response_role: str = "assistant",
+        tool_call_parser: str | None = None,
+        enable_auto_tool_choice: bool = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.response_role = response_role  # --response-role
         self.tool_parser = get_tool_parser(tool_call_parser) if tool_call_parser else None
         self.enable_auto_tool_choice = enable_auto_tool_choice
 
-    def _render_now(self, req: ChatCompletionRequest | TokenizeRequest,
-                    tools: list[dict[str, Any]] | None = None) -> list[int]:
+    def _render_now(
+        self, req: ChatCompletionRequest | TokenizeRequest, tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         """On the tokenizer thread: render, refuse a text too long by its length alone, tokenize."""
         processor = self.engine.input_processor
         template = getattr(req, "chat_template", None) or self.chat_template
         try:
             return apply_chat_template(
-                self.tokenizer, template_messages([_message_dict(m) for m in req.messages]), template,
+                self.tokenizer,
+                template_messages([_message_dict(m) for m in req.messages]),
+                template,
                 add_generation_prompt=req.add_generation_prompt,
                 continue_final_message=req.continue_final_message,
                 add_special_tokens=getattr(req, "add_special_tokens", False),
@@ -60,13 +74,18 @@ class OpenAIServingChat(OpenAIServing):
         except Exception as e:  # noqa: BLE001 - a template that fails on these messages is a bad request
             raise APIError(400, f"The chat template could not render these messages: {e}", "messages") from e
 
-    async def render(self, req: ChatCompletionRequest | TokenizeRequest,
-                     tools: list[dict[str, Any]] | None = None) -> list[int]:
+    async def render(
+        self, req: ChatCompletionRequest | TokenizeRequest, tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         if self.tokenizer is None:
             raise APIError(400, "This server has no tokenizer; chat needs one")
         if req.continue_final_message and req.add_generation_prompt:
-            raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true: "
-                           "set add_generation_prompt to false", "continue_final_message")
+            raise APIError(
+                400,
+                "continue_final_message and add_generation_prompt cannot both be true: "
+                "set add_generation_prompt to false",
+                "continue_final_message",
+            )
         return await self.off_loop(self._render_now, req, tools)
 
     async def create_chat_completion(self, req: ChatCompletionRequest, raw: Request) -> Response:
@@ -89,8 +108,9 @@ class OpenAIServingChat(OpenAIServing):
             return StreamingResponse(self._stream(req, request_id, stream, plan), media_type="text/event-stream")
         return await respond_unless_disconnected(raw, self._collect(req, request_id, stream, plan))
 
-    async def _collect(self, req: ChatCompletionRequest, request_id: str, stream: RequestStream,
-                       plan: ToolPlan) -> dict:
+    async def _collect(
+        self, req: ChatCompletionRequest, request_id: str, stream: RequestStream, plan: ToolPlan
+    ) -> dict:
         final: RequestOutput | None = None
         async for out in stream:
             final = out
@@ -101,11 +121,24 @@ class OpenAIServingChat(OpenAIServing):
             message: dict[str, Any] = {"role": self.response_role, "content": content}
             if calls:
                 message["tool_calls"] = tool_calls_json(calls)
-            choices.append({"index": c.index, "message": message, "logprobs": self._logprobs(req, c),
-                            "finish_reason": finish_reason, "stop_reason": c.stop_reason})
+            choices.append(
+                {
+                    "index": c.index,
+                    "message": message,
+                    "logprobs": self._logprobs(req, c),
+                    "finish_reason": finish_reason,
+                    "stop_reason": c.stop_reason,
+                }
+            )
         num_gen = sum(len(c.token_ids) for c in final.outputs)
-        body = {"id": request_id, "object": "chat.completion", "created": self.created(), "model": self.model_name,
-                "choices": choices, "usage": self.usage(len(final.prompt_token_ids), num_gen)}
+        body = {
+            "id": request_id,
+            "object": "chat.completion",
+            "created": self.created(),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": self.usage(len(final.prompt_token_ids), num_gen),
+        }
         if req.prompt_logprobs is not None:
             body["prompt_logprobs"] = prompt_logprobs_json(final.prompt_logprobs)
         return body
@@ -115,8 +148,10 @@ class OpenAIServingChat(OpenAIServing):
             return None
         content = []
         for token_id, row in zip(c.token_ids, c.logprobs):
-            top = sorted((kv for kv in row.items() if kv[1].rank is not None and kv[1].rank <= (req.top_logprobs or 0)),
-                         key=lambda kv: kv[1].rank)
+            top = sorted(
+                (kv for kv in row.items() if kv[1].rank is not None and kv[1].rank <= (req.top_logprobs or 0)),
+                key=lambda kv: kv[1].rank,
+            )
             content.append({**self._entry(token_id, row), "top_logprobs": [self._entry(t, row) for t, _ in top]})
         return {"content": content}
 
@@ -130,10 +165,16 @@ class OpenAIServingChat(OpenAIServing):
         token = lp.decoded_token if lp.decoded_token is not None else table.alternative(token_id)
         return {"token": token, "logprob": json_logprob(lp.logprob), "bytes": table.token_bytes(token_id, token)}
 
-    async def _stream(self, req: ChatCompletionRequest, request_id: str, stream: RequestStream,
-                      plan: ToolPlan) -> AsyncIterator[str]:
+    async def _stream(
+        self, req: ChatCompletionRequest, request_id: str, stream: RequestStream, plan: ToolPlan
+    ) -> AsyncIterator[str]:
         """One chunk per choice per DELTA output that has something new for it."""
-        head = {"id": request_id, "object": "chat.completion.chunk", "created": self.created(), "model": self.model_name}
+        head = {
+            "id": request_id,
+            "object": "chat.completion.chunk",
+            "created": self.created(),
+            "model": self.model_name,
+        }
         ledger = ChoiceLedger()
         tools = ChoiceToolStreams(plan)
         try:
@@ -152,11 +193,15 @@ class OpenAIServingChat(OpenAIServing):
             await stream.aclose()
         yield DONE_EVENT
 
-    def _chunk(self, req: ChatCompletionRequest, c: CompletionOutput, ledger: ChoiceLedger,
-               delta: ChoiceDelta) -> dict:
+    def _chunk(self, req: ChatCompletionRequest, c: CompletionOutput, ledger: ChoiceLedger, delta: ChoiceDelta) -> dict:
         body: dict[str, Any] = delta.body
         if ledger.is_first(c.index):
             body = {"role": self.response_role, **body}
         ledger.sent(c.index, c.text)
-        return {"index": c.index, "delta": body, "logprobs": self._logprobs(req, c),
-                "finish_reason": delta.finish_reason, "stop_reason": c.stop_reason}
+        return {
+            "index": c.index,
+            "delta": body,
+            "logprobs": self._logprobs(req, c),
+            "finish_reason": delta.finish_reason,
+            "stop_reason": c.stop_reason,
+        }

@@ -4,6 +4,7 @@ Each output already holds only what is new, so no handler slices text or tokens;
 which choices have begun, how much text each has sent, where its next logprobs token starts, and the
 token counts for `include_usage`.
 """
+
 from __future__ import annotations
 
 from tram.outputs import CompletionOutput, RequestOutput

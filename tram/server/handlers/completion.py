@@ -1,4 +1,5 @@
 """POST /v1/completions: one or several prompts (text or token ids), n choices each, streamed or not."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,14 +15,18 @@ from tram.engine.async_llm import RequestStream
 from tram.engine.logprob_text import leading_token_text, token_text_table
 from tram.outputs import CompletionOutput, PromptLogprobs, RequestOutput
 from tram.sampling_params import SamplingParams
+from tram.server.handlers.base import (
+    PROMPT_LENGTH_RULE,
+    OpenAIServing,
+    json_logprob,
+    prompt_logprobs_json,
+    random_id,
+)
 from tram.server.handlers.beam_search import BeamSearchCompletion
 from tram.server.handlers.choice_ledger import ChoiceLedger
+from tram.server.handlers.streams import DONE_EVENT, merge_async_iterators, respond_unless_disconnected, sse
 from tram.server.protocol.errors import APIError, stream_error_event
 from tram.server.protocol.openai import CompletionRequest
-from tram.server.handlers.base import (
-    PROMPT_LENGTH_RULE, OpenAIServing, json_logprob, prompt_logprobs_json, random_id,
-)
-from tram.server.handlers.streams import DONE_EVENT, merge_async_iterators, respond_unless_disconnected, sse
 
 
 def _normalize_prompts(prompt: Any) -> list[str | list[int]]:
@@ -38,10 +43,21 @@ def _visible(req: CompletionRequest, out: RequestOutput) -> RequestOutput:
     nobody asked for; it is dropped, and the choice ends with "length" (its zero tokens)."""
     if not req.echo_only:
         return out
-    return replace(out, outputs=[replace(c, text="", token_ids=[], logprobs=[] if c.logprobs is not None else None,
-                                         cumulative_logprob=0.0, stop_reason=None,
-                                         finish_reason="length" if c.finish_reason else None)
-                                 for c in out.outputs])
+    return replace(
+        out,
+        outputs=[
+            replace(
+                c,
+                text="",
+                token_ids=[],
+                logprobs=[] if c.logprobs is not None else None,
+                cumulative_logprob=0.0,
+                stop_reason=None,
+                finish_reason="length" if c.finish_reason else None,
+            )
+            for c in out.outputs
+        ],
+    )
 
 
 class OpenAIServingCompletion(OpenAIServing):
@@ -76,8 +92,11 @@ class OpenAIServingCompletion(OpenAIServing):
         if req.use_beam_search and req.structured_params() is not None:
             raise APIError(400, "use_beam_search cannot be combined with structured outputs", "use_beam_search")
         if req.use_beam_search and (req.logprobs is not None or req.prompt_logprobs is not None or req.echo_only):
-            raise APIError(400, "use_beam_search returns no logprobs: drop logprobs, prompt_logprobs or "
-                           "max_tokens 0", "use_beam_search")
+            raise APIError(
+                400,
+                "use_beam_search returns no logprobs: drop logprobs, prompt_logprobs or max_tokens 0",
+                "use_beam_search",
+            )
 
     async def _prompts(self, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
         """(text, token ids) of every prompt, tokenized off the event loop."""
@@ -106,9 +125,11 @@ class OpenAIServingCompletion(OpenAIServing):
         streams: list[RequestStream] = []
         try:
             for i, (text, ids) in enumerate(await self._prompts(req)):
-                streams.append(self.engine.add_request(
-                    {"prompt_token_ids": ids, "prompt": text}, params, f"{request_id}-{i}", PROMPT_LENGTH_RULE
-                ))
+                streams.append(
+                    self.engine.add_request(
+                        {"prompt_token_ids": ids, "prompt": text}, params, f"{request_id}-{i}", PROMPT_LENGTH_RULE
+                    )
+                )
                 # Thousands of prompts in one request must not hold the loop (and /health) meanwhile.
                 await asyncio.sleep(0)
         except BaseException:
@@ -146,11 +167,22 @@ class OpenAIServingCompletion(OpenAIServing):
             ledger.count(final)
             for c in final.outputs:
                 choices.append(self._choice(req, i * req.n + c.index, final, c, ledger, final.prompt_logprobs))
-        return {"id": request_id, "object": "text_completion", "created": self.created(), "model": self.model_name,
-                "choices": choices, "usage": self.usage(ledger.prompt_tokens, ledger.completion_tokens)}
+        return {
+            "id": request_id,
+            "object": "text_completion",
+            "created": self.created(),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": self.usage(ledger.prompt_tokens, ledger.completion_tokens),
+        }
 
     def _choice(
-        self, req: CompletionRequest, index: int, out: RequestOutput, c: CompletionOutput, ledger: ChoiceLedger,
+        self,
+        req: CompletionRequest,
+        index: int,
+        out: RequestOutput,
+        c: CompletionOutput,
+        ledger: ChoiceLedger,
         prompt_logprobs: PromptLogprobs | None,
     ) -> dict:
         """The chunk of a choice for one (delta or final) output; its first chunk echoes the prompt."""
@@ -161,8 +193,13 @@ class OpenAIServingCompletion(OpenAIServing):
         logprobs = None
         if req.logprobs is not None:
             logprobs = self._logprobs(index, out, c, ledger, prompt_text, prompt_logprobs if echo else None)
-        choice = {"index": index, "text": text, "logprobs": logprobs,
-                  "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+        choice = {
+            "index": index,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason,
+        }
         if req.prompt_logprobs is not None:
             choice["prompt_logprobs"] = prompt_logprobs_json(prompt_logprobs)
         return choice
@@ -177,7 +214,12 @@ class OpenAIServingCompletion(OpenAIServing):
         return self.tokenizer.decode(out.prompt_token_ids, skip_special_tokens=True)
 
     def _logprobs(
-        self, index: int, out: RequestOutput, c: CompletionOutput, ledger: ChoiceLedger, prompt_text: str,
+        self,
+        index: int,
+        out: RequestOutput,
+        c: CompletionOutput,
+        ledger: ChoiceLedger,
+        prompt_text: str,
         prompt_logprobs: PromptLogprobs | None,
     ) -> dict:
         """A chunk's logprobs: its echoed prompt's positions (from offset 0), then its tokens'.
@@ -200,7 +242,11 @@ class OpenAIServingCompletion(OpenAIServing):
         return result
 
     def _add_positions(
-        self, result: dict[str, list], positions: Iterable[tuple[int, dict | None]], tokens: list[str], offset: int,
+        self,
+        result: dict[str, list],
+        positions: Iterable[tuple[int, dict | None]],
+        tokens: list[str],
+        offset: int,
     ) -> None:
         for (token_id, row), token in zip(positions, tokens):
             result["text_offset"].append(offset)
@@ -222,7 +268,9 @@ class OpenAIServingCompletion(OpenAIServing):
             return f"<{token_id}>"
         return token_text_table(self.tokenizer).alternative(token_id)
 
-    async def _stream(self, req: CompletionRequest, request_id: str, streams: list[RequestStream]) -> AsyncIterator[str]:
+    async def _stream(
+        self, req: CompletionRequest, request_id: str, streams: list[RequestStream]
+    ) -> AsyncIterator[str]:
         """One chunk per choice per DELTA output that has something new for it."""
         head = {"id": request_id, "object": "text_completion", "created": self.created(), "model": self.model_name}
         ledger = ChoiceLedger()

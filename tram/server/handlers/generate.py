@@ -3,6 +3,7 @@
 `use_beam_search: true` runs beam search with `n` as the beam width; streaming sends newline-delimited
 cumulative JSON objects.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,11 +16,11 @@ from fastapi.responses import Response, StreamingResponse
 from tram.engine.async_llm import RequestStream
 from tram.outputs import RequestOutput
 from tram.sampling_params import RequestOutputKind, SamplingParams
+from tram.server.handlers.base import PROMPT_LENGTH_RULE, OpenAIServing, random_id
 from tram.server.handlers.beam_search import beam_search
+from tram.server.handlers.streams import respond_unless_disconnected
 from tram.server.protocol.errors import APIError, error_body, exception_to_error
 from tram.server.protocol.generate import GenerateRequest
-from tram.server.handlers.base import PROMPT_LENGTH_RULE, OpenAIServing, random_id
-from tram.server.handlers.streams import respond_unless_disconnected
 
 
 def _line(payload: dict) -> str:
@@ -54,11 +55,17 @@ class LegacyGenerate(OpenAIServing):
             work = self._collect(prompt, handle)
         return await respond_unless_disconnected(raw, work)
 
-    async def _beam(self, prompt: str, ids: list[int], params: SamplingParams, length_penalty: float,
-                    request_id: str) -> dict:
+    async def _beam(
+        self, prompt: str, ids: list[int], params: SamplingParams, length_penalty: float, request_id: str
+    ) -> dict:
         beams = await beam_search(
-            self.engine, ids, params.n, params.max_tokens or self.max_model_len - len(ids),
-            length_penalty=length_penalty, ignore_eos=params.ignore_eos, request_id=request_id,
+            self.engine,
+            ids,
+            params.n,
+            params.max_tokens or self.max_model_len - len(ids),
+            length_penalty=length_penalty,
+            ignore_eos=params.ignore_eos,
+            request_id=request_id,
         )
         return {"text": [prompt + (b.text or "") for b in beams]}
 

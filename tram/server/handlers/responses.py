@@ -1,6 +1,7 @@
 """POST /v1/responses: OpenAI's Responses API for text. The input becomes chat messages rendered by
 the chat endpoint's template code; the answer is one assistant message, returned as a response
 object or streamed as Responses events (`event:` + `data:` lines, as OpenAI and vLLM send them)."""
+
 from __future__ import annotations
 
 import time
@@ -17,11 +18,11 @@ from tram.engine.async_llm import RequestStream
 from tram.engine.input_processor import LengthRule, PromptTooLongError
 from tram.outputs import RequestOutput
 from tram.sampling_params import SamplingParams
-from tram.server.protocol.errors import APIError, exception_to_error
-from tram.server.protocol.responses import ResponsesRequest
 from tram.server.handlers.base import OpenAIServing
 from tram.server.handlers.chat import OpenAIServingChat
 from tram.server.handlers.streams import respond_unless_disconnected, sse
+from tram.server.protocol.errors import APIError, exception_to_error
+from tram.server.protocol.responses import ResponsesRequest
 
 # Prompt-length errors blame `input`, as the chat endpoint's blame `messages`.
 INPUT_LENGTH_RULE = LengthRule(completion_must_fit=True, prompt_field="input")
@@ -67,9 +68,13 @@ class Generation:
         return "completed" if self.finish_reason == "stop" else "incomplete"
 
     def usage(self) -> dict[str, Any]:
-        return {"input_tokens": self.input_tokens, "input_tokens_details": {"cached_tokens": self.cached_tokens},
-                "output_tokens": self.output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": self.input_tokens + self.output_tokens}
+        return {
+            "input_tokens": self.input_tokens,
+            "input_tokens_details": {"cached_tokens": self.cached_tokens},
+            "output_tokens": self.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": self.input_tokens + self.output_tokens,
+        }
 
 
 class ResponseBuilder:
@@ -82,11 +87,21 @@ class ResponseBuilder:
         # The request's settings as OpenAI echoes them (the SDK's `Response` needs several), with
         # the sampling values actually used (the model's generation config fills what was omitted).
         self.settings = {
-            "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
-            "metadata": req.metadata or {}, "parallel_tool_calls": req.parallel_tool_calls,
-            "temperature": params.temperature, "top_p": params.top_p, "tool_choice": req.tool_choice or "auto",
-            "tools": [], "text": {"format": {"type": "text"}}, "previous_response_id": None, "reasoning": None,
-            "store": False, "background": False, "truncation": "disabled", "user": req.user,
+            "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens,
+            "metadata": req.metadata or {},
+            "parallel_tool_calls": req.parallel_tool_calls,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "tool_choice": req.tool_choice or "auto",
+            "tools": [],
+            "text": {"format": {"type": "text"}},
+            "previous_response_id": None,
+            "reasoning": None,
+            "store": False,
+            "background": False,
+            "truncation": "disabled",
+            "user": req.user,
         }
 
     def message(self, gen: Generation | None) -> dict[str, Any]:
@@ -102,10 +117,16 @@ class ResponseBuilder:
         status = "in_progress" if gen is None else gen.status
         incomplete = {"reason": "max_output_tokens"} if gen is not None and gen.finish_reason == "length" else None
         return {
-            "id": self.id, "object": "response", "created_at": self.created_at, "model": self.model,
-            "status": status, "error": None, "incomplete_details": incomplete,
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "model": self.model,
+            "status": status,
+            "error": None,
+            "incomplete_details": incomplete,
             "output": [] if gen is None else [self.message(gen)],
-            "usage": None if gen is None else gen.usage(), **self.settings,
+            "usage": None if gen is None else gen.usage(),
+            **self.settings,
         }
 
 

@@ -1,4 +1,5 @@
 """Async plumbing for handlers: merging per-prompt streams, and noticing clients that went away."""
+
 from __future__ import annotations
 
 import asyncio

@@ -12,6 +12,7 @@ log, which knows no latency or tokens; `--disable-uvicorn-access-log` turns it o
 A plain ASGI middleware rather than Starlette's `BaseHTTPMiddleware`: that one returns when the
 response starts, before a stream has sent anything.
 """
+
 from __future__ import annotations
 
 import logging

@@ -6,6 +6,7 @@ a body without one (chunked) is counted as it arrives, and the read that passes 
 HTTPException(413), which the route's exception handler turns into the error body. (FastAPI's own
 `max_body_size` answers a declared oversize in plain text, which no OpenAI client can parse.)
 """
+
 from __future__ import annotations
 
 from starlette.exceptions import HTTPException

@@ -1,8 +1,8 @@
 """When the API server's garbage collector may pause it.
 
-A full (generation 2) collection walks every tracked object. Measured with 10,000 requests in flight
-on a 2-core EPYC, each one paused the event loop for 130-330 ms (every client, /health included),
-and Python ran one every few seconds. Nearly all of the server's garbage is freed by reference
+A full (generation 2) collection walks every tracked object, so with thousands of requests in flight
+each one pauses the event loop for a long time (every client, /health included; docs/benchmarks.md
+has the pauses), and Python runs one every few seconds. Nearly all of the server's garbage is freed by reference
 counting; full collections only matter for cycles, which can wait for a quiet moment:
 
 - everything loaded at start-up is frozen (`gc.freeze`), so no collection walks it again;
@@ -10,6 +10,7 @@ counting; full collections only matter for cycles, which can wait for a quiet mo
 - `FullCollections.tick()`, called every second, runs a full collection when no request is in flight,
   or at the latest every `max_interval` seconds, so memory held by cycles stays bounded under any load.
 """
+
 from __future__ import annotations
 
 import gc

@@ -6,6 +6,7 @@ would: SO_REUSEADDR, IPv6 for a host with a colon) and hands that very socket to
 starts listening on it once the engine is up; nothing can take the port in between. Until then
 connections are refused, as they would be with no server at all. Torch-free and cheap to import.
 """
+
 from __future__ import annotations
 
 import errno

@@ -1,6 +1,7 @@
 """The OpenAPI document, true to what the server answers: FastAPI documents 422 for a body that
 fails validation, where Tram (as OpenAI) answers 400; error statuses carry OpenAI's error body; and
 endpoints that stream document their stream's content type next to the JSON one."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -11,22 +12,27 @@ from fastapi.openapi.utils import get_openapi
 _ERROR_SCHEMA = {
     "type": "object",
     "required": ["error"],
-    "properties": {"error": {
-        "type": "object",
-        "required": ["message", "type", "code"],
-        "properties": {
-            "message": {"type": "string"},
-            "type": {"type": "string"},
-            "param": {"type": ["string", "null"]},
-            "code": {"type": ["string", "integer", "null"]},
-        },
-    }},
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "integer", "null"]},
+            },
+        }
+    },
 }
 _ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
 _DESCRIPTIONS = {
-    400: "Invalid request (OpenAI's invalid_request_error)", 401: "Missing or wrong API key",
-    404: "Unknown model or route", 413: "Request body too large (--max-request-body-bytes)",
-    429: "Too many requests waiting (--max-queued-requests)", 500: "The engine failed this request",
+    400: "Invalid request (OpenAI's invalid_request_error)",
+    401: "Missing or wrong API key",
+    404: "Unknown model or route",
+    413: "Request body too large (--max-request-body-bytes)",
+    429: "Too many requests waiting (--max-queued-requests)",
+    500: "The engine failed this request",
     503: "The engine is not running",
 }
 # Every route may meet a dead engine (503) or a missing key (401, /v1 only); a route with a body
@@ -34,11 +40,21 @@ _DESCRIPTIONS = {
 _BODY_STATUSES = (400, 404, 413, 429, 500, 503)
 # One server-sent event (OpenAPI 3.2's reading of a text/event-stream body): `data` holds a JSON
 # chunk, or "[DONE]" at the end of a completions stream.
-_SSE_EVENT = {"type": "object", "properties": {
-    "data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"},
-}}
-_STREAM_TYPES = {"/v1/completions": "text/event-stream", "/v1/chat/completions": "text/event-stream",
-                 "/v1/responses": "text/event-stream", "/generate": "application/x-ndjson"}
+_SSE_EVENT = {
+    "type": "object",
+    "properties": {
+        "data": {"type": "string"},
+        "event": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer"},
+    },
+}
+_STREAM_TYPES = {
+    "/v1/completions": "text/event-stream",
+    "/v1/chat/completions": "text/event-stream",
+    "/v1/responses": "text/event-stream",
+    "/generate": "application/x-ndjson",
+}
 
 
 def openapi_document(app: FastAPI) -> dict[str, Any]:
@@ -59,8 +75,10 @@ def _document(path: str, method: str, operation: dict[str, Any]) -> None:
     if path.startswith("/v1"):
         statuses.append(401)
     for status in statuses:
-        responses[str(status)] = {"description": _DESCRIPTIONS[status],
-                                  "content": {"application/json": {"schema": _ERROR_REF}}}
+        responses[str(status)] = {
+            "description": _DESCRIPTIONS[status],
+            "content": {"application/json": {"schema": _ERROR_REF}},
+        }
     stream_type = _STREAM_TYPES.get(path)
     ok = responses.get("200")
     if stream_type and ok is not None:

@@ -8,6 +8,7 @@ nothing. transformers supports running without torch (a tokenizers-only install)
 tells it torch is absent. Only the API process calls this, before it first imports transformers'
 config or tokenizer classes; the engine core is a fresh (spawned) process and sees the real torch.
 """
+
 from __future__ import annotations
 
 import sys

@@ -1,4 +1,5 @@
 """OpenAI-style error bodies: {"error": {"message", "type", "param", "code"}} with the right status."""
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,17 @@ from tram.engine.input_processor import PromptTooLongError
 
 logger = logging.getLogger(__name__)
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
-          429: "rate_limit_error", 500: "internal_error", 503: "service_unavailable"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_error",
+    503: "service_unavailable",
+}
 
 
 class APIError(Exception):
@@ -31,14 +40,23 @@ class APIError(Exception):
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | int | None = None) -> dict:
-    return {"error": {
-        "message": message, "type": _TYPES.get(status, HTTPStatus(status).phrase.replace(" ", "")),
-        "param": param, "code": code if code is not None else status,
-    }}
+    return {
+        "error": {
+            "message": message,
+            "type": _TYPES.get(status, HTTPStatus(status).phrase.replace(" ", "")),
+            "param": param,
+            "code": code if code is not None else status,
+        }
+    }
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | int | None = None,
-                   headers: Mapping[str, str] | None = None) -> Response:
+def error_response(
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | int | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> Response:
     # ASCII-escaped: a message may quote a client's lone surrogate, which has no UTF-8 encoding.
     body = json.dumps(error_body(status, message, param, code)).encode()
     return Response(body, status_code=status, media_type="application/json", headers=headers)
@@ -73,8 +91,7 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 def _field_path(loc: tuple) -> str | None:
     """'messages.0.content' from pydantic's location, without the tags it adds for union members
     and validators ('function-after[check_text(), str]', 'list[int]')."""
-    parts = [str(p) for p in loc
-             if p != "body" and not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))]
+    parts = [str(p) for p in loc if p != "body" and not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))]
     return ".".join(parts) or None
 
 

@@ -5,6 +5,7 @@ listed here are known (OpenAI's or vLLM's) and only rejected when their value wo
 output: `tools: []`, `response_format: {"type": "text"}` or `tool_choice: "none"` ask for nothing
 Tram does not do, and clients (LangChain, litellm) send such neutral values routinely.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -41,8 +42,10 @@ def _zero(v: Any) -> bool:
 
 # field -> (is its value neutral?, why a non-neutral value is refused)
 SHARED_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "guided_decoding_backend": (_is_none, "a per-request grammar engine is not supported: the server "
-                                          "chooses it (--structured-outputs-backend)"),
+    "guided_decoding_backend": (
+        _is_none,
+        "a per-request grammar engine is not supported: the server chooses it (--structured-outputs-backend)",
+    ),
     "logits_processors": (_empty, "custom logits processors are not supported"),
     "priority": (_zero, "request priorities are not supported yet (the scheduler is first come, first served)"),
     "return_tokens_as_token_ids": (_false, "return_tokens_as_token_ids is not supported yet"),
@@ -61,8 +64,10 @@ CHAT_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "store": (_false, "storing completions is not supported"),
     "metadata": (_empty, "metadata is only kept for stored completions, which are not supported"),
     "echo": (_false, "echo is not supported on chat completions yet"),
-    "use_beam_search": (_false, "beam search is not supported on chat completions yet "
-                                "(use /v1/completions or /generate)"),
+    "use_beam_search": (
+        _false,
+        "beam search is not supported on chat completions yet (use /v1/completions or /generate)",
+    ),
 }
 COMPLETION_RULES: dict[str, tuple[Callable[[Any], bool], str]] = dict(SHARED_RULES)
 
@@ -76,8 +81,7 @@ def reject_unsupported(data: Any, rules: dict[str, tuple[Callable[[Any], bool], 
         if name not in data:
             continue
         if not neutral(data[name]):
-            raise PydanticCustomError("unsupported_field", "'{field}': {why}",
-                                      {"field": name, "why": why})
+            raise PydanticCustomError("unsupported_field", "'{field}': {why}", {"field": name, "why": why})
         data = {k: v for k, v in data.items() if k != name}
     return data
 
@@ -88,6 +92,8 @@ def check_text(value: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(f"text contains a lone surrogate (U+{ord(value[e.start]):04X}) at index {e.start}; "
-                         "text must be valid Unicode") from None
+        raise ValueError(
+            f"text contains a lone surrogate (U+{ord(value[e.start]):04X}) at index {e.start}; "
+            "text must be valid Unicode"
+        ) from None
     return value

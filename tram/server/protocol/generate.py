@@ -5,6 +5,7 @@ The sampling fields are derived from `SamplingParams` itself, so a new sampling 
 /generate without being declared twice; their values are validated there (a bad one is a 400 naming
 the field). Unknown fields are refused.
 """
+
 from __future__ import annotations
 
 import typing

@@ -1,26 +1,29 @@
 """OpenAI request bodies (plus vLLM's extra sampling fields), validated by pydantic.
 
 Anything of the wrong shape fails validation and becomes a 400 with an OpenAI error body. Responses
-are built as plain dicts in the serving modules: cheaper than models for every streamed chunk.
+are built as plain dicts in the handlers (server/handlers/): cheaper than models for every streamed chunk.
 """
+
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tram.sampling_params import SAMPLING_RANGES as RANGES
 from tram.sampling_params import RequestOutputKind, SamplingParams
+from tram.sampling_params.ranges import SEED, TOKEN_ID
 from tram.server.protocol.field_rules import CHAT_RULES, COMPLETION_RULES, check_text, reject_unsupported
-from tram.server.tools.chat import ChatTool, ToolChoice
 from tram.server.protocol.structured import StructuredFields
+from tram.server.tools.chat import ChatTool, ToolChoice
 
 # Text a tokenizer can encode (no lone surrogates).
 Text = Annotated[str, AfterValidator(check_text)]
 # Token ids and counts are 64-bit in the engine; JSON integers are not.
-TokenId = Annotated[int, Field(ge=0, le=2**63 - 1)]
+TokenId = Annotated[int, Field(**TOKEN_ID.bounds())]
 # Prompt ids are checked against the vocabulary, which names the offending ids.
-PromptInput = Union[Text, list[Text], list[int], list[list[int]]]
-_INT64 = 2**63 - 1
+PromptInput = Text | list[Text] | list[int] | list[list[int]]
+OPENAI_MAX_N = 128  # OpenAI's cap on n (and best_of); each sample is a sequence in the batch
 
 
 class StreamOptions(BaseModel):
@@ -29,13 +32,14 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
+
 class SamplingFields(StructuredFields):
     """Sampling fields common to completions and chat. None means "the model's default".
 
     `stop`, `stop_token_ids` and `logit_bias` go to `SamplingParams` as the client sent them: it is
     the one place that normalises and validates them (a bad one is a ValueError there, a 400 here).
-    The bounds declared here are the same ones, stated for the OpenAPI document and so that a value
-    out of 64-bit range is refused while parsing.
+    The bounds are SamplingParams' own (tram/sampling_params/ranges.py), stated for the OpenAPI
+    document and so that a value out of 64-bit range is refused while parsing.
 
     Unknown fields are refused (`extra="forbid"`), and so are known ones Tram does not honour yet
     (field_rules.py): a client never gets unconstrained text for a constraint it asked for. Types
@@ -45,35 +49,38 @@ class SamplingFields(StructuredFields):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1, le=_INT64)
-    temperature: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    n: int = Field(default=1, ge=1, le=128)  # OpenAI's cap; each sample is a sequence in the batch
-    best_of: int | None = Field(default=None, ge=1, le=128)
+    max_tokens: int | None = Field(default=None, **RANGES["max_tokens"].bounds())
+    temperature: float | None = Field(default=None, **RANGES["temperature"].bounds())
+    top_p: float | None = Field(default=None, **RANGES["top_p"].bounds())
+    n: int = Field(default=1, **RANGES["n"].bounds(high=OPENAI_MAX_N))
+    best_of: int | None = Field(default=None, **RANGES["n"].bounds(high=OPENAI_MAX_N))
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: Text | list[Text] | None = None
-    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    seed: int | None = Field(default=None, **SEED.bounds())
+    presence_penalty: float | None = Field(default=None, **RANGES["presence_penalty"].bounds())
+    frequency_penalty: float | None = Field(default=None, **RANGES["frequency_penalty"].bounds())
     logit_bias: dict[str, float] | None = None
     user: str | None = None  # OpenAI's end-user id for abuse monitoring: nothing for an engine to do
     # vLLM's extras
-    top_k: int | None = Field(default=None, ge=-1, le=_INT64)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+    top_k: int | None = Field(default=None, **RANGES["top_k"].bounds())
+    min_p: float | None = Field(default=None, **RANGES["min_p"].bounds())
+    repetition_penalty: float | None = Field(default=None, **RANGES["repetition_penalty"].bounds())
     ignore_eos: bool = False
-    min_tokens: int = Field(default=0, ge=0, le=_INT64)
+    min_tokens: int = Field(default=0, **RANGES["min_tokens"].bounds())
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     allowed_token_ids: list[TokenId] | None = Field(default=None, min_length=1)
-    truncate_prompt_tokens: int | None = Field(default=None, ge=1, le=_INT64)
-    prompt_logprobs: int | None = Field(default=None, ge=-1, le=_INT64)
+    truncate_prompt_tokens: int | None = Field(default=None, **RANGES["truncate_prompt_tokens"].bounds())
+    prompt_logprobs: int | None = Field(default=None, **RANGES["prompt_logprobs"].bounds())
 
     def to_sampling_params(
-        self, max_tokens: int | None, defaults: dict[str, Any], logprobs: int | None,
+        self,
+        max_tokens: int | None,
+        defaults: dict[str, Any],
+        logprobs: int | None,
         prompt_logprobs: int | None = None,
     ) -> SamplingParams:
         """Streams get DELTA outputs (each chunk is what is new), the rest one final output.
@@ -86,17 +93,27 @@ class SamplingFields(StructuredFields):
             return value if value is not None else defaults.get(name, fallback)
 
         return SamplingParams(
-            n=self.n, temperature=pick("temperature", 1.0), top_p=pick("top_p", 1.0),
-            top_k=pick("top_k", 0), min_p=pick("min_p", 0.0),
+            n=self.n,
+            temperature=pick("temperature", 1.0),
+            top_p=pick("top_p", 1.0),
+            top_k=pick("top_k", 0),
+            min_p=pick("min_p", 0.0),
             repetition_penalty=pick("repetition_penalty", 1.0),
-            presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
-            seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
-            ignore_eos=self.ignore_eos, max_tokens=max_tokens, min_tokens=self.min_tokens,
-            logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            seed=self.seed,
+            stop=self.stop,
+            stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos,
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
-            logit_bias=self.logit_bias, allowed_token_ids=self.allowed_token_ids,
+            logit_bias=self.logit_bias,
+            allowed_token_ids=self.allowed_token_ids,
             truncate_prompt_tokens=self.truncate_prompt_tokens,
             structured_outputs=self.structured_params(),
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
@@ -106,11 +123,12 @@ class SamplingFields(StructuredFields):
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
+
 class CompletionRequest(SamplingFields):
     prompt: PromptInput
     # OpenAI's default for completions. 0 only with echo: score the prompt, generate nothing.
-    max_tokens: int | None = Field(default=16, ge=0, le=_INT64)
-    logprobs: int | None = Field(default=None, ge=0, le=_INT64)
+    max_tokens: int | None = Field(default=16, **RANGES["max_tokens"].bounds(low=0))
+    logprobs: int | None = Field(default=None, **RANGES["logprobs"].bounds(low=0))
     echo: bool = False
     suffix: str | None = None
     use_beam_search: bool = False
@@ -160,9 +178,9 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=_INT64)
+    max_completion_tokens: int | None = Field(default=None, **RANGES["max_tokens"].bounds())
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=_INT64)
+    top_logprobs: int | None = Field(default=None, **RANGES["logprobs"].bounds(low=0))
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False  # templates write their own BOS

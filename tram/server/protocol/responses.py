@@ -5,15 +5,19 @@ What this server cannot do yet (tools, structured output, reasoning, stored resp
 `extra="forbid"`, and the known-but-unsupported ones are accepted only at the value that means
 "off" (`ResponsesRequest.unsupported()` says which one is not).
 """
+
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tram.sampling_params import SAMPLING_RANGES as RANGES
 from tram.server.protocol.openai import ChatMessage, SamplingFields
 from tram.server.protocol.structured import ResponseFormat
 
+# OpenAI's cap on temperature in the Responses API (chat and completions take any finite one).
+_MAX_TEMPERATURE = 2.0
 # OpenAI's limits on `metadata`.
 _MAX_METADATA_PAIRS, _MAX_METADATA_KEY, _MAX_METADATA_VALUE = 16, 64, 512
 
@@ -23,8 +27,10 @@ _OFF_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
     "tools": ((None, []), "this server does not call tools"),
     "tool_choice": ((None, "auto", "none"), "this server does not call tools"),
     "max_tool_calls": ((None,), "this server does not call tools"),
-    "previous_response_id": ((None,), "this server stores no responses to continue; send the whole "
-                             "conversation in 'input'"),
+    "previous_response_id": (
+        (None,),
+        "this server stores no responses to continue; send the whole conversation in 'input'",
+    ),
     "conversation": ((None,), "this server stores no conversations; send the whole conversation in 'input'"),
     "store": ((None, False), "this server stores no responses; send store=false"),
     "background": ((None, False), "background responses need a response store"),
@@ -66,7 +72,7 @@ class InputMessage(BaseModel):
 
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
-    content: Union[str, list[InputTextPart]]
+    content: str | list[InputTextPart]
     id: str | None = None
     status: str | None = None
 
@@ -89,8 +95,10 @@ def _parse_item(index: int, item: Any) -> InputMessage:
         for j, part in enumerate(content):
             part_type = part.get("type") if isinstance(part, dict) else None
             if part_type not in ("input_text", "output_text"):
-                raise ValueError(f"{where}.content[{j}]: content of type {part_type!r} is not supported "
-                                 "yet; only input_text and output_text")
+                raise ValueError(
+                    f"{where}.content[{j}]: content of type {part_type!r} is not supported "
+                    "yet; only input_text and output_text"
+                )
     try:
         return InputMessage.model_validate(item)
     except ValidationError as e:
@@ -108,11 +116,11 @@ class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = None
-    input: Union[str, list[Any]]
+    input: str | list[Any]
     instructions: str | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    max_output_tokens: int | None = Field(default=None, **RANGES["max_tokens"].bounds())
+    temperature: float | None = Field(default=None, **RANGES["temperature"].bounds(high=_MAX_TEMPERATURE))
+    top_p: float | None = Field(default=None, **RANGES["top_p"].bounds())
     stream: bool = False
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -156,8 +164,10 @@ class ResponsesRequest(BaseModel):
             raise ValueError(f"metadata holds at most {_MAX_METADATA_PAIRS} pairs, got {len(v)}")
         for key, value in v.items():
             if len(key) > _MAX_METADATA_KEY or len(value) > _MAX_METADATA_VALUE:
-                raise ValueError(f"metadata keys are at most {_MAX_METADATA_KEY} characters and values at "
-                                 f"most {_MAX_METADATA_VALUE} (key {key[:_MAX_METADATA_KEY]!r})")
+                raise ValueError(
+                    f"metadata keys are at most {_MAX_METADATA_KEY} characters and values at "
+                    f"most {_MAX_METADATA_VALUE} (key {key[:_MAX_METADATA_KEY]!r})"
+                )
         return v
 
     def unsupported(self) -> tuple[str, str] | None:
@@ -172,8 +182,9 @@ class ResponsesRequest(BaseModel):
             if isinstance(fmt, dict) and fmt.get("type") in _FORMATS and set(self.text) == {"format"}:
                 return None
             if isinstance(fmt, dict) and fmt.get("type") != "text":
-                return "text.format", (f"text.format of type {fmt.get('type')!r} is not supported; "
-                                       f"only {', '.join(_FORMATS)}")
+                return "text.format", (
+                    f"text.format of type {fmt.get('type')!r} is not supported; only {', '.join(_FORMATS)}"
+                )
             return "text", f"'text'={_short(self.text)} is not supported yet (only {_PLAIN_TEXT!r})"
         return None
 
@@ -197,5 +208,11 @@ class ResponsesRequest(BaseModel):
     def sampling_fields(self) -> SamplingFields:
         """The chat endpoint's sampling fields for this request, so that defaults (the model's
         generation config) and the output kind (DELTA when streaming) are chosen in one place."""
-        return SamplingFields(model=self.model, temperature=self.temperature, top_p=self.top_p,
-                              stream=self.stream, user=self.user, response_format=self.response_format())
+        return SamplingFields(
+            model=self.model,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            stream=self.stream,
+            user=self.user,
+            response_format=self.response_format(),
+        )

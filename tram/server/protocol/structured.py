@@ -2,6 +2,7 @@
 `StructuredOutputsParams`: OpenAI's `response_format`, vLLM's `structured_outputs` object and its
 older `guided_*` fields. A request may use one of them; each error names the field at fault.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,7 @@ from typing import Any, Literal
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from tram.sampling_params import SamplingParamError
-from tram.structured_output.params import StructuredOutputsParams
+from tram.sampling_params import SamplingParamError, StructuredOutputsParams
 
 
 def _mirrored_fields() -> dict[str, Any]:
@@ -22,14 +22,18 @@ def _mirrored_fields() -> dict[str, Any]:
     fields: dict[str, Any] = {}
     for f in msgspec.structs.fields(StructuredOutputsParams):
         if f.name not in _INTERNAL:
-            fields[f"{f.name}_" if f.name == "json" else f.name] = (hints[f.name], Field(default=f.default, alias=f.name))
+            fields[f"{f.name}_" if f.name == "json" else f.name] = (
+                hints[f.name],
+                Field(default=f.default, alias=f.name),
+            )
     return fields
 
 
 _INTERNAL = {"source_field"}  # set by the server, not the client
 # vLLM's `structured_outputs` request object: exactly one constraint, the rest options.
 StructuredOutputsField = create_model(
-    "StructuredOutputsField", __config__=ConfigDict(extra="forbid", populate_by_name=True), **_mirrored_fields())
+    "StructuredOutputsField", __config__=ConfigDict(extra="forbid", populate_by_name=True), **_mirrored_fields()
+)
 
 
 class JsonSchemaSpec(BaseModel):
@@ -69,8 +73,10 @@ class StructuredFields(BaseModel):
         for two at once or a malformed one; whether it compiles is the engine core's call."""
         sources = self._sources()
         if len(sources) > 1:
-            raise SamplingParamError(sources[1][0], "only one output constraint may be given; got "
-                                     f"{' and '.join(name for name, _ in sources)}")
+            raise SamplingParamError(
+                sources[1][0],
+                f"only one output constraint may be given; got {' and '.join(name for name, _ in sources)}",
+            )
         if not sources:
             return None
         field, kwargs = sources[0]
@@ -81,8 +87,12 @@ class StructuredFields(BaseModel):
         if self.structured_outputs is not None:
             so = self.structured_outputs.model_dump(exclude_defaults=True, by_alias=True)
             out.append(("structured_outputs", so))
-        guided = {"json": self.guided_json, "regex": self.guided_regex, "choice": self.guided_choice,
-                  "grammar": self.guided_grammar}
+        guided = {
+            "json": self.guided_json,
+            "regex": self.guided_regex,
+            "choice": self.guided_choice,
+            "grammar": self.guided_grammar,
+        }
         for kind, value in guided.items():
             if value is not None:
                 extra = {"whitespace_pattern": self.guided_whitespace_pattern} if self.guided_whitespace_pattern else {}
@@ -101,6 +111,5 @@ class StructuredFields(BaseModel):
         if rf.type == "structural_tag":
             return {"structural_tag": json.dumps(rf.model_dump(exclude_none=True))}
         if rf.json_schema is None or rf.json_schema.schema_ is None:
-            raise SamplingParamError("response_format", "response_format of type json_schema needs "
-                                     "json_schema.schema")
+            raise SamplingParamError("response_format", "response_format of type json_schema needs json_schema.schema")
         return {"json": rf.json_schema.schema_}

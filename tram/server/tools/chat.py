@@ -3,13 +3,14 @@ the model's text.
 
 - "none" (the default without tools): plain text. The template still sees the tools, as vLLM.
 - "required" or a named function: a JSON-schema grammar built from the tools' parameters makes the
-  model write exactly the calls (tool_parsers/forced.py), so even a tiny model calls validly.
+  model write exactly the calls (parsers/forced.py), so even a tiny model calls validly.
 - "auto" (the default with tools): the model decides; the server's --tool-call-parser finds the
   calls in its text. Without --enable-auto-tool-choice that is a 400, as in vLLM.
 
 Calls come back as `message.tool_calls` (streamed: `delta.tool_calls`, id and name first, then
 argument fragments) with finish_reason "tool_calls".
 """
+
 from __future__ import annotations
 
 import json
@@ -18,11 +19,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tram.sampling_params import SamplingParamError
+from tram.sampling_params import SamplingParamError, StructuredOutputsParams
 from tram.server.protocol.errors import APIError
 from tram.server.tools.parsers import DeltaMessage, ToolCall, ToolCallStream, ToolParser
 from tram.server.tools.parsers.forced import ForcedToolStream, forced_tool_schema, parse_forced_tool_calls
-from tram.structured_output.params import StructuredOutputsParams
 
 
 class FunctionDefinition(BaseModel):
@@ -105,21 +105,27 @@ def _tool_finish(finish_reason: str | None) -> str | None:
     return "tool_calls" if finish_reason == "stop" else finish_reason
 
 
-def plan_tools(tools: list[ChatTool] | None, tool_choice: ToolChoice | None, parser: ToolParser | None,
-               auto_enabled: bool) -> ToolPlan:
+def plan_tools(
+    tools: list[ChatTool] | None, tool_choice: ToolChoice | None, parser: ToolParser | None, auto_enabled: bool
+) -> ToolPlan:
     """vLLM's rules for tools and tool_choice; a 400 naming the field when they do not fit."""
     tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
     choice: str | dict[str, Any] = (
-        tool_choice.model_dump() if isinstance(tool_choice, NamedToolChoice)
-        else tool_choice or ("auto" if tool_dicts else "none"))
+        tool_choice.model_dump()
+        if isinstance(tool_choice, NamedToolChoice)
+        else tool_choice or ("auto" if tool_dicts else "none")
+    )
     if choice == "none":
         return ToolPlan(tool_dicts, "none", choice)
     if not tool_dicts:
-        raise APIError(400, "tool_choice needs tools: set tools, or tool_choice \"none\"", "tool_choice")
+        raise APIError(400, 'tool_choice needs tools: set tools, or tool_choice "none"', "tool_choice")
     if choice == "auto":
         if not auto_enabled or parser is None:
-            raise APIError(400, "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser "
-                           "to be set on the server", "tool_choice")
+            raise APIError(
+                400,
+                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set on the server',
+                "tool_choice",
+            )
         return ToolPlan(tool_dicts, "auto", choice, parser)
     try:
         forced_tool_schema(tool_dicts, choice)
@@ -128,12 +134,16 @@ def plan_tools(tools: list[ChatTool] | None, tool_choice: ToolChoice | None, par
     return ToolPlan(tool_dicts, "forced", choice)
 
 
-def merge_structured(plan: ToolPlan, parallel: bool | None,
-                     requested: StructuredOutputsParams | None) -> StructuredOutputsParams | None:
+def merge_structured(
+    plan: ToolPlan, parallel: bool | None, requested: StructuredOutputsParams | None
+) -> StructuredOutputsParams | None:
     forced = plan.structured_outputs(parallel)
     if forced is not None and requested is not None:
-        raise SamplingParamError("tool_choice", f"tool_choice {json.dumps(plan.choice)} cannot be combined with "
-                                 f"{requested.source_field}: both constrain the output")
+        raise SamplingParamError(
+            "tool_choice",
+            f"tool_choice {json.dumps(plan.choice)} cannot be combined with "
+            f"{requested.source_field}: both constrain the output",
+        )
     return forced or requested
 
 

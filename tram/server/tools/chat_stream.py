@@ -1,5 +1,6 @@
 """Streamed chat choices with tools: each choice's text goes through its tool-call stream, which turns
 it into content and `tool_calls` fragments (or passes it through when the request has no tools)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -52,4 +53,3 @@ def _merge(body: dict[str, Any], part: dict[str, Any]) -> None:
         body["content"] = body.get("content", "") + part["content"]
     if "tool_calls" in part:
         body.setdefault("tool_calls", []).extend(part["tool_calls"])
-

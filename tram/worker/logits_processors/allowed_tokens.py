@@ -1,4 +1,5 @@
 """allowed_token_ids: a request may only sample from its own list of token ids (vLLM's field)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -12,6 +12,7 @@ those of the BEFORE_ARGMAX stage can change the greedy pick, so they run before 
 AFTER_TEMPERATURE ones (min_p) cannot, and see the temperature-scaled logits of sampled rows.
 Adding a sampling feature is one class here plus one SamplingParams field.
 """
+
 from __future__ import annotations
 
 import enum
@@ -60,4 +61,3 @@ class LogitsProcessor:
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:  # [B, V] float32 -> [B, V]
         raise NotImplementedError
-

@@ -1,4 +1,5 @@
 """logit_bias: an additive bias on chosen token ids, per request."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -34,9 +35,14 @@ class LogitBiasProcessor(LogitsProcessor):
                 row_idx.extend([i] * len(bias))
                 token_ids.extend(bias.keys())
                 values.extend(bias.values())
-        self.bias = None if not row_idx else TokenBias(
-            to_device(row_idx, torch.int64, self.device), to_device(token_ids, torch.int64, self.device),
-            to_device(values, torch.float32, self.device),
+        self.bias = (
+            None
+            if not row_idx
+            else TokenBias(
+                to_device(row_idx, torch.int64, self.device),
+                to_device(token_ids, torch.int64, self.device),
+                to_device(values, torch.float32, self.device),
+            )
         )
 
     @property

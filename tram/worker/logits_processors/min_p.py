@@ -1,6 +1,7 @@
 """min_p: drop tokens whose probability is below min_p times the row's top probability.
 
 It cannot change the argmax, so it runs after temperature, on the logits rows are sampled from."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -1,4 +1,5 @@
 """min_tokens: while a request has fewer outputs than min_tokens, its stop ids and eos ids are banned."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -47,8 +48,9 @@ class MinTokensProcessor(LogitsProcessor):
             ids = sorted(r.min_tokens_masked_ids)
             row_idx.extend([i] * len(ids))
             token_ids.extend(ids)
-        self.mask = TokenMask(to_device(row_idx, torch.int64, self.device),
-                              to_device(token_ids, torch.int64, self.device))
+        self.mask = TokenMask(
+            to_device(row_idx, torch.int64, self.device), to_device(token_ids, torch.int64, self.device)
+        )
 
     @property
     def active(self) -> bool:

@@ -11,6 +11,7 @@ gathers those K logits, applies the penalties there with the same float32 operat
 would, and scatters them back: O(K) work instead of a dozen passes over [P, V]. Rebuilding on a
 membership change reuses every surviving row's state; rows without penalties are never touched.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -60,8 +61,9 @@ class PenaltiesProcessor(LogitsProcessor):
             return
         kept = [previous.get(id(r)) for _, r in penalised]
         self.output_counts = torch.stack([s.counts if s is not None else self._zeros(torch.int32) for s in kept])
-        self.touched = torch.stack([s.touched if s is not None else self._prompt_mask(r) for s, (_, r) in
-                                    zip(kept, penalised)])
+        self.touched = torch.stack(
+            [s.touched if s is not None else self._prompt_mask(r) for s, (_, r) in zip(kept, penalised)]
+        )
         for j, (s, (_, r)) in enumerate(zip(kept, penalised)):
             self._states.append(_RowState(r, self.output_counts[j], self.touched[j], s.num_counted if s else 0))
         index = [i for i, _ in penalised]
@@ -99,7 +101,7 @@ class PenaltiesProcessor(LogitsProcessor):
         for j, s in enumerate(self._states):
             out = s.row.output_token_ids
             if len(out) > s.num_counted:
-                new = out[s.num_counted:]
+                new = out[s.num_counted :]
                 rows.extend([j] * len(new))
                 tokens.extend(new)
                 s.num_counted = len(out)
@@ -107,8 +109,9 @@ class PenaltiesProcessor(LogitsProcessor):
             return
         assert self.output_counts is not None and self.touched is not None
         row_t, token_t = to_device(rows, torch.int64, self.device), to_device(tokens, torch.int64, self.device)
-        self.output_counts.index_put_((row_t, token_t), torch.ones(len(rows), dtype=torch.int32, device=self.device),
-                                      accumulate=True)
+        self.output_counts.index_put_(
+            (row_t, token_t), torch.ones(len(rows), dtype=torch.int32, device=self.device), accumulate=True
+        )
         if self._positions is not None:  # record the positions these tokens touch for the first time
             fresh = ~self.touched[row_t, token_t]
             new = torch.unique(row_t[fresh] * self.vocab_size + token_t[fresh])
@@ -120,9 +123,13 @@ class PenaltiesProcessor(LogitsProcessor):
         assert self.repetition is not None and self.frequency is not None and self.presence is not None
         penalised_row = flat // self.vocab_size
         batch_row = penalised_row + self._first_row if self._row_index is None else self._row_index[penalised_row]
-        return {"flat": flat, "logits": batch_row * self.vocab_size + flat % self.vocab_size,
-                "repetition": self.repetition[penalised_row], "frequency": self.frequency[penalised_row],
-                "presence": self.presence[penalised_row]}
+        return {
+            "flat": flat,
+            "logits": batch_row * self.vocab_size + flat % self.vocab_size,
+            "repetition": self.repetition[penalised_row],
+            "frequency": self.frequency[penalised_row],
+            "presence": self.presence[penalised_row],
+        }
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         assert self.output_counts is not None

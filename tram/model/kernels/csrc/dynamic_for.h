@@ -1,11 +1,11 @@
 // Work handed out in chunks as threads come for it, where at::parallel_for gives each thread one
 // fixed share.
 //
-// Why: on a shared 2-core machine one core is often slower for a while (a neighbour on the host, or
-// the API server process on the same cores while `tram serve` streams). With fixed shares the other
-// thread then waits at the end of every linear: a native profile of a 16-row decode step put ~20% of
-// its time in libgomp's barrier. Here each thread takes the next chunk of about 1/8 of its share from
-// an atomic counter, so a slowed thread simply takes fewer. Which thread computes an output never
+// Why: on a shared machine with few cores one core is often slower for a while (a neighbour on the
+// host, or the API server process on the same cores while `tram serve` streams). With fixed shares
+// the other threads then wait for it at the end of every linear, in libgomp's barrier. Here each
+// thread takes the next chunk of about 1/8 of its share from an atomic counter, so a slowed thread
+// simply takes fewer. Which thread computes an output never
 // changes its arithmetic, so the kernels stay bit for bit invariant to threads.
 #pragma once
 

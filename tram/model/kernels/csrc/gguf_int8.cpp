@@ -3,8 +3,9 @@
 // integer dot products (AVX-512 VNNI vpdpbusd; AVX-VNNI; AVX2 vpmaddubsw + vpmaddwd), and floats
 // appear once per 4 k. Widening every weight to float32 (gguf_linear.cpp) costs 4-11 instructions
 // per 16 weights of Q5_0 or Q6_K, which makes one-row decode compute-bound on those types; here a
-// chunk of 64 weights costs ~10 to decode plus 4 per row of x (docs/benchmarks.md, issue 16 part
-// 3: 1.2-2x at 1-16 rows, 0.6-1.2x at 256, where the float path's tiled GEMM reuses more).
+// chunk of 64 weights costs ~10 to decode plus 4 per row of x. That wins on decode's few rows; at
+// hundreds of rows the float path's tiled GEMM, which reuses each widened weight more, is as fast
+// (docs/benchmarks.md, "Per kernel, float32 and int8 activations").
 //
 //   x     [M, K]          float32 or bfloat16; any M (decode batches and prefills take the same path)
 //   data  [N, row_bytes]  uint8, the file's rows (gguf_linear.cpp lists the block layouts)

@@ -153,7 +153,7 @@ void walk_rows(const Args& a, int64_t begin, int64_t end) {
 
 // Rows m0 .. m0 + MB - 1 of x times weight rows n0 .. n1 - 1, one weight row at a time, in passes of
 // kPassK k: a pass's x (eight rows of 1024 k, 32 KiB) stays in L1 while the weight rows go by, where
-// at K = 4864 eight whole rows of x (152 KiB) came from L2 for every weight row, 1.5x slower per FMA.
+// at K = 4864 eight whole rows of x (152 KiB) would come from L2 for every weight row.
 template <typename F, typename T, int64_t MB>
 void rows_times_block(const Args& a, int64_t m0, int64_t n0, int64_t n1, std::vector<vf16>& carry) {
   const int64_t blocks = a.K / F::kBlock, per_pass = std::max<int64_t>(1, kPassK / F::kBlock);
@@ -170,7 +170,7 @@ void rows_times_block(const Args& a, int64_t m0, int64_t n0, int64_t n1, std::ve
 
 // From eight rows of x on (five with AVX-512). With AVX-512 each decoded chunk serves eight rows
 // (kManyRows; five to seven when that is all there is), where decoding it again for every four cost
-// as much as their FMAs (a 16-row step of a Q5_0 layer ~1.4x faster); AVX2 has registers for four.
+// as much as their FMAs; AVX2 has registers for four.
 // A block of weight rows (~256 KiB, in L2) meets every group of rows before the next block is read
 // (walking all rows of x per weight row kept 16 rows' x, 56 KiB at K = 896, in L2 and lost the gain).
 template <typename F, typename T>

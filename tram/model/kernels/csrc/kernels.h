@@ -1,7 +1,7 @@
 // The C++ CPU kernels one extension module exposes (bindings.cpp); each is documented in its file.
 //
-// Only ATen's core headers here: <torch/extension.h> (the whole C++ API plus pybind11) costs ~23 s of
-// compile time per file, so only bindings.cpp includes it. That keeps the first start's build short.
+// Only ATen's core headers here: <torch/extension.h> (the whole C++ API plus pybind11) adds tens of
+// seconds to the compile of every file that includes it, so only bindings.cpp does. That keeps the first start's build short.
 #pragma once
 
 #include <ATen/Parallel.h>

@@ -11,8 +11,8 @@
 //                                   seq_lens[r] - query_lens[r] .. seq_lens[r] - 1
 //   sliding_window                  0 = none, else a query at p sees keys p - W + 1 .. p
 //
-// Why: PyTorch's CPU flash attention took ~2 ms per layer for a 480-token prompt with 6 heads of 48
-// (float32, and no faster in bfloat16), and a prompt with a cached prefix went through a gather of
+// Why: PyTorch's CPU flash attention is slow on a prompt's few small heads (and no faster in
+// bfloat16; docs/benchmarks.md has the timings), and a prompt with a cached prefix went through a gather of
 // the context and a masked SDPA. Here a work item is (request, kv head, tile of 64 query rows) with
 // the G query heads that share the kv head. For each segment of 256 keys the item widens K (transposed,
 // so a score row is a run of 16-lane FMAs over D) and V to float32 once, then for 4 query rows at a

@@ -1,12 +1,10 @@
 // Software prefetch for the skinny kernels, which stream every weight byte once per call.
 //
-// Measured on the 2-core Xeon VM (docs/benchmarks.md, "Prefetching the weight stream"): a Q8_0
-// 151936 x 896 LM head read at 8-9 GB/s by two threads whose kernels could compute at ~20 GB/s from
-// cache; fp32 torch GEMV read the same memory at 18 GB/s. The hardware prefetchers did not run far
-// enough ahead of a loop with this much arithmetic per byte, so compute and memory waits added up
-// instead of overlapping. Asking for the line 8 KiB ahead of the one being decoded into L2 (T1)
-// brought that head to 18-20 GB/s; 2 KiB and 4 KiB recovered less. Past the end of a tensor a
-// prefetch is a no-op, not a fault.
+// Why: the hardware prefetchers do not run far enough ahead of a loop with this much arithmetic per
+// byte, so compute and memory waits add up instead of overlapping, and a quantized weight is read
+// well below the bandwidth a plain float32 GEMV gets. Each loop asks for the line 8 KiB ahead of the
+// one being decoded, into L2 (T1); nearer distances recover less (docs/benchmarks.md, "One request
+// at a time", has the measurements). Past the end of a tensor a prefetch is a no-op, not a fault.
 #pragma once
 
 #include <cstdint>

@@ -12,7 +12,7 @@
 //
 // Why: decode is bound by reading W, and W in int8 or int4 is a quarter or an eighth of float32's
 // bytes. torch's own weight-only CPU ops vectorise only bfloat16 activations; with float32 ones they
-// ran 5-12x slower than a float32 linear at 4096x4096 on this project's VM (docs/benchmarks.md). Here every thread
+// are several times slower than a float32 linear (docs/benchmarks.md). Here every thread
 // walks a contiguous range of W's rows once per call, widening each chunk of weights in registers and
 // using it for up to four rows of x.
 //

@@ -45,7 +45,7 @@ void rotate_heads(T* x, int64_t heads, int64_t head_dim, const T* cos, const T* 
 
 // bfloat16, 8 features at a time: the same roundings as the loop above (each product and sum rounded
 // to bf16, round_bf16x8 matching c10's rounding bit for bit), without a scalar conversion per
-// element, which made the bf16 loop ~8x slower than float32's.
+// element, which would make the bf16 loop several times slower than float32's.
 void rotate_heads(c10::BFloat16* x, int64_t heads, int64_t head_dim, const c10::BFloat16* cos,
                   const c10::BFloat16* sin, int64_t rotary_dim) {
   using namespace tram::simd;

@@ -3,8 +3,8 @@
 //
 //   silu_and_mul(gate_up [T, 2I]) -> [T, I]    silu(gate_up[:, :I]) * gate_up[:, I:]
 //   silu_and_mul_pair(gate, up [T, I]) -> [T, I]  the same from two tensors (quantized models' gate
-//                                                and up are two linears: torch's silu and mul took
-//                                                ~8% of a GGUF prefill)
+//                                                and up are two linears, and torch's silu and mul
+//                                                are a visible share of a GGUF prefill)
 //
 // Why: PyTorch runs silu and the product as two ops over the [T, I] intermediate, five passes over
 // memory with a prefill's thousands of rows; this reads each input once and writes once. Roundings

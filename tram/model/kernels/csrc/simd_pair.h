@@ -2,9 +2,10 @@
 //
 // Why: GCC lowers a 64-byte generic vector on an AVX2 target to pairs of 256-bit operations but keeps
 // the variable itself in memory (no machine mode fits it), so every accumulator of a kernel loop went
-// through a store and a reload: the skinny and GGUF kernels ran 4-40x slower than their AVX-512 builds
-// on the same CPU. A struct of two register-sized vectors is split by GCC's scalar replacement of
-// aggregates, and each half lives in a ymm register. Each lane does the same operations in the same
+// through a store and a reload, and the skinny and GGUF kernels ran many times slower than their
+// AVX-512 builds on the same CPU (docs/benchmarks.md, "The C++ kernels on AVX2-only CPUs"). A struct
+// of two register-sized vectors is split by GCC's scalar replacement of aggregates, and each half
+// lives in a ymm register. Each lane does the same operations in the same
 // order as in a 16-lane vector, so a kernel's results do not depend on which representation it got.
 //
 // What the vector extensions give a vf16 that a struct cannot (a vector `cond ? a : b`, shuffles,

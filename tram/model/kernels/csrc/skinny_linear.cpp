@@ -6,11 +6,11 @@
 //   -> y  [M, N]   x's dtype
 //
 // Why: with one or a few rows a linear layer is a matrix-vector product, bound by reading W. PyTorch's
-// CPU path for it (MKL/oneDNN in nn.Linear's layout) streamed the 37 MB logits weight of a 15M Llama
-// at ~9 GB/s on one thread and used no second thread (float32), and costs tens of microseconds per
-// call on small bfloat16 layers. Here each thread walks a contiguous range of W's rows front to back
-// (one stream the hardware prefetcher follows), every row read once per call and used for up to four
-// rows of x at a time, x stays in L1.
+// CPU path for it (MKL/oneDNN in nn.Linear's layout) reads W on one thread only (float32), at a
+// fraction of the memory bandwidth, and its fixed cost per call dominates small bfloat16 layers.
+// Here each thread walks a contiguous range of W's rows front to back (one stream the hardware
+// prefetcher follows), every row read once per call and used for up to four rows of x at a time,
+// x stays in L1.
 //
 // Arithmetic: products and sums in float32; each output is two 16-lane partial sums over K (even and
 // odd chunks of 16, or of 32 with AVX512-BF16's vdpbf16ps, which multiplies bf16 pairs exactly),

@@ -2,14 +2,14 @@
 // thousands of rows of x without a weight-sized float copy of W.
 //
 // Why: past a decode step's few rows, dequantizing all of W into a temporary [N, K] and calling
-// oneDNN writes and re-reads N * K * 4 bytes per call (a weight-sized transient per layer) and made
-// quantized layers slower than float32 at 17-64 rows. Here W is cut into tiles of kTileRows rows; a
-// thread decodes a tile once (the caller's fill, the same per-weight decode as its dequantizer) into
-// a float32 buffer that stays in L2, repacks it k-major in panels of 16 outputs, and multiplies a
-// block of x's rows by it with a register-blocked kernel: kRowsX rows of x times 32 outputs, one
-// vector FMA per row and panel per k (two 8-lane ones without AVX-512), the weights loaded once per
-// kRowsX rows. (A dot-product kernel
-// on the row-major tile, and at::mm on it, measured slower: docs in the report of this change.)
+// oneDNN writes and re-reads N * K * 4 bytes per call (a weight-sized transient per layer), which
+// can make a quantized layer slower than the float32 one it replaces. Here W is cut into tiles of
+// kTileRows rows; a thread decodes a tile once (the caller's fill, the same per-weight decode as its
+// dequantizer) into a float32 buffer that stays in L2, repacks it k-major in panels of 16 outputs,
+// and multiplies a block of x's rows by it with a register-blocked kernel: kRowsX rows of x times 32
+// outputs, one vector FMA per row and panel per k (two 8-lane ones without AVX-512), the weights
+// loaded once per kRowsX rows. (A dot-product kernel on the row-major tile, and at::mm on it, are
+// slower.)
 //
 // Arithmetic: each output is one float32 FMA chain over k = 0 .. K - 1 from 0, in that order, plus
 // the bias, rounded once to y's dtype (past kPassK the chain is kept in float32 memory between passes
@@ -51,7 +51,7 @@ constexpr int64_t kRowsX = 6, kPanelsX = 1;
 #endif
 
 // x[k] in every lane, straight from memory: a broadcast load is a load-port uop, where GCC's
-// load + register broadcast also takes port 5, which AVX-512 FMAs share (measured ~1.7x slower).
+// load + register broadcast also takes port 5, which AVX-512 FMAs share.
 #if defined(__AVX512F__)
 TRAM_INLINE vf16 broadcast(const float* p) { return bitcast<vf16>(_mm512_set1_ps(*p)); }
 #else
@@ -60,8 +60,7 @@ TRAM_INLINE vf8 broadcast(const float* p) { return vf8{} + *p; }  // vbroadcasts
 
 // k per pass over a tile: a tile's panels for one pass (64 outputs x 1024 k, 256 KiB) and the
 // block of x's rows for it (below) stay in L2 together. Without passes a K = 4864 layer (ffn_down)
-// streamed 1.2 MiB of panels and 1.2 MiB of x per tile through a 2 MiB L2, 1.5x slower per FMA
-// than the K = 896 layers.
+// would stream 1.2 MiB of panels and 1.2 MiB of x per tile through a 2 MiB L2.
 constexpr int64_t kPassK = 1024;
 
 // x's rows per block: a block's pass (float32) should stay in about 1 MiB of L2 while the thread's

@@ -1,27 +1,39 @@
 """Tool calling: parsers that find calls in a model's own format (chosen by name, as vLLM's
---tool-call-parser), and forced tool choices (forced.py). base.py states the rules they all keep."""
+--tool-call-parser), and forced tool choices (forced.py). base.py states the rules they all keep.
+
+A parser registers itself by name where it is defined (`@TOOL_CALL_PARSERS.register("hermes", help)`
+on its class); configuration validates --tool-call-parser against those names, and a reasoning
+parser would register the same way with a kind of its own. Importing this package imports every
+parser module, so that all are registered.
+"""
+
 from __future__ import annotations
 
+from tram.config.registry import TOOL_CALL_PARSERS
+from tram.server.tools.parsers import hermes, llama3_json  # noqa: F401 - each registers its parser
 from tram.server.tools.parsers.base import (
-    DeltaMessage, DeltaToolCall, ExtractedToolCalls, ToolCall, ToolCallStream, ToolParser,
+    DeltaMessage,
+    DeltaToolCall,
+    ExtractedToolCalls,
+    ToolCall,
+    ToolCallStream,
+    ToolParser,
 )
-from tram.server.tools.parsers.hermes import HermesToolParser
-from tram.server.tools.parsers.llama3_json import Llama3JsonToolParser
 
 __all__ = [
-    "DeltaMessage", "DeltaToolCall", "ExtractedToolCalls", "TOOL_PARSERS", "ToolCall", "ToolCallStream",
-    "ToolParser", "get_tool_parser",
+    "DeltaMessage",
+    "DeltaToolCall",
+    "ExtractedToolCalls",
+    "TOOL_PARSERS",
+    "ToolCall",
+    "ToolCallStream",
+    "ToolParser",
+    "get_tool_parser",
 ]
 
-TOOL_PARSERS: dict[str, type[ToolParser]] = {
-    "hermes": HermesToolParser,
-    "llama3_json": Llama3JsonToolParser,
-}
+TOOL_PARSERS = TOOL_CALL_PARSERS  # the registered parsers' names (iterating gives them)
 
 
 def get_tool_parser(name: str) -> ToolParser:
-    try:
-        return TOOL_PARSERS[name]()
-    except KeyError:
-        known = ", ".join(sorted(TOOL_PARSERS))
-        raise ValueError(f"unknown tool call parser {name!r}; known: {known}") from None
+    """A fresh parser registered as `name`; ValueError naming the registered ones otherwise."""
+    return TOOL_CALL_PARSERS.load(name)()

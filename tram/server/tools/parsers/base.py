@@ -19,6 +19,7 @@ turns that text back into OpenAI tool calls. The rules all parsers keep:
   to be malformed, or at `finish()` when the output ends inside it. When the first call is the
   malformed one, the streamed content is therefore the whole output, as non-streamed.
 """
+
 from __future__ import annotations
 
 import uuid

@@ -5,6 +5,7 @@ name (once its string closes) and how much of the arguments value has arrived, s
 send both before the object is complete. Keys other than the name and arguments are skipped. Only
 `result()` decides whether the call is well formed: it parses the whole object with `json.loads`.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,14 +61,14 @@ class CallReader:
                 self._scan()
             else:
                 self._punctuation(self.text[self._pos])
-        self.text = self.text[:self._pos]
+        self.text = self.text[: self._pos]
         return self._pos - before
 
     def take_arguments(self) -> str:
         """The arguments text read since the last call (never past the arguments value)."""
         if self._args_start is None:
             return ""
-        fragment = self.text[self._args_sent:self._args_end]
+        fragment = self.text[self._args_sent : self._args_end]
         self._args_sent = self._args_end
         return fragment
 
@@ -82,7 +83,7 @@ class CallReader:
             return None
         if self._args_start is None:
             return self.name, "{}"
-        return self.name, self.text[self._args_start:self._args_end]
+        return self.name, self.text[self._args_start : self._args_end]
 
     def _punctuation(self, c: str) -> None:
         """One character between keys and values: whitespace, a brace, quote, colon or comma."""
@@ -125,9 +126,9 @@ class CallReader:
             return
         self._scanner = None
         if self._state == _IN_KEY:
-            self._end_key(self.text[self._start:end])
+            self._end_key(self.text[self._start : end])
         else:
-            self._end_value(self.text[self._start:end])
+            self._end_value(self.text[self._start : end])
 
     def _end_key(self, key_text: str) -> None:
         try:

@@ -2,6 +2,7 @@
 CallEmitter, the text held back until a call completes, and plain passthrough once a call is
 malformed. A format says only what may stand between calls (`_outside`, `_finish_outside`) and
 what follows a complete call (`_after_call`)."""
+
 from __future__ import annotations
 
 from abc import abstractmethod

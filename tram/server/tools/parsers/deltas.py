@@ -1,4 +1,5 @@
 """Building the DeltaMessage of one `feed`: content pieces and tool-call fragments, merged."""
+
 from __future__ import annotations
 
 from tram.server.tools.parsers.base import DeltaMessage, DeltaToolCall, new_tool_call_id
@@ -17,8 +18,7 @@ class DeltaBuilder:
         if text:
             self._content.append(text)
 
-    def call(self, index: int, *, call_id: str | None = None, name: str | None = None,
-             arguments: str = "") -> None:
+    def call(self, index: int, *, call_id: str | None = None, name: str | None = None, arguments: str = "") -> None:
         last = self._calls[-1] if self._calls else None
         if call_id is None and last is not None and last.index == index:
             last.arguments = (last.arguments or "") + arguments or None

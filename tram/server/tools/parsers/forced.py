@@ -7,6 +7,7 @@ grammar-valid output to read back.
 - "required": the output is an array of one or more `{"name": ..., "parameters": {...}}` objects,
   each naming one of the tools and holding that tool's parameters.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -16,8 +17,8 @@ from tram.server.tools.parsers.forced_stream import ForcedToolStream, forced_fun
 
 __all__ = ["ForcedToolStream", "forced_tool_schema", "parse_forced_tool_calls"]
 
-def forced_tool_schema(tools: list[dict[str, Any]],
-                       tool_choice: str | dict[str, Any]) -> dict[str, Any] | None:
+
+def forced_tool_schema(tools: list[dict[str, Any]], tool_choice: str | dict[str, Any]) -> dict[str, Any] | None:
     """The JSON schema the output must follow; None when tool_choice forces nothing ("none",
     "auto"). ValueError for a named function that is not among `tools`, or "required" with none."""
     if tool_choice in ("none", "auto"):
@@ -46,8 +47,7 @@ def parse_forced_tool_calls(text: str, tool_choice: str | dict[str, Any]) -> lis
 
 def _function(tool: dict[str, Any]) -> dict[str, Any]:
     function = tool.get("function") if isinstance(tool, dict) else None
-    if not isinstance(function, dict) or tool.get("type") != "function" \
-            or not isinstance(function.get("name"), str):
+    if not isinstance(function, dict) or tool.get("type") != "function" or not isinstance(function.get("name"), str):
         raise ValueError(f"not a function tool: {tool!r}")
     return function
 

@@ -6,6 +6,7 @@ The stream never raises: an output cut short (max_tokens) ends where it was cut,
 breaks the expected shape is dropped. Either way `malformed` is set, which is what makes
 `parse_forced_tool_calls` refuse the output.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -62,7 +63,7 @@ class _NamedStream(ToolCallStream):
         if not self._sent:
             text = text.lstrip()
         kept = text.rstrip()
-        self._blank = text[len(kept):]
+        self._blank = text[len(kept) :]
         if kept:
             self._sent.append(kept)
             out.call(0, arguments=kept)

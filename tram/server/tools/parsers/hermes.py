@@ -10,8 +10,10 @@ that never comes is forgiven once the object is complete (the output may stop at
 as a stop string); what follows the object then is text. A suffix that could begin `<tool_call>`
 is held back until the next text tells.
 """
+
 from __future__ import annotations
 
+from tram.config.registry import TOOL_CALL_PARSERS
 from tram.server.tools.parsers.base import ToolCallStream, ToolParser
 from tram.server.tools.parsers.calls_stream import CallsStream
 
@@ -27,6 +29,7 @@ def partial_tag_start(text: str, tag: str) -> int:
     return len(text)
 
 
+@TOOL_CALL_PARSERS.register("hermes", "Qwen, Hermes")
 class HermesToolParser(ToolParser):
     def stream(self) -> ToolCallStream:
         return _HermesStream()
@@ -54,7 +57,7 @@ class _HermesStream(CallsStream):
         self._segment(text[:k])
         self._begin_call(self._blank + START_TAG)
         self._blank, self._has_text = "", False
-        return text[k + len(START_TAG):]
+        return text[k + len(START_TAG) :]
 
     def _segment(self, text: str) -> None:
         """Text between calls: content once it has more than whitespace, whitespace included."""
@@ -70,7 +73,7 @@ class _HermesStream(CallsStream):
         rest = text.lstrip()
         if rest.startswith(END_TAG):
             self._state = _TEXT
-            return rest[len(END_TAG):]
+            return rest[len(END_TAG) :]
         if END_TAG.startswith(rest):
             self._held = text
             return ""

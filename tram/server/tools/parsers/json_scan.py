@@ -4,6 +4,7 @@ Not a JSON parser: it only tracks what decides the boundary (string quotes and t
 the depth of `{}`/`[]` outside strings), so it accepts text that is not JSON. Whoever uses a span
 it finds checks that span with `json.loads` once it is complete.
 """
+
 from __future__ import annotations
 
 import re

@@ -8,8 +8,10 @@ it. Once calls begin, only whitespace and one `;` may stand between them; anythi
 rest malformed (base.py). The arguments member is "parameters", or "arguments" as some fine-tunes
 write it. Until the first non-whitespace character after the tag, everything is held back.
 """
+
 from __future__ import annotations
 
+from tram.config.registry import TOOL_CALL_PARSERS
 from tram.server.tools.parsers.base import ToolCallStream, ToolParser
 from tram.server.tools.parsers.calls_stream import CallsStream
 
@@ -17,6 +19,7 @@ PYTHON_TAG = "<|python_tag|>"
 _START, _PLAIN, _BETWEEN = "start", "plain", "between"
 
 
+@TOOL_CALL_PARSERS.register("llama3_json", "Llama 3.1+")
 class Llama3JsonToolParser(ToolParser):
     def stream(self) -> ToolCallStream:
         return _Llama3JsonStream()
@@ -54,7 +57,7 @@ class _Llama3JsonStream(CallsStream):
         body = text.lstrip()
         if self._state == _START:
             if body.startswith(PYTHON_TAG):
-                return body[len(PYTHON_TAG):].lstrip()
+                return body[len(PYTHON_TAG) :].lstrip()
             return None if PYTHON_TAG.startswith(body) else body
         return body[1:].lstrip() if body.startswith(";") else body
 

@@ -1,15 +1,19 @@
 """What a request asks its output to match: vLLM's `StructuredOutputsParams`, shape for shape.
 
 Torch-free and free of any grammar engine: the API process builds and checks these, and they cross
-to the engine core inside `SamplingParams`. Whether a schema, regex or grammar is *valid* is the
-grammar engine's call, made in the engine core off the step loop (tram/structured_output/manager.py).
+to the engine core inside `SamplingParams`, so they sit beside it (a leaf, below the server and
+tram/structured_output/). Whether a schema, regex or grammar is *valid* is the grammar engine's call,
+made in the engine core off the step loop (tram/structured_output/manager.py).
 """
+
 from __future__ import annotations
 
 import json
 from typing import Any
 
 import msgspec
+
+from tram.sampling_params.checks import SamplingParamError
 
 # The constraint fields: exactly one is set.
 CONSTRAINT_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
@@ -55,15 +59,14 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     source_field: str | None = None
 
     def __post_init__(self) -> None:
-        # Imported here: tram.sampling_params imports this module to declare its field.
-        from tram.sampling_params import SamplingParamError
-
         field = self.source_field or "structured_outputs"
         chosen = [name for name in CONSTRAINT_FIELDS if getattr(self, name) not in (None, False)]
         if len(chosen) != 1:
             raise SamplingParamError(
-                field, "structured outputs need exactly one of json, regex, choice, grammar, json_object or "
-                f"structural_tag; got {', '.join(chosen) if chosen else 'none'}")
+                field,
+                "structured outputs need exactly one of json, regex, choice, grammar, json_object or "
+                f"structural_tag; got {', '.join(chosen) if chosen else 'none'}",
+            )
         if isinstance(self.json, str):
             try:
                 parsed = json.loads(self.json)
@@ -87,8 +90,11 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         value = repr(getattr(self, self.kind))
         if len(value) > REPR_CHARS:
             value = f"{value[:REPR_CHARS]}... ({len(value)} characters)"
-        options = "".join(f", {name}=True" for name in ("disable_any_whitespace", "disable_additional_properties")
-                          if getattr(self, name))
+        options = "".join(
+            f", {name}=True"
+            for name in ("disable_any_whitespace", "disable_additional_properties")
+            if getattr(self, name)
+        )
         return f"StructuredOutputsParams({self.kind}={value}{options})"
 
     @property
@@ -100,8 +106,9 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         kind = self.kind
         if kind == "json":
             spec = self.json if isinstance(self.json, str) else json.dumps(self.json, sort_keys=True)
-            spec = json.dumps([spec, self.disable_any_whitespace, self.disable_additional_properties,
-                               self.whitespace_pattern])
+            spec = json.dumps(
+                [spec, self.disable_any_whitespace, self.disable_additional_properties, self.whitespace_pattern]
+            )
         elif kind == "json_object":
             spec = json.dumps([self.disable_any_whitespace, self.whitespace_pattern])
         elif kind == "choice":

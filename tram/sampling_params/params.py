@@ -1,32 +1,29 @@
-"""Sampling parameters of one request, with vLLM's names, defaults and validation."""
+"""Sampling parameters of one request, with vLLM's names, defaults and validation (the ranges
+themselves: ranges.py)."""
+
 from __future__ import annotations
 
 import copy
 import math
 from enum import IntEnum
-from typing import Any
 
 import msgspec
 
-from tram.structured_output.params import StructuredOutputsParams
+from tram.sampling_params.checks import (
+    SamplingParamError,
+    as_float,
+    check_range,
+    is_int,
+    parse_token_id,
+    require_int,
+    short,
+    token_id_list,
+)
+from tram.sampling_params.ranges import INT64_MIN, SAMPLING_RANGES, SEED_MAX
+from tram.sampling_params.structured import StructuredOutputsParams
 
 # Below this temperature a request is greedy; dividing logits by it would only add noise.
 SAMPLING_EPS = 1e-5
-# torch.Generator.manual_seed accepts exactly this range; reject the rest here, not in the worker.
-_SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
-# Every other integer crosses to the engine core as a signed 64-bit msgpack int (and lands in int64
-# tensors): a larger one must be a client error here, not a serialisation failure after the request
-# was registered.
-_INT_MAX = 2**63 - 1
-
-
-class SamplingParamError(ValueError):
-    """A sampling parameter is out of range or of the wrong type; `param` names it (the server's
-    error body reports it as OpenAI's `param`)."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 class SamplingType(IntEnum):
@@ -103,23 +100,24 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     # ----------------------------------------------------------------- validation helpers
 
     def _normalise_numbers(self) -> None:
-        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty",
-                     "temperature", "top_p", "min_p"):
-            setattr(self, name, _as_float(name, getattr(self, name)))
+        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p", "min_p"):
+            setattr(self, name, as_float(name, getattr(self, name)))
+        # Every other integer crosses to the engine core as a signed 64-bit msgpack int: a larger one
+        # must be a client error here, not a serialisation failure after the request was registered.
         for name in ("n", "top_k", "min_tokens"):
-            _require_int(name, getattr(self, name))
+            require_int(name, getattr(self, name))
         for name in ("max_tokens", "logprobs", "prompt_logprobs", "truncate_prompt_tokens"):
             if getattr(self, name) is not None:
-                _require_int(name, getattr(self, name))
-        if self.seed is not None:
-            _require_int("seed", self.seed, _SEED_MIN, _SEED_MAX)
+                require_int(name, getattr(self, name))
+        if self.seed is not None:  # the seed's own range: reject the rest here, not in the worker
+            require_int("seed", self.seed, INT64_MIN, SEED_MAX)
         if self.top_k == -1:
             self.top_k = 0
 
     def _normalise_output_kind(self) -> None:
         kind = self.output_kind
         if not isinstance(kind, RequestOutputKind):
-            if not _is_int(kind) or kind not in set(RequestOutputKind):
+            if not is_int(kind) or kind not in set(RequestOutputKind):
                 raise SamplingParamError("output_kind", f"output_kind must be a RequestOutputKind, got {kind!r}")
             self.output_kind = RequestOutputKind(kind)
 
@@ -139,35 +137,38 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
                 raise SamplingParamError("stop", "stop cannot contain an empty string")
         if self.stop and not self.detokenize:
             raise SamplingParamError("stop", "stop strings need detokenize=True")
-        self.stop_token_ids = _token_id_list("stop_token_ids", self.stop_token_ids)
+        self.stop_token_ids = token_id_list("stop_token_ids", self.stop_token_ids)
 
     def _normalise_logit_bias(self) -> None:
         if self.logit_bias is None:
             return
         if not isinstance(self.logit_bias, dict):
             raise SamplingParamError(
-                "logit_bias", f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}")
+                "logit_bias", f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}"
+            )
         bias: dict[int, float] = {}
         for key, value in self.logit_bias.items():
             # JSON objects only have string keys, so OpenAI clients send {"50256": -100}.
-            token_id = _parse_token_id(key)
+            token_id = parse_token_id(key)
             if token_id is None:
                 raise SamplingParamError("logit_bias", f"logit_bias keys must be token ids in [0, 2**63), got {key!r}")
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise SamplingParamError(
-                    "logit_bias", f"logit_bias values must be numbers, got {_short(value)} for token {key!r}")
+                    "logit_bias", f"logit_bias values must be numbers, got {short(value)} for token {key!r}"
+                )
             value = float(value)
             # +inf or NaN would turn the whole row of probabilities into NaN.
             if math.isnan(value) or value == math.inf:
                 raise SamplingParamError(
-                    "logit_bias", f"logit_bias values must be finite or -inf, got {value} for token {key!r}")
+                    "logit_bias", f"logit_bias values must be finite or -inf, got {value} for token {key!r}"
+                )
             bias[token_id] = value
         self.logit_bias = bias
 
     def _normalise_allowed_token_ids(self) -> None:
         if self.allowed_token_ids is None:
             return
-        self.allowed_token_ids = _token_id_list("allowed_token_ids", self.allowed_token_ids)
+        self.allowed_token_ids = token_id_list("allowed_token_ids", self.allowed_token_ids)
         if not self.allowed_token_ids:
             raise SamplingParamError("allowed_token_ids", "allowed_token_ids must not be empty")
 
@@ -180,46 +181,19 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
                 raise SamplingParamError("structured_outputs", f"structured_outputs: {e}") from e
         elif so is not None and not isinstance(so, StructuredOutputsParams):
             raise SamplingParamError(
-                "structured_outputs", f"structured_outputs must be a StructuredOutputsParams, got {_short(so)}")
+                "structured_outputs", f"structured_outputs must be a StructuredOutputsParams, got {short(so)}"
+            )
 
     def _verify_ranges(self) -> None:
-        # Written as `not (in range)` so that NaN fails every check.
-        if self.n < 1:
-            raise SamplingParamError("n", f"n must be at least 1, got {self.n}")
-        for name in ("presence_penalty", "frequency_penalty"):
+        for name, allowed in SAMPLING_RANGES.items():
             value = getattr(self, name)
-            if not -2.0 <= value <= 2.0:
-                raise SamplingParamError(name, f"{name} must be in [-2, 2], got {value}")
-        if not self.repetition_penalty > 0.0:
-            raise SamplingParamError(
-                "repetition_penalty", f"repetition_penalty must be greater than zero, got {self.repetition_penalty}")
-        if not self.temperature >= 0.0 or math.isinf(self.temperature):
-            raise SamplingParamError(
-                "temperature", f"temperature must be non-negative and finite, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise SamplingParamError("top_p", f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < -1:
-            raise SamplingParamError("top_k", f"top_k must be 0 or -1 (disabled) or at least 1, got {self.top_k}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise SamplingParamError("min_p", f"min_p must be in [0, 1], got {self.min_p}")
-        self._verify_lengths()
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(self, name)
-            if value is not None and value < -1:
-                raise SamplingParamError(name, f"{name} must be non-negative or -1 (whole vocabulary), got {value}")
-
-    def _verify_lengths(self) -> None:
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise SamplingParamError("max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.min_tokens < 0:
-            raise SamplingParamError(
-                "min_tokens", f"min_tokens must be greater than or equal to 0, got {self.min_tokens}")
+            if value is not None:  # the optional counts (max_tokens, logprobs, ...) may be unset
+                check_range(name, value, allowed)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise SamplingParamError("min_tokens", f"min_tokens must be less than or equal to "
-                                     f"max_tokens={self.max_tokens}, got {self.min_tokens}")
-        if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
-            raise SamplingParamError("truncate_prompt_tokens",
-                                     f"truncate_prompt_tokens must be at least 1, got {self.truncate_prompt_tokens}")
+            raise SamplingParamError(
+                "min_tokens",
+                f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, got {self.min_tokens}",
+            )
 
     # ----------------------------------------------------------------------- public helpers
 
@@ -241,56 +215,3 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             for t in getattr(self, name) or ():
                 if t >= vocab_size:
                     raise SamplingParamError(name, f"{name} token id {t} is out of vocabulary (size {vocab_size})")
-
-
-def _is_int(value: Any) -> bool:
-    # bool is an int subclass, but top_k=True is a bug, not a request.
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _require_int(name: str, value: Any, low: int = -_INT_MAX - 1, high: int = _INT_MAX) -> None:
-    if not _is_int(value):
-        raise SamplingParamError(name, f"{name} must be an int, got {_short(value)}")
-    if not low <= value <= high:
-        raise SamplingParamError(name, f"{name} must be in [{_bound(low)}, {_bound(high)}], got {_short(value)}")
-
-
-def _bound(value: int) -> str:
-    names = {_INT_MAX: "2**63 - 1", -_INT_MAX - 1: "-2**63", _SEED_MAX: "2**64 - 1"}
-    return names.get(value, str(value))
-
-
-def _short(value: Any) -> str:
-    """A value for an error message: a 10**30000 would otherwise make a 30 kB message."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _as_float(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SamplingParamError(name, f"{name} must be a number, got {_short(value)}")
-    try:
-        value = float(value)
-    except OverflowError:  # an int too large for a float
-        raise SamplingParamError(name, f"{name} is out of range, got {_short(value)}") from None
-    if not math.isfinite(value):
-        raise SamplingParamError(name, f"{name} must be finite, got {value!r}")
-    return value
-
-
-def _token_id_list(name: str, ids: Any) -> list[int]:
-    ids = [] if ids is None else ids
-    if not isinstance(ids, (list, tuple, set, frozenset)):
-        raise SamplingParamError(name, f"{name} must be a list of token ids, got {_short(ids)}")
-    for t in ids:
-        if not _is_int(t) or not 0 <= t <= _INT_MAX:
-            raise SamplingParamError(name, f"{name} must contain token ids in [0, 2**63), got {_short(t)}")
-    return list(ids)
-
-
-def _parse_token_id(key: Any) -> int | None:
-    if isinstance(key, str) and key.strip().isdigit():
-        key = int(key)
-    if _is_int(key) and 0 <= key <= _INT_MAX:
-        return key
-    return None

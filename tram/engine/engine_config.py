@@ -1,0 +1,106 @@
+"""EngineArgs resolved into the EngineConfig every layer reads, in the process that builds the engine
+(the LLM's, or the API server's) before any other process starts: so that every refusal, a layer's
+included, is a ValueError there, and the engine core and workers receive settled values.
+
+Importing this module registers the choices of the layers the engine drives (model, executor,
+structured outputs) with configuration, so that EngineArgs validates against them. Torch-free: the
+API server process resolves the config without torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tram.structured_output.backend  # noqa: F401 - registers the grammar engines
+from tram.config import CacheConfig, EngineArgs, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from tram.config.engine_args import FALLBACK_MAX_MODEL_LEN, default_token_budget
+from tram.config.model import device_type, load_hf_config
+from tram.config.parallel_check import check_tensor_parallel
+from tram.config.registry import STRUCTURED_OUTPUTS_BACKENDS
+from tram.executor.backends import default_executor_backend
+from tram.model.choices import check_model_files, checkpoint_quantization
+from tram.model.gguf.file import is_gguf
+from tram.model.hub import config_reader, resolve_model_path
+from tram.model.quant.check import check_quantization
+
+
+def create_engine_config(args: EngineArgs) -> EngineConfig:
+    """Validate `args`, find the model's files and config, and resolve the settings against them;
+    ValueError on a bad value or combination."""
+    args.validate()
+    model_path = resolve_model_path(args.model, args.revision, args.download_dir)
+    check_model_files(model_path, args.tensor_parallel_size)
+    model_config = _model_config(args, model_path)
+    max_model_len = model_config.max_model_len
+    return EngineConfig(
+        model_config=model_config,
+        cache_config=CacheConfig(args.block_size, 0, args.enable_prefix_caching, args.kv_cache_dtype),
+        scheduler_config=SchedulerConfig(
+            args.max_num_seqs, args.max_num_batched_tokens or default_token_budget(args.max_num_seqs), max_model_len
+        ),
+        tokenizer=args.tokenizer or model_path,
+        revision=args.revision,
+        trust_remote_code=args.trust_remote_code,
+        skip_tokenizer_init=args.skip_tokenizer_init,
+        num_gpu_blocks_override=args.num_gpu_blocks_override,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_logprobs=args.max_logprobs,
+        generation_config=_generation_config_folder(args, model_path),
+        structured_outputs_backend=STRUCTURED_OUTPUTS_BACKENDS.canonical(args.structured_outputs_backend),
+        structured_outputs_compile_timeout=args.structured_outputs_compile_timeout,
+        structured_outputs_disable_any_whitespace=args.structured_outputs_disable_any_whitespace,
+        parallel_config=_parallel_config(args, model_config.hf_config),
+    )
+
+
+def _model_config(args: EngineArgs, model_path: str) -> ModelConfig:
+    """The model's config read (a GGUF file's too), its quantization checked against the checkpoint
+    and the device, and its context length against the model's."""
+    reader = config_reader(model_path)
+    hf_config = load_hf_config(model_path, args.revision, args.trust_remote_code, reader)
+    quantization = checkpoint_quantization(hf_config, None if is_gguf(model_path) else args.quantization)
+    if quantization is not None:  # a quantized checkpoint's scheme, checked at start
+        check_quantization(
+            quantization, "cuda" if device_type(args.device) == "cuda" else "cpu", hf_config, args.tensor_parallel_size
+        )
+    derived_len = int(getattr(hf_config, "max_position_embeddings", FALLBACK_MAX_MODEL_LEN))
+    max_model_len = args.max_model_len or derived_len
+    if max_model_len > derived_len:
+        raise ValueError(
+            f"max_model_len {max_model_len} is larger than the model's maximum context "
+            f"(max_position_embeddings = {derived_len})"
+        )
+    return ModelConfig(
+        model=model_path,
+        hf_config=hf_config,
+        config_reader=reader,
+        dtype=args.dtype,
+        device=args.device,
+        max_model_len=max_model_len,
+        load_format=args.load_format,
+        revision=args.revision,
+        trust_remote_code=args.trust_remote_code,
+        seed=args.seed,
+        attention_backend=args.attention_backend,
+        enforce_eager=args.enforce_eager,
+        quantization=quantization,
+        gguf_activations=args.gguf_activations,
+    )
+
+
+def _parallel_config(args: EngineArgs, hf_config: Any) -> ParallelConfig:
+    """The split, checked against the model's shape (ValueError when it does not divide)."""
+    tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
+    check_tensor_parallel(hf_config, tp)
+    if pp > int(hf_config.num_hidden_layers):
+        raise ValueError(f"pipeline_parallel_size {pp} exceeds the model's {hf_config.num_hidden_layers} layers")
+    backend = args.distributed_executor_backend or default_executor_backend(tp * pp)
+    return ParallelConfig(tp, pp, backend, data_parallel_size=args.data_parallel_size)
+
+
+def _generation_config_folder(args: EngineArgs, model_path: str) -> str | None:
+    """The folder whose generation_config.json gives the server's sampling defaults (None: none)."""
+    if args.generation_config == "auto":
+        return None if is_gguf(model_path) else model_path  # a GGUF file carries none
+    return None if args.generation_config == "vllm" else args.generation_config
