@@ -26,6 +26,7 @@ and versions (tram.bench.report.machine_info) and the device.
 The code lives in benchmarks/gpu/, one file per section (see its __init__.py); this file only sets
 up the environment and starts it.
 """
+
 from __future__ import annotations
 
 import os

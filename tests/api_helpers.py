@@ -1,5 +1,6 @@
 """Helpers of the engine-level tests: stories260K references and request helpers (their fixtures
 live in conftest.py), the leak check every workload ends with, and staggered arrivals."""
+
 from __future__ import annotations
 
 import random
@@ -31,8 +32,9 @@ def drain(engine, max_steps: int = 2000) -> dict[str, list]:
             return seen
         for out in engine.step():
             seen.setdefault(out.request_id, []).append(out)
-    raise AssertionError(f"engine still has unfinished requests after {max_steps} steps: "
-                         f"{list(engine.output_processor.requests)}")
+    raise AssertionError(
+        f"engine still has unfinished requests after {max_steps} steps: {list(engine.output_processor.requests)}"
+    )
 
 
 def assert_no_leak(engine: LLMEngine) -> None:
@@ -44,7 +46,9 @@ def assert_no_leak(engine: LLMEngine) -> None:
     assert not engine.has_unfinished_requests()
 
 
-def run_staggered(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams], every: int) -> list[list[int]]:
+def run_staggered(
+    engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams], every: int
+) -> list[list[int]]:
     """Add request i at step i * every, then drain; return each request's final tokens."""
     results: dict[str, list[int]] = {}
     pending = list(enumerate(zip(prompts, params)))

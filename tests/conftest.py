@@ -1,5 +1,6 @@
 """Shared fixtures: the real stories260K model, the transformers oracle, and the leak check that
 runs after every engine workload."""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,8 @@ from typing import TYPE_CHECKING  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-
 from api_helpers import PROMPT, assert_no_leak, greedy_ids  # noqa: E402,F401 (assert_no_leak: re-exported)
+
 from tram import LLM, SamplingParams  # noqa: E402
 
 if TYPE_CHECKING:
@@ -105,10 +106,14 @@ def hf_greedy(path: str, prompt_ids: list[int], max_new_tokens: int, eos: list[i
     model = hf_model(path)
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False,
-            eos_token_id=eos, pad_token_id=0, attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            torch.tensor([prompt_ids]),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=0,
+            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
         )
-    return out[0, len(prompt_ids):].tolist()
+    return out[0, len(prompt_ids) :].tolist()
 
 
 def hf_logprobs(path: str, token_ids: list[int]) -> torch.Tensor:
@@ -120,6 +125,7 @@ def hf_logprobs(path: str, token_ids: list[int]) -> torch.Tensor:
 
 
 # ---- the shared stories260K engine, as the engine API tests use it
+
 
 @pytest.fixture(scope="module")
 def ref(stories_llm: LLM) -> dict:
@@ -140,8 +146,8 @@ def ref(stories_llm: LLM) -> dict:
 
 @pytest.fixture
 def no_request_left_behind(stories_llm: LLM):
-    """(Used by the engine API tests.) A test that leaves requests unfinished fails here, and they are aborted so that later tests
-    (whose LLM.generate would otherwise wait on them forever) still run."""
+    """(Used by the engine API tests.) A test that leaves requests unfinished fails here, and they are
+    aborted so that later tests (whose LLM.generate would otherwise wait on them forever) still run."""
     yield
     engine = stories_llm.llm_engine
     left = list(engine.output_processor.requests)

@@ -2,6 +2,7 @@
 benchmarks/llama_cpp_peer.py downloads) and `llama-quantize` (which it builds). Both live in its
 cache (~/.cache/tram/llama.cpp, or TRAM_LLAMA_CPP_CACHE), outside the repository; where they are
 missing the tests that need them skip and say how to get them (.ci/run builds them first)."""
+
 from __future__ import annotations
 
 import glob
@@ -17,8 +18,9 @@ GET_TOOLS = "python3 benchmarks/llama_cpp_peer.py build"
 
 
 def convert_script() -> Path:
-    found = sorted(glob.glob(str(CACHE / "src" / "llama_cpp_python-*" / "vendor" / "llama.cpp" /
-                                "convert_hf_to_gguf.py")))
+    found = sorted(
+        glob.glob(str(CACHE / "src" / "llama_cpp_python-*" / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"))
+    )
     if not found:
         pytest.skip(f"llama.cpp's convert_hf_to_gguf.py is not in {CACHE} (run `{GET_TOOLS}`)")
     return Path(found[-1])
@@ -33,8 +35,11 @@ def quantize_binary() -> Path:
 
 def convert(model_dir: str, out: Path, outtype: str) -> Path:
     """model_dir (a Hugging Face folder) as a GGUF file of `outtype` (f32, f16, q8_0, ...)."""
-    subprocess.run([sys.executable, str(convert_script()), model_dir, "--outtype", outtype, "--outfile", str(out)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(convert_script()), model_dir, "--outtype", outtype, "--outfile", str(out)],
+        check=True,
+        capture_output=True,
+    )
     return out
 
 

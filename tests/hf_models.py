@@ -4,6 +4,7 @@
 with transformers' own classes, so transformers is the numerical oracle. `build_meta` and
 `PagedRunner` drive a model through the paged KV cache the way a model runner would.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -19,33 +20,64 @@ import torch
 from tram.model.attention.base import AttentionMetadata
 
 STORIES_DIR = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models", "stories260K"))
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                    "generation_config.json", "chat_template.jinja")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "generation_config.json",
+    "chat_template.jinja",
+)
 
 _BASE: dict[str, Any] = dict(
-    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    bos_token_id=1,
+    eos_token_id=2,
 )
 # Gemma 3: sliding layers (window 5, shorter than the test prompts) between global ones, each kind of
 # layer with its own RoPE (small bases so that rotations differ within a few positions; linear scaling
 # on the global ones, as Gemma 3 4B+ has), and an attention scale that is not head_dim ** -0.5.
 _GEMMA3: dict[str, Any] = dict(
-    head_dim=32, query_pre_attn_scalar=24, sliding_window=5,
+    head_dim=32,
+    query_pre_attn_scalar=24,
+    sliding_window=5,
     layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-    rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0},
-                     "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}},
+    rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+    },
 )
 # kind -> (transformers config class name, overrides of _BASE)
 KINDS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama_gqa": ("LlamaConfig", dict(tie_word_embeddings=True)),
     # head_dim deliberately differs from hidden_size / num_heads.
-    "llama_mha": ("LlamaConfig", dict(num_key_value_heads=4, head_dim=32, num_hidden_layers=3,
-                                      tie_word_embeddings=True)),
+    "llama_mha": (
+        "LlamaConfig",
+        dict(num_key_value_heads=4, head_dim=32, num_hidden_layers=3, tie_word_embeddings=True),
+    ),
     "qwen2": ("Qwen2Config", dict(num_hidden_layers=3, tie_word_embeddings=False)),
     "llama_untied": ("LlamaConfig", dict(tie_word_embeddings=False, attention_bias=True, mlp_bias=True)),
-    "llama3_rope": ("LlamaConfig", dict(tie_word_embeddings=True, rope_parameters=dict(
-        rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-        original_max_position_embeddings=64))),
+    "llama3_rope": (
+        "LlamaConfig",
+        dict(
+            tie_word_embeddings=True,
+            rope_parameters=dict(
+                rope_type="llama3",
+                rope_theta=500000.0,
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=64,
+            ),
+        ),
+    ),
     "mistral": ("MistralConfig", dict(sliding_window=8, tie_word_embeddings=False)),
     # q/k norms per head; head_dim deliberately differs from hidden_size / num_heads.
     "qwen3": ("Qwen3Config", dict(num_hidden_layers=3, head_dim=32, tie_word_embeddings=False)),
@@ -54,8 +86,9 @@ KINDS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def make_hf_model_dir(tmp_path: str | Path, kind: str, *, seed: int = 0, max_shard_size: str | None = None,
-                      **overrides: Any) -> str:
+def make_hf_model_dir(
+    tmp_path: str | Path, kind: str, *, seed: int = 0, max_shard_size: str | None = None, **overrides: Any
+) -> str:
     """Write a tiny random float32 model of `kind` (see KINDS) under tmp_path; return its folder.
 
     Every weight is random, norms and biases included, and q/k are large enough that attention is
@@ -162,8 +195,10 @@ class PagedRunner:
         dtype = next(model.parameters()).dtype
         self.model = model
         self.block_size = block_size
-        self.kv_caches = [3 * torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
-                          for _ in range(num_layers)]
+        self.kv_caches = [
+            3 * torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
+            for _ in range(num_layers)
+        ]
         self.free_blocks = torch.randperm(num_blocks, generator=gen).tolist()
         self.tables: dict[str, list[int]] = {}
         self.computed: dict[str, int] = {}

@@ -1,4 +1,5 @@
 """Checks shared by the C++ kernel tests."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -13,7 +14,7 @@ def assert_batch_and_thread_invariant(apply: Callable[[torch.Tensor], torch.Tens
     with torch.inference_mode():
         together = apply(x)
         for i in range(x.shape[0]):
-            assert torch.equal(apply(x[i:i + 1]), together[i:i + 1])
+            assert torch.equal(apply(x[i : i + 1]), together[i : i + 1])
         assert torch.equal(apply(x[2:7]), together[2:7])
         torch.set_num_threads(1)
         try:
@@ -45,7 +46,9 @@ def assert_slabs_match(monkeypatch, qw, x: torch.Tensor, bias: torch.Tensor | No
     monkeypatch.setattr(slab_gemm, "MIN_ROWS_MANY_SLABS", x.shape[0])  # several slabs at x's rows
     slabs = []
     real = torch.nn.functional.linear
-    monkeypatch.setattr(slab_gemm.F, "linear", lambda a, w, b=None: slabs.append((w.shape[0], w.dtype)) or real(a, w, b))
+    monkeypatch.setattr(
+        slab_gemm.F, "linear", lambda a, w, b=None: slabs.append((w.shape[0], w.dtype)) or real(a, w, b)
+    )
     with torch.inference_mode():
         got = qw.apply(x, bias)
     monkeypatch.undo()  # F.linear is torch's own: the reference below must not count

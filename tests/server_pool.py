@@ -14,6 +14,7 @@ server then starts when the module ends, not beside its tests. The plan's first 
 session's shared one (conftest.py's `stories_server`), start as the session begins. A server taken
 without a plan (a spec no module declared) starts on the spot, as before.
 """
+
 from __future__ import annotations
 
 import threading

@@ -3,6 +3,7 @@
 The launcher lives in `tram.bench.server_process` (the benchmarks use it too); the tests' server
 has the dev routes on, for `kv_state()`.
 """
+
 from __future__ import annotations
 
 import signal
@@ -20,9 +21,24 @@ from tram.bench.server_process import REPO, TramServer, child_pids, free_port, p
 if TYPE_CHECKING:
     from server_pool import ServerSpec
 
-__all__ = ["DEFAULT_SERVER_ENV", "REPO", "RemoteServer", "assert_idle", "child_pids", "free_port", "is_idle",
-           "pid_alive", "module_client", "module_server", "openai_client", "openai_module_fixtures", "settled_kv",
-           "shared_server", "stop_clean", "wait_state"]
+__all__ = [
+    "DEFAULT_SERVER_ENV",
+    "REPO",
+    "RemoteServer",
+    "assert_idle",
+    "child_pids",
+    "free_port",
+    "is_idle",
+    "pid_alive",
+    "module_client",
+    "module_server",
+    "openai_client",
+    "openai_module_fixtures",
+    "settled_kv",
+    "shared_server",
+    "stop_clean",
+    "wait_state",
+]
 
 # The environment of the session's shared default-flags server (conftest.py's `stories_server`): one
 # intra-op thread for the engine process, because on a small shared machine torch's OpenMP threads
@@ -33,15 +49,20 @@ DEFAULT_SERVER_ENV = {"OMP_NUM_THREADS": "1"}
 class RemoteServer(TramServer):
     """Starts `python -m tram serve MODEL ARGS` and waits for /health; `stop()` checks a clean exit."""
 
-    def __init__(self, model: str | Path, args: list[str] | None = None, timeout: float = 90.0,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, model: str | Path, args: list[str] | None = None, timeout: float = 90.0, env: dict[str, str] | None = None
+    ) -> None:
         super().__init__(str(model), args, timeout, dev_mode=True, env=env)
 
 
 def is_idle(state: dict) -> bool:
     """No KV block in use and no request running, waiting, or unfinished in the front end."""
-    return (state["blocks"]["in_use"] == 0 and state["num_running_reqs"] == 0
-            and state["num_waiting_reqs"] == 0 and state["num_unfinished_in_frontend"] == 0)
+    return (
+        state["blocks"]["in_use"] == 0
+        and state["num_running_reqs"] == 0
+        and state["num_waiting_reqs"] == 0
+        and state["num_unfinished_in_frontend"] == 0
+    )
 
 
 def wait_state(server: RemoteServer, done: Callable[[dict], bool], timeout: float) -> dict:

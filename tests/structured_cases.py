@@ -6,6 +6,7 @@ whitespace and never ends a JSON text of its own accord, so the servers run with
 --structured-outputs-disable-any-whitespace and every schema is bounded (maxLength, enums, integer
 ranges, maxItems, no additional properties).
 """
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,6 @@ from typing import Any
 
 import jsonschema
 import openai
-
 from conftest import STORIES
 
 MESSAGES = [{"role": "user", "content": "Tell me a story"}]
@@ -26,11 +26,15 @@ def closed_object(**properties: dict) -> dict:
     return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
 
 
-PERSON = closed_object(name={"type": "string", "maxLength": 12}, age={"type": "integer", "minimum": 0, "maximum": 99},
-                       pet={"enum": ["cat", "dog", "fish"]})
-SHOPPING = closed_object(items={"type": "array", "items": {"enum": ["milk", "eggs", "bread"]}, "minItems": 1,
-                                "maxItems": 3},
-                         paid={"type": "boolean"})
+PERSON = closed_object(
+    name={"type": "string", "maxLength": 12},
+    age={"type": "integer", "minimum": 0, "maximum": 99},
+    pet={"enum": ["cat", "dog", "fish"]},
+)
+SHOPPING = closed_object(
+    items={"type": "array", "items": {"enum": ["milk", "eggs", "bread"]}, "minItems": 1, "maxItems": 3},
+    paid={"type": "boolean"},
+)
 REGEX = r"[a-z]{3}-[0-9]{2}"
 
 

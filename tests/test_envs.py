@@ -1,6 +1,7 @@
 """tram/envs.py declares every environment variable Tram, its tests and benchmarks read, README.md
 lists them all, and a value is read when asked for (tests and spawned processes change the
 environment after import)."""
+
 from __future__ import annotations
 
 import ast

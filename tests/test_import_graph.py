@@ -16,6 +16,7 @@ and the bitmask struct, and only `engine` imports it. The constraint a request c
 (StructuredOutputsParams) is a leaf in tram/sampling_params/, since the server and SamplingParams
 need it; the bitmask crosses to the worker inside the scheduler output (tram/core/sched_output.py).
 """
+
 from __future__ import annotations
 
 import ast
@@ -27,15 +28,25 @@ TRAM = Path(__file__).resolve().parents[1] / "tram"
 TOP, LEAF = 7, 0
 FLOORS: dict[str, int] = {
     # tools above everything: the public package, the CLI, the offline LLM, `tram bench`
-    "tram": TOP, "__main__": TOP, "entrypoints": TOP, "bench": TOP,
+    "tram": TOP,
+    "__main__": TOP,
+    "entrypoints": TOP,
+    "bench": TOP,
     "server": 6,
     "engine": 5,
-    "executor": 4, "structured_output": 4,
+    "executor": 4,
+    "structured_output": 4,
     "worker": 3,
-    "core": 2, "model": 2,
+    "core": 2,
+    "model": 2,
     "distributed": 1,
     # public types and process-wide settings, importable from every floor
-    "config": LEAF, "envs": LEAF, "logger": LEAF, "sampling_params": LEAF, "outputs": LEAF, "version": LEAF,
+    "config": LEAF,
+    "envs": LEAF,
+    "logger": LEAF,
+    "sampling_params": LEAF,
+    "outputs": LEAF,
+    "version": LEAF,
 }
 # Leaves that import nothing of Tram's outside themselves.
 ISOLATED = {"config", "envs"}
@@ -85,7 +96,7 @@ def _imported(module: str, node: ast.Import | ast.ImportFrom, modules: dict[str,
             package = module.split(".")
             if modules[module].name != "__init__.py":
                 package = package[:-1]
-            package = package[:len(package) - node.level + 1]
+            package = package[: len(package) - node.level + 1]
             base = ".".join([*package, base] if base else package)
         names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
     owners = {_owner(name, modules) for name in names if name == "tram" or name.startswith("tram.")}

@@ -7,6 +7,7 @@ may set TRITON_INTERPRET=0), `load_interpreted` executes a private copy of the k
 variable set and restores it for the rest of the process; `interpreter_on` sets it again for one
 test and, where needed, swaps interpreted twins in for triton.language's jit functions.
 """
+
 from __future__ import annotations
 
 import importlib.util

@@ -1,4 +1,5 @@
 """The command line of benchmarks/gpu_bench.py: flags, --smoke's defaults, and main()."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,12 +15,31 @@ from gpu.summary import print_report  # isort: skip
 DESCRIPTION = "GPU benchmark of Tram on a Llama-3-8B-shaped model with dummy weights, in one command."
 # --smoke replaces these defaults (flags given explicitly still win).
 SMOKE_DEFAULTS: dict[str, Any] = dict(
-    preset="tiny", device="cpu", decode_batches="1,4", context=48, decode_steps=3, decode_warmup=1,
-    num_requests=6, input_len=24, output_len=6, hf_num_blocks=64, hf_max_batch_tokens=256,
-    kernel_batches="1,2", kernel_context=64, kernel_splits="1,2", prefill_len=64, chunk_prefix=32,
-    chunk_len=32, kernel_warmup=1, kernel_iters=2, copy_mib=32, matmul_n=256,
-    quant_rows="1,17", quant_shapes="64x128,64x256",
-    section_timeouts="decode=120,kernels=120,quant=120,throughput=120", hf_timeout=60,
+    preset="tiny",
+    device="cpu",
+    decode_batches="1,4",
+    context=48,
+    decode_steps=3,
+    decode_warmup=1,
+    num_requests=6,
+    input_len=24,
+    output_len=6,
+    hf_num_blocks=64,
+    hf_max_batch_tokens=256,
+    kernel_batches="1,2",
+    kernel_context=64,
+    kernel_splits="1,2",
+    prefill_len=64,
+    chunk_prefix=32,
+    chunk_len=32,
+    kernel_warmup=1,
+    kernel_iters=2,
+    copy_mib=32,
+    matmul_n=256,
+    quant_rows="1,17",
+    quant_shapes="64x128,64x256",
+    section_timeouts="decode=120,kernels=120,quant=120,throughput=120",
+    hf_timeout=60,
 )
 
 
@@ -34,8 +54,12 @@ def add_common_flags(p: argparse.ArgumentParser) -> None:
     a("--sections", default=",".join(SECTION_NAMES), help="comma-separated subset of " + ",".join(SECTION_NAMES))
     a("--smoke", action="store_true", help="tiny sizes on the CPU, kernels under TRITON_INTERPRET=1")
     a("--device", default="auto", choices=["auto", "cuda", "cpu"])
-    a("--preset", default="llama-3-8b", choices=preset_choices(),
-      help="a tram.bench preset (dummy weights); 'tiny' is --smoke's model")
+    a(
+        "--preset",
+        default="llama-3-8b",
+        choices=preset_choices(),
+        help="a tram.bench preset (dummy weights); 'tiny' is --smoke's model",
+    )
     a("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     a("--seed", type=int, default=0)
     a("--block-size", type=int, default=16)
@@ -61,8 +85,12 @@ def add_throughput_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--input-len", type=int, default=1024)
     g.add_argument("--output-len", type=int, default=128)
     g.add_argument("--hf-num-requests", type=int, default=None, help="default: --num-requests")
-    g.add_argument("--hf-attn", default="sdpa", help="transformers attn_implementation ('paged|sdpa' is "
-                   "deprecated in transformers 5 and means the same under continuous batching)")
+    g.add_argument(
+        "--hf-attn",
+        default="sdpa",
+        help="transformers attn_implementation ('paged|sdpa' is "
+        "deprecated in transformers 5 and means the same under continuous batching)",
+    )
     g.add_argument("--hf-timeout", type=float, default=150.0, help="seconds; then finished requests only count")
     g.add_argument("--hf-num-blocks", type=int, default=None)
     g.add_argument("--hf-max-batch-tokens", type=int, default=None)
@@ -85,14 +113,18 @@ def add_kernel_flags(p: argparse.ArgumentParser) -> None:
 def add_quant_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("quant")
     g.add_argument("--quant-rows", default="1,16,64,256", help="rows of x (tokens) at every shape")
-    g.add_argument("--quant-shapes", default="",
-                   help="'NxK,...' (out x in features) instead of the preset's linear shapes")
+    g.add_argument(
+        "--quant-shapes", default="", help="'NxK,...' (out x in features) instead of the preset's linear shapes"
+    )
 
 
 def add_running_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("running")
-    g.add_argument("--section-timeouts", default="decode=150,kernels=120,quant=120,throughput=290",
-                   help="seconds per section child process")
+    g.add_argument(
+        "--section-timeouts",
+        default="decode=150,kernels=120,quant=120,throughput=290",
+        help="seconds per section child process",
+    )
     g.add_argument("--no-isolate", action="store_true", help="run sections in this process")
     g.add_argument("--child-section", help=argparse.SUPPRESS)
     g.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
@@ -101,8 +133,14 @@ def add_running_flags(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpu_bench.py", description=DESCRIPTION)
-    for add in (add_common_flags, add_decode_flags, add_throughput_flags, add_kernel_flags, add_quant_flags,
-                add_running_flags):
+    for add in (
+        add_common_flags,
+        add_decode_flags,
+        add_throughput_flags,
+        add_kernel_flags,
+        add_quant_flags,
+        add_running_flags,
+    ):
         add(p)
     return p
 

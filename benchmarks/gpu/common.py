@@ -1,5 +1,6 @@
 """What every section of the GPU benchmark shares: its context, device helpers, the model under test
 (a `tram.bench` preset with dummy weights), and the measured ceilings (copy bandwidth, matmul rate)."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,16 +19,26 @@ from tram.bench.datasets import BenchRequest, random_requests
 from tram.bench.presets import preset_names, resolve_model
 from tram.bench.timing import median_ms
 
-GOALS = {"decode_ratio_max": 1.3, "decode_goal_min_batch": 64,
-         "throughput_output_tok_per_s": 12_500, "throughput_ratio_vs_hf": 3.0}
+GOALS = {
+    "decode_ratio_max": 1.3,
+    "decode_goal_min_batch": 64,
+    "throughput_output_tok_per_s": 12_500,
+    "throughput_ratio_vs_hf": 3.0,
+}
 # Names this script accepted before it used tram's presets.
 PRESET_ALIASES = {"llama3-8b": "llama-3-8b"}
 # --smoke's model: the Llama-3-8B preset shrunk. Head dim 32 (not 16) so that the Triton kernels see
 # a shape their tl.dot tiles accept.
 TINY_BASE = "llama-3-8b"
 TINY: dict[str, Any] = dict(
-    hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=32, vocab_size=512, max_position_embeddings=512,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    vocab_size=512,
+    max_position_embeddings=512,
 )
 # Ids 0-2 are special in Llama-style vocabularies (unk/bos/eos, or bos/eos/pad): never drawn.
 SPECIAL_IDS = range(3)
@@ -107,8 +118,14 @@ def make_llm(ctx: Ctx, path: str, max_num_seqs: int, max_model_len: int) -> Any:
 
     args = ctx.args
     kwargs: dict[str, Any] = dict(
-        load_format="dummy", dtype=args.dtype, skip_tokenizer_init=True, max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs, block_size=args.block_size, seed=args.seed, device=ctx.device.type,
+        load_format="dummy",
+        dtype=args.dtype,
+        skip_tokenizer_init=True,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        block_size=args.block_size,
+        seed=args.seed,
+        device=ctx.device.type,
         gpu_memory_utilization=args.gpu_memory_utilization,
     )
     if args.attention_backend:
@@ -123,12 +140,15 @@ def make_llm(ctx: Ctx, path: str, max_num_seqs: int, max_model_len: int) -> Any:
 def engine_summary(llm: Any) -> dict[str, Any]:
     cfg = llm.llm_engine.engine_core.config
     graphs = getattr(llm.llm_engine.engine_core.model_runner, "graph_runner", None)
-    return {"attention_backend": cfg.model_config.attention_backend,
-            "enforce_eager": getattr(cfg.model_config, "enforce_eager", None),
-            "num_kv_blocks": cfg.cache_config.num_blocks,
-            "block_size": cfg.cache_config.block_size, "max_num_seqs": cfg.scheduler_config.max_num_seqs,
-            "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
-            "decode_graph_sizes": list(graphs.sizes) if graphs is not None else None}
+    return {
+        "attention_backend": cfg.model_config.attention_backend,
+        "enforce_eager": getattr(cfg.model_config, "enforce_eager", None),
+        "num_kv_blocks": cfg.cache_config.num_blocks,
+        "block_size": cfg.cache_config.block_size,
+        "max_num_seqs": cfg.scheduler_config.max_num_seqs,
+        "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
+        "decode_graph_sizes": list(graphs.sizes) if graphs is not None else None,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,7 +162,7 @@ def measure_copy_bandwidth(device: torch.device, mib: int) -> dict[str, float]:
     ms = median_ms(lambda: dst.copy_(src), device)
     assert torch.equal(dst, src), "copy check failed"
     moved = 2 * src.numel() * src.element_size()
-    del src, dst
+    src = dst = None  # drop the buffers before free_memory (the lambda held them)
     free_memory(device)
     return {"copy_bytes": moved // 2, "copy_ms": ms, "bandwidth_GBps": moved / (ms * 1e-3) / 1e9}
 
@@ -152,6 +172,6 @@ def measure_matmul_rate(device: torch.device, dtype: torch.dtype, n: int) -> dic
     a = torch.randn(n, n, dtype=dtype, device=device)
     b = torch.randn(n, n, dtype=dtype, device=device)
     ms = median_ms(lambda: a @ b, device)
-    del a, b
+    a = b = None  # as above
     free_memory(device)
     return {"matmul_n": n, "matmul_ms": ms, "matmul_TFLOPs": 2 * n**3 / (ms * 1e-3) / 1e12}

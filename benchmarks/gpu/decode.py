@@ -1,5 +1,6 @@
 """Section `decode`: engine step time of decode-only steps at several batch sizes, against the
 memory-bandwidth bound (weights + KV read once per step, over the measured copy bandwidth)."""
+
 from __future__ import annotations
 
 import statistics
@@ -12,7 +13,15 @@ from tram.bench.latency import prompts_done
 from tram.bench.timing import sync
 
 from gpu.common import (  # isort: skip (this folder, on sys.path when gpu_bench.py runs)
-    GOALS, Ctx, engine_summary, fixed_requests, log, make_llm, measure_copy_bandwidth, model_dir, parse_ints,
+    GOALS,
+    Ctx,
+    engine_summary,
+    fixed_requests,
+    log,
+    make_llm,
+    measure_copy_bandwidth,
+    model_dir,
+    parse_ints,
 )
 
 
@@ -86,12 +95,21 @@ def decode_row(ctx: Ctx, llm: Any, batch: int, bandwidth: float) -> dict[str, An
     step_ms = statistics.median(times)
     bound_ms = (weights + statistics.mean(kv_bytes)) / bandwidth * 1e3
     return {
-        "batch": batch, "context": args.context, "prefill_steps": prefill_steps, "measured_steps": len(times),
-        "step_ms": step_ms, "step_ms_min": min(times), "step_ms_max": max(times),
-        "output_tok_per_s": batch / (step_ms * 1e-3), "weight_bytes_read": weights,
-        "kv_bytes_read": statistics.mean(kv_bytes), "bound_ms": bound_ms, "ratio": step_ms / bound_ms,
-        "meets_goal": (step_ms / bound_ms <= GOALS["decode_ratio_max"]
-                       if batch >= GOALS["decode_goal_min_batch"] else None),
+        "batch": batch,
+        "context": args.context,
+        "prefill_steps": prefill_steps,
+        "measured_steps": len(times),
+        "step_ms": step_ms,
+        "step_ms_min": min(times),
+        "step_ms_max": max(times),
+        "output_tok_per_s": batch / (step_ms * 1e-3),
+        "weight_bytes_read": weights,
+        "kv_bytes_read": statistics.mean(kv_bytes),
+        "bound_ms": bound_ms,
+        "ratio": step_ms / bound_ms,
+        "meets_goal": (
+            step_ms / bound_ms <= GOALS["decode_ratio_max"] if batch >= GOALS["decode_goal_min_batch"] else None
+        ),
     }
 
 

@@ -1,5 +1,6 @@
 """Section `kernels`: Tram's Triton kernels (write_kv_cache, paged_attention) against PyTorch SDPA on
 the equivalent dense problems, with a correctness check against a float32 reference."""
+
 from __future__ import annotations
 
 import os
@@ -30,7 +31,7 @@ class AttnShape:
 
     @property
     def scale(self) -> float:
-        return self.head_dim ** -0.5
+        return self.head_dim**-0.5
 
 
 @dataclass
@@ -78,12 +79,16 @@ def build_problem(s: AttnShape, batch: int, query_len: int, context: int) -> Pag
         q_pos = torch.arange(context - query_len, context, device=s.device)
         mask = pos[None, :] <= q_pos[:, None]
     return PagedProblem(
-        query=query, kv_cache=kv_cache,
+        query=query,
+        kv_cache=kv_cache,
         query_start_loc=(torch.arange(batch + 1, device=s.device) * query_len).to(torch.int32),
-        seq_lens=torch.full((batch,), context, dtype=torch.int32, device=s.device), block_tables=block_tables,
+        seq_lens=torch.full((batch,), context, dtype=torch.int32, device=s.device),
+        block_tables=block_tables,
         dense_q=query.view(batch, query_len, s.num_heads, s.head_dim).transpose(1, 2).contiguous(),
-        dense_k=k.transpose(1, 2).contiguous(), dense_v=v.transpose(1, 2).contiguous(),
-        mask=mask, causal=query_len > 1 and mask is None,
+        dense_k=k.transpose(1, 2).contiguous(),
+        dense_v=v.transpose(1, 2).contiguous(),
+        mask=mask,
+        causal=query_len > 1 and mask is None,
     )
 
 
@@ -96,9 +101,11 @@ def sdpa_variants(p: PagedProblem, scale: float) -> dict[str, Callable[[], torch
     q, k, v, mask, causal = p.dense_q, p.dense_k, p.dense_v, p.mask, p.causal
     return {
         "sdpa_gqa": lambda: F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True),
+            q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True
+        ),
         "sdpa_repeat_kv": lambda: F.scaled_dot_product_attention(
-            q, k_rep, v_rep, attn_mask=mask, is_causal=causal, scale=scale),
+            q, k_rep, v_rep, attn_mask=mask, is_causal=causal, scale=scale
+        ),
     }
 
 
@@ -114,17 +121,38 @@ def reference_error(p: PagedProblem, out: torch.Tensor, scale: float, max_reqs: 
 
 def paged_call(tk: Any, p: PagedProblem, out: torch.Tensor, scale: float, splits: int) -> Callable[[], Any]:
     return lambda: tk.paged_attention(
-        p.query, p.kv_cache, out, p.query_start_loc, p.seq_lens, p.block_tables, scale,
-        num_reqs=p.batch, max_query_len=p.query_len, sliding_window=None, num_splits=splits)
+        p.query,
+        p.kv_cache,
+        out,
+        p.query_start_loc,
+        p.seq_lens,
+        p.block_tables,
+        scale,
+        num_reqs=p.batch,
+        max_query_len=p.query_len,
+        sliding_window=None,
+        num_splits=splits,
+    )
 
 
-def attention_rows(ctx: Ctx, tk: Any, s: AttnShape, case: str, batch: int, query_len: int, context: int,
-                   splits: list[int], bandwidth: float) -> list[dict[str, Any]]:
+def attention_rows(
+    ctx: Ctx,
+    tk: Any,
+    s: AttnShape,
+    case: str,
+    batch: int,
+    query_len: int,
+    context: int,
+    splits: list[int],
+    bandwidth: float,
+) -> list[dict[str, Any]]:
     """One row per num_splits: Tram's paged_attention against the best SDPA variant on one problem."""
     args = ctx.args
     p = build_problem(s, batch, query_len, context)
-    sdpa = {name: median_ms(fn, s.device, args.kernel_warmup, args.kernel_iters)
-            for name, fn in sdpa_variants(p, s.scale).items()}
+    sdpa = {
+        name: median_ms(fn, s.device, args.kernel_warmup, args.kernel_iters)
+        for name, fn in sdpa_variants(p, s.scale).items()
+    }
     best = min(sdpa, key=sdpa.__getitem__)
     elem = torch.empty((), dtype=s.dtype).element_size()
     kv_bytes = batch * context * 2 * s.num_kv_heads * s.head_dim * elem
@@ -139,15 +167,27 @@ def attention_rows(ctx: Ctx, tk: Any, s: AttnShape, case: str, batch: int, query
         all_written = bool(torch.isfinite(out).all())
         err = reference_error(p, out, s.scale)
         ms = median_ms(call, s.device, args.kernel_warmup, args.kernel_iters)
-        rows.append({
-            "case": case, "batch": batch, "query_len": query_len, "context": context, "num_splits": num_splits,
-            "tram_ms": ms, "sdpa_ms": sdpa[best], "sdpa_best": best, "sdpa_variants_ms": sdpa,
-            "speedup_vs_sdpa": sdpa[best] / ms, "rel_err": err, "all_written": all_written,
-            "correct": all_written and err < ATTN_REL_TOL,
-            "kv_bytes": kv_bytes, "tram_GBps": kv_bytes / (ms * 1e-3) / 1e9,
-            "fraction_of_copy_bw": kv_bytes / (ms * 1e-3) / bandwidth,
-            "tram_TFLOPs": 4 * pairs * s.num_heads * s.head_dim / (ms * 1e-3) / 1e12,
-        })
+        rows.append(
+            {
+                "case": case,
+                "batch": batch,
+                "query_len": query_len,
+                "context": context,
+                "num_splits": num_splits,
+                "tram_ms": ms,
+                "sdpa_ms": sdpa[best],
+                "sdpa_best": best,
+                "sdpa_variants_ms": sdpa,
+                "speedup_vs_sdpa": sdpa[best] / ms,
+                "rel_err": err,
+                "all_written": all_written,
+                "correct": all_written and err < ATTN_REL_TOL,
+                "kv_bytes": kv_bytes,
+                "tram_GBps": kv_bytes / (ms * 1e-3) / 1e9,
+                "fraction_of_copy_bw": kv_bytes / (ms * 1e-3) / bandwidth,
+                "tram_TFLOPs": 4 * pairs * s.num_heads * s.head_dim / (ms * 1e-3) / 1e12,
+            }
+        )
     return rows
 
 
@@ -176,15 +216,22 @@ def write_kv_row(ctx: Ctx, tk: Any, s: AttnShape, num_tokens: int) -> dict[str, 
     tram_ms = median_ms(tram, s.device, args.kernel_warmup, args.kernel_iters)
     torch_ms = median_ms(torch_copy, s.device, args.kernel_warmup, args.kernel_iters)
     moved = 2 * 2 * key.numel() * key.element_size()  # K and V, each read once and written once
-    return {"num_tokens": num_tokens, "tram_ms": tram_ms, "torch_index_copy_ms": torch_ms,
-            "speedup_vs_torch": torch_ms / tram_ms, "correct": correct, "bytes_moved": moved,
-            "tram_GBps": moved / (tram_ms * 1e-3) / 1e9}
+    return {
+        "num_tokens": num_tokens,
+        "tram_ms": tram_ms,
+        "torch_index_copy_ms": torch_ms,
+        "speedup_vs_torch": torch_ms / tram_ms,
+        "correct": correct,
+        "bytes_moved": moved,
+        "tram_GBps": moved / (tram_ms * 1e-3) / 1e9,
+    }
 
 
 def attn_shape(ctx: Ctx) -> AttnShape:
     cfg = hf_config(ctx.args)
-    return AttnShape(cfg.num_attention_heads, cfg.num_key_value_heads, head_dim(cfg), ctx.args.block_size,
-                     ctx.dtype, ctx.device)
+    return AttnShape(
+        cfg.num_attention_heads, cfg.num_key_value_heads, head_dim(cfg), ctx.args.block_size, ctx.dtype, ctx.device
+    )
 
 
 def run_kernels(ctx: Ctx, results: dict[str, Any]) -> None:
@@ -192,9 +239,14 @@ def run_kernels(ctx: Ctx, results: dict[str, Any]) -> None:
 
     args, s = ctx.args, attn_shape(ctx)
     batches = parse_ints(args.kernel_batches)
-    results["shape"] = {"num_heads": s.num_heads, "num_kv_heads": s.num_kv_heads, "head_dim": s.head_dim,
-                        "block_size": s.block_size, "dtype": str(s.dtype).removeprefix("torch."),
-                        "triton_interpret": os.environ.get("TRITON_INTERPRET", "0")}
+    results["shape"] = {
+        "num_heads": s.num_heads,
+        "num_kv_heads": s.num_kv_heads,
+        "head_dim": s.head_dim,
+        "block_size": s.block_size,
+        "dtype": str(s.dtype).removeprefix("torch."),
+        "triton_interpret": os.environ.get("TRITON_INTERPRET", "0"),
+    }
     results["copy"] = measure_copy_bandwidth(s.device, args.copy_mib)
     bandwidth = results["copy"]["bandwidth_GBps"] * 1e9
     results["write_kv_cache"], results["decode"], results["prefill"] = [], [], []
@@ -204,11 +256,14 @@ def run_kernels(ctx: Ctx, results: dict[str, Any]) -> None:
         ctx.save()
     for batch in batches:
         log(f"kernels: decode, batch {batch}, context {args.kernel_context}")
-        results["decode"] += attention_rows(ctx, tk, s, "decode", batch, 1, args.kernel_context,
-                                            parse_ints(args.kernel_splits), bandwidth)
+        results["decode"] += attention_rows(
+            ctx, tk, s, "decode", batch, 1, args.kernel_context, parse_ints(args.kernel_splits), bandwidth
+        )
         ctx.save()
-    prefills = [("prefill", args.prefill_len, args.prefill_len),
-                ("chunk_after_prefix", args.chunk_len, args.chunk_prefix + args.chunk_len)]
+    prefills = [
+        ("prefill", args.prefill_len, args.prefill_len),
+        ("chunk_after_prefix", args.chunk_len, args.chunk_prefix + args.chunk_len),
+    ]
     for case, query_len, context in prefills:
         log(f"kernels: {case}, {query_len} query tokens, context {context}")
         results["prefill"] += attention_rows(ctx, tk, s, case, 1, query_len, context, [1], bandwidth)

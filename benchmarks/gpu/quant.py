@@ -4,6 +4,7 @@ preset's linear shapes as the engine runs them (q/k/v/o, gate/up, down: separate
 row counts (decode batches to prefill chunks). Per row: the time of each, the weight bytes each reads
 (float: the matrix; quantized: packed bytes + scales) over the measured copy bandwidth, and a
 correctness check of each quantized result against the float32 dequantize-then-matmul reference."""
+
 from __future__ import annotations
 
 import contextlib
@@ -49,8 +50,15 @@ def model_shapes(cfg: Any) -> list[LinearShape]:
     1024x4096, gate/up 14336x4096, down 4096x14336)."""
     hidden, inter = cfg.hidden_size, cfg.intermediate_size
     q, kv = cfg.num_attention_heads * head_dim(cfg), cfg.num_key_value_heads * head_dim(cfg)
-    linears = [("q_proj", q, hidden), ("k_proj", kv, hidden), ("v_proj", kv, hidden), ("o_proj", hidden, q),
-               ("gate_proj", inter, hidden), ("up_proj", inter, hidden), ("down_proj", hidden, inter)]
+    linears = [
+        ("q_proj", q, hidden),
+        ("k_proj", kv, hidden),
+        ("v_proj", kv, hidden),
+        ("o_proj", hidden, q),
+        ("gate_proj", inter, hidden),
+        ("up_proj", inter, hidden),
+        ("down_proj", hidden, inter),
+    ]
     by_shape: dict[tuple[int, int], list[str]] = {}
     for name, n, k in linears:
         by_shape.setdefault((n, k), []).append(name)
@@ -96,12 +104,18 @@ def check(out: torch.Tensor, x: torch.Tensor, qw: Any) -> dict[str, Any]:
 
 def timed(ctx: Ctx, fn: Callable[[], torch.Tensor], nbytes: int, flops: int, bandwidth: float) -> dict[str, Any]:
     ms = median_ms(fn, ctx.device, ctx.args.kernel_warmup, ctx.args.kernel_iters)
-    return {"ms": ms, "weight_bytes": nbytes, "GBps": nbytes / (ms * 1e-3) / 1e9,
-            "fraction_of_copy_bw": nbytes / (ms * 1e-3) / bandwidth, "TFLOPs": flops / (ms * 1e-3) / 1e12}
+    return {
+        "ms": ms,
+        "weight_bytes": nbytes,
+        "GBps": nbytes / (ms * 1e-3) / 1e9,
+        "fraction_of_copy_bw": nbytes / (ms * 1e-3) / bandwidth,
+        "TFLOPs": flops / (ms * 1e-3) / 1e12,
+    }
 
 
-def quant_row(ctx: Ctx, s: LinearShape, w: torch.Tensor, qws: dict[str, Any], rows: int,
-              bandwidth: float) -> dict[str, Any]:
+def quant_row(
+    ctx: Ctx, s: LinearShape, w: torch.Tensor, qws: dict[str, Any], rows: int, bandwidth: float
+) -> dict[str, Any]:
     """F.linear and each quantized GEMM on one random x of `rows` rows."""
     from tram.model.quant.triton_linear import quant_linear_config, triton_quant_linear
 
@@ -118,8 +132,12 @@ def quant_row(ctx: Ctx, s: LinearShape, w: torch.Tensor, qws: dict[str, Any], ro
     row: dict[str, Any] = {"shape": s.label, "N": s.out_features, "K": s.in_features, "rows": rows}
     row["float"] = timed(ctx, lambda: F.linear(x, w), w.numel() * w.element_size(), flops, bandwidth)
     for name, qw in qws.items():
-        entry = row[name] = {"group": qw.group, "config": list(quant_linear_config(rows, qw.group)),
-                             **checks[name], **timed(ctx, calls[name], weight_bytes(qw), flops, bandwidth)}
+        entry = row[name] = {
+            "group": qw.group,
+            "config": list(quant_linear_config(rows, qw.group)),
+            **checks[name],
+            **timed(ctx, calls[name], weight_bytes(qw), flops, bandwidth),
+        }
         entry["speedup_vs_float"] = row["float"]["ms"] / entry["ms"]
     return row
 
@@ -158,16 +176,20 @@ def run_quant(ctx: Ctx, results: dict[str, Any]) -> None:
     args = ctx.args
     shapes = parse_shapes(args.quant_shapes) if args.quant_shapes else model_shapes(hf_config(args))
     rows = parse_ints(args.quant_rows)
-    results["setup"] = {"dtype": str(ctx.dtype).removeprefix("torch."), "rows": rows,
-                        "shapes": [[s.label, s.out_features, s.in_features] for s in shapes],
-                        "from_preset": not args.quant_shapes, "rel_tol": QUANT_REL_TOL,
-                        "triton_interpret": os.environ.get("TRITON_INTERPRET", "0")}
+    results["setup"] = {
+        "dtype": str(ctx.dtype).removeprefix("torch."),
+        "rows": rows,
+        "shapes": [[s.label, s.out_features, s.in_features] for s in shapes],
+        "from_preset": not args.quant_shapes,
+        "rel_tol": QUANT_REL_TOL,
+        "triton_interpret": os.environ.get("TRITON_INTERPRET", "0"),
+    }
     results["copy"] = measure_copy_bandwidth(ctx.device, args.copy_mib)
     bandwidth = results["copy"]["bandwidth_GBps"] * 1e9
     results["rows"] = []
     for s in shapes:
         # Scaled as a trained layer's (|y| ~ |x|), so that the tolerance's bf16 analysis holds.
-        w = torch.randn(s.out_features, s.in_features, device=ctx.device).mul_(s.in_features ** -0.5).to(ctx.dtype)
+        w = torch.randn(s.out_features, s.in_features, device=ctx.device).mul_(s.in_features**-0.5).to(ctx.dtype)
         qws = quantized(w)
         for r in rows:
             log(f"quant: {s.label} [{s.out_features}, {s.in_features}], {r} rows")

@@ -3,6 +3,7 @@
 A section in its own process loses only itself to a crash, a CUDA error or a timeout (its results
 saved so far are kept), and starts with a clean GPU. Results go to --out after every section.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,10 @@ from gpu.quant import run_quant  # isort: skip
 from gpu.throughput import run_throughput  # isort: skip
 
 SECTIONS: dict[str, Callable[[Ctx, dict[str, Any]], None]] = {
-    "decode": run_decode, "kernels": run_kernels, "quant": run_quant, "throughput": run_throughput,
+    "decode": run_decode,
+    "kernels": run_kernels,
+    "quant": run_quant,
+    "throughput": run_throughput,
 }
 # The default set and its order: the cheap kernel sections before throughput, whose transformers
 # run is the longest and likeliest to be cut off.
@@ -70,8 +74,17 @@ def run_section_in_child(name: str, timeout: float) -> dict[str, Any]:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
         path = Path(tmp) / f"{name}.json"
-        cmd = [sys.executable, str(ENTRY), *sys.argv[1:], "--child-section", name,
-               "--child-out", str(path), "--child-deadline", str(time.time() + timeout)]
+        cmd = [
+            sys.executable,
+            str(ENTRY),
+            *sys.argv[1:],
+            "--child-section",
+            name,
+            "--child-out",
+            str(path),
+            "--child-deadline",
+            str(time.time() + timeout),
+        ]
         proc = subprocess.Popen(cmd, start_new_session=True)  # own group: a timeout kills its helpers too
         try:
             code: int | None = proc.wait(timeout=timeout)
@@ -91,10 +104,17 @@ def run_section_in_child(name: str, timeout: float) -> dict[str, Any]:
 
 def new_report(args: argparse.Namespace) -> dict[str, Any]:
     return {
-        "meta": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                 "argv": sys.argv[1:], "args": vars(args), "smoke": args.smoke, "versions": versions(),
-                 "platform": platform.platform(), "git": git_revision(), "machine": machine_info(),
-                 "device": None},
+        "meta": {
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "argv": sys.argv[1:],
+            "args": vars(args),
+            "smoke": args.smoke,
+            "versions": versions(),
+            "platform": platform.platform(),
+            "git": git_revision(),
+            "machine": machine_info(),
+            "device": None,
+        },
         "goals": GOALS,
         "sections": {},
     }

@@ -1,6 +1,7 @@
 """Section `throughput`: offline throughput of a fixed workload through `LLM.generate`, then through
 transformers' continuous batching on the same prompts and model shape; plus the compute floor of the
 workload at the measured matmul rate."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,7 +15,15 @@ from tram.bench.hf_backends import HFContinuousBatching, load_hf_model
 from tram.bench.timing import sync
 
 from gpu.common import (  # isort: skip (this folder, on sys.path when gpu_bench.py runs)
-    GOALS, Ctx, engine_summary, fixed_requests, free_memory, hf_config, log, make_llm, measure_matmul_rate,
+    GOALS,
+    Ctx,
+    engine_summary,
+    fixed_requests,
+    free_memory,
+    hf_config,
+    log,
+    make_llm,
+    measure_matmul_rate,
     model_dir,
 )
 
@@ -47,8 +56,11 @@ def tram_throughput(ctx: Ctx, requests: list[BenchRequest]) -> dict[str, Any]:
         info = engine_summary(llm)
         # Warm-up on other prompts (no prefix-cache hits later): lazy init and kernel compiles stay out.
         warm = fixed_requests(min(8, len(requests)), args.input_len, 4, hf_config(args).vocab_size, args.seed + 999)
-        llm.generate([{"prompt_token_ids": r.prompt_token_ids} for r in warm],
-                     SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, detokenize=False), use_tqdm=False)
+        llm.generate(
+            [{"prompt_token_ids": r.prompt_token_ids} for r in warm],
+            SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, detokenize=False),
+            use_tqdm=False,
+        )
         setup_s = time.perf_counter() - setup_start  # load, cache sizing, graph capture, warm-up
         log(f"throughput: Tram generate, {len(requests)} requests")
         inputs = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
@@ -59,10 +71,15 @@ def tram_throughput(ctx: Ctx, requests: list[BenchRequest]) -> dict[str, Any]:
         seconds = time.perf_counter() - start
         tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
         del outputs, llm
-    return {"requests": len(requests), "output_tokens": tokens, "seconds": seconds,
-            "output_tok_per_s": tokens / seconds,
-            "total_tok_per_s": (tokens + len(requests) * args.input_len) / seconds, "setup_seconds": setup_s,
-            "engine": info}
+    return {
+        "requests": len(requests),
+        "output_tokens": tokens,
+        "seconds": seconds,
+        "output_tok_per_s": tokens / seconds,
+        "total_tok_per_s": (tokens + len(requests) * args.input_len) / seconds,
+        "setup_seconds": setup_s,
+        "engine": info,
+    }
 
 
 def child_deadline(args: argparse.Namespace) -> float | None:
@@ -81,8 +98,13 @@ def hf_throughput(ctx: Ctx, requests: list[BenchRequest]) -> dict[str, Any]:
     start = time.perf_counter()
     model = load_hf_model(hf_config(args), args.dtype, args.hf_attn, ctx.device)  # random weights, on the device
     load_s = time.perf_counter() - start
-    cb = HFContinuousBatching(model, num_blocks=args.hf_num_blocks, max_batch_tokens=args.hf_max_batch_tokens,
-                              auto_switch_to_flash=False, size_for_workload=True)
+    cb = HFContinuousBatching(
+        model,
+        num_blocks=args.hf_num_blocks,
+        max_batch_tokens=args.hf_max_batch_tokens,
+        auto_switch_to_flash=False,
+        size_for_workload=True,
+    )
     try:
         log(f"throughput: transformers generate, {len(requests)} requests")
         with torch.no_grad():  # as generate_batch; the manager's thread sets its own mode
@@ -91,33 +113,51 @@ def hf_throughput(ctx: Ctx, requests: list[BenchRequest]) -> dict[str, Any]:
         cb.close()
         del model, cb
         free_memory(ctx.device)
-    return {"requests": len(requests), "finished_requests": run.finished, "output_tokens": run.output_tokens,
-            "seconds": run.seconds, "output_tok_per_s": run.output_tokens / run.seconds,
-            "setup_seconds": run.setup_seconds, "timed_out": run.timed_out,
-            "attn_implementation": run.attn_implementation, "use_cuda_graph": run.use_cuda_graph,
-            "load_seconds": load_s}
+    return {
+        "requests": len(requests),
+        "finished_requests": run.finished,
+        "output_tokens": run.output_tokens,
+        "seconds": run.seconds,
+        "output_tok_per_s": run.output_tokens / run.seconds,
+        "setup_seconds": run.setup_seconds,
+        "timed_out": run.timed_out,
+        "attn_implementation": run.attn_implementation,
+        "use_cuda_graph": run.use_cuda_graph,
+        "load_seconds": load_s,
+    }
 
 
 def memory_snapshot(device: torch.device) -> dict[str, float]:
     if device.type != "cuda":
         return {}
     free, total = torch.cuda.mem_get_info(device)
-    return {"allocated_GiB": torch.cuda.memory_allocated(device) / 2**30, "free_GiB": free / 2**30,
-            "total_GiB": total / 2**30}
+    return {
+        "allocated_GiB": torch.cuda.memory_allocated(device) / 2**30,
+        "free_GiB": free / 2**30,
+        "total_GiB": total / 2**30,
+    }
 
 
 def run_throughput(ctx: Ctx, results: dict[str, Any]) -> None:
     args = ctx.args
     cfg = hf_config(args)
     requests = fixed_requests(args.num_requests, args.input_len, args.output_len, cfg.vocab_size, args.seed)
-    results["workload"] = {"requests": args.num_requests, "input_len": args.input_len,
-                           "output_len": args.output_len, "temperature": 0.0, "ignore_eos": True}
+    results["workload"] = {
+        "requests": args.num_requests,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "temperature": 0.0,
+        "ignore_eos": True,
+    }
     log(f"throughput: matmul rate (n={args.matmul_n})")
     matmul = results["matmul"] = measure_matmul_rate(ctx.device, ctx.dtype, args.matmul_n)
     flops = workload_flops(cfg, args.num_requests, args.input_len, args.output_len)
     floor_s = flops / (matmul["matmul_TFLOPs"] * 1e12)
-    results["compute_floor"] = {"flops": flops, "seconds": floor_s,
-                                "max_output_tok_per_s": args.num_requests * args.output_len / floor_s}
+    results["compute_floor"] = {
+        "flops": flops,
+        "seconds": floor_s,
+        "max_output_tok_per_s": args.num_requests * args.output_len / floor_s,
+    }
     results["tram"] = tram_throughput(ctx, requests)
     results["tram"]["meets_goal"] = results["tram"]["output_tok_per_s"] >= GOALS["throughput_output_tok_per_s"]
     ctx.save()

@@ -1,4 +1,5 @@
 """`tram bench throughput` and `latency`: workloads, presets, and the counts and ratios they report."""
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,16 @@ def test_make_requests_from_text_file(tmp_path: Path, stories_path: str) -> None
         make_requests(4, "8", "3", 0, dataset_path=str(text))
 
 
-@pytest.mark.parametrize("name,params", [("llama-15m", 15e6), ("llama-110m", 110e6),
-                                         ("qwen2.5-0.5b", 494e6), ("llama-3.2-1b", 1.24e9), ("llama-3-8b", 8.0e9)])
+@pytest.mark.parametrize(
+    "name,params",
+    [
+        ("llama-15m", 15e6),
+        ("llama-110m", 110e6),
+        ("qwen2.5-0.5b", 494e6),
+        ("llama-3.2-1b", 1.24e9),
+        ("llama-3-8b", 8.0e9),
+    ],
+)
 def test_presets_have_realistic_shapes(name: str, params: float) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -96,10 +105,31 @@ def _args(add, argv: list[str]) -> argparse.Namespace:
 
 def test_throughput_all_backends(stories_path: str, tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    args = _args(add_throughput_args, [
-        "--model", stories_path, "--backend", "tram,hf-static,hf-cb", "--num-prompts", "6", "--input-len", "4:12",
-        "--output-len", "2:6", "--hf-batch-size", "4", "--threads", "1", "--kv-cache-memory-bytes", str(8 << 20),
-        "--hf-cb-num-blocks", "16", "--output-json", str(out)])  # without it transformers takes most free memory
+    args = _args(
+        add_throughput_args,
+        [
+            "--model",
+            stories_path,
+            "--backend",
+            "tram,hf-static,hf-cb",
+            "--num-prompts",
+            "6",
+            "--input-len",
+            "4:12",
+            "--output-len",
+            "2:6",
+            "--hf-batch-size",
+            "4",
+            "--threads",
+            "1",
+            "--kv-cache-memory-bytes",
+            str(8 << 20),
+            "--hf-cb-num-blocks",
+            "16",
+            "--output-json",
+            str(out),
+        ],
+    )  # without it transformers takes most free memory
     report = run_throughput(args)
     wanted = report["workload"]["output_tokens"]
     assert [r["backend"] for r in report["results"]] == ["tram", "hf-static", "hf-cb"]
@@ -109,7 +139,9 @@ def test_throughput_all_backends(stories_path: str, tmp_path: Path) -> None:
         assert r["output_tokens_per_s"] == pytest.approx(wanted / r["seconds"])
         assert r["total_tokens_per_s"] == pytest.approx((wanted + report["workload"]["prompt_tokens"]) / r["seconds"])
     by = {r["backend"]: r for r in report["results"]}
-    assert report["ratios"]["tram/hf-cb"] == pytest.approx(by["tram"]["output_tokens_per_s"] / by["hf-cb"]["output_tokens_per_s"])
+    assert report["ratios"]["tram/hf-cb"] == pytest.approx(
+        by["tram"]["output_tokens_per_s"] / by["hf-cb"]["output_tokens_per_s"]
+    )
     assert json.loads(out.read_text())["ratios"] == report["ratios"]
     assert "model_name" in json.loads(out.read_text())["machine"]["cpu"]  # the report records the CPU
 
@@ -120,9 +152,27 @@ def test_throughput_rejects_unknown_backend(stories_path: str) -> None:
 
 
 def test_latency_counts_prefill_and_decode_steps(stories_path: str) -> None:
-    args = _args(add_latency_args, ["--model", stories_path, "--batch-size", "3", "--input-len", "8",
-                                    "--output-len", "5", "--num-iters", "2", "--num-iters-warmup", "1",
-                                    "--threads", "1", "--kv-cache-memory-bytes", str(8 << 20)])
+    args = _args(
+        add_latency_args,
+        [
+            "--model",
+            stories_path,
+            "--batch-size",
+            "3",
+            "--input-len",
+            "8",
+            "--output-len",
+            "5",
+            "--num-iters",
+            "2",
+            "--num-iters-warmup",
+            "1",
+            "--threads",
+            "1",
+            "--kv-cache-memory-bytes",
+            str(8 << 20),
+        ],
+    )
     report = run_latency(args)
     # One step prefills the whole batch and samples each first token; 4 decode steps follow, per iteration.
     assert report["prefill_step"]["mean_ms"] > 0

@@ -1,6 +1,7 @@
 """`tram bench serve`: the metrics arithmetic on hand-computed data, the SSE parser on synthetic lines,
 and the client end to end against an in-process fake OpenAI server (known delays, chunk counts and
 failures) and, once, against a real `tram serve`."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,11 +19,23 @@ from aiohttp import web
 from tram.bench.datasets import BenchRequest
 from tram.bench.report import json_safe
 from tram.bench.serve import (
-    add_serve_args, arrival_offsets, benchmark, build_payload, parse_sweep, run_serve_async,
+    add_serve_args,
+    arrival_offsets,
+    benchmark,
+    build_payload,
+    parse_sweep,
+    run_serve_async,
 )
 from tram.bench.serve_metrics import (
-    RequestResult, StreamParser, format_report, is_good, parse_goodput, parse_percentiles, peak_concurrency,
-    stats_ms, summarize,
+    RequestResult,
+    StreamParser,
+    format_report,
+    is_good,
+    parse_goodput,
+    parse_percentiles,
+    peak_concurrency,
+    stats_ms,
+    summarize,
 )
 
 
@@ -35,6 +48,7 @@ def text_chunk(text: str | None, finish: str | None = None, **extra: Any) -> str
 
 
 # ---------------------------------------------------------------- arithmetic
+
 
 def test_stats_are_linear_interpolated_percentiles_in_ms() -> None:
     s = stats_ms([0.001, 0.002, 0.003, 0.004], [50, 90, 99, 99.9])
@@ -63,8 +77,13 @@ def test_goodput_counts_requests_meeting_every_slo_boundary_included() -> None:
     slow_tpot = RequestResult(success=True, ttft=0.25, latency=1.5, output_tokens=5)  # tpot 312.5 ms
     one_token = RequestResult(success=True, ttft=0.125, latency=9.0, output_tokens=1)  # no tpot to miss
     failed = RequestResult(success=False, ttft=0.0, latency=0.1)
-    assert [is_good(r, slos) for r in (at_limit, slow_ttft, slow_tpot, one_token, failed)] == \
-        [True, False, False, True, False]
+    assert [is_good(r, slos) for r in (at_limit, slow_ttft, slow_tpot, one_token, failed)] == [
+        True,
+        False,
+        False,
+        True,
+        False,
+    ]
     s = summarize([at_limit, slow_ttft, slow_tpot, one_token, failed], duration=4.0, slos_ms=slos)
     assert s["good_requests"] == 2 and s["request_goodput"] == pytest.approx(0.5)
     assert "request_goodput" not in summarize([at_limit], duration=1.0)
@@ -76,10 +95,26 @@ def test_goodput_counts_requests_meeting_every_slo_boundary_included() -> None:
 
 def test_throughputs_from_known_durations_and_token_counts() -> None:
     results = [
-        RequestResult(success=True, prompt_tokens=10, output_tokens=20, requested_output_tokens=20, ttft=0.1,
-                      latency=1.0, itl=[0.05, 0.15], start=0.0),
-        RequestResult(success=True, prompt_tokens=30, output_tokens=40, requested_output_tokens=41, ttft=0.3,
-                      latency=1.0, itl=[0.25], start=0.5),
+        RequestResult(
+            success=True,
+            prompt_tokens=10,
+            output_tokens=20,
+            requested_output_tokens=20,
+            ttft=0.1,
+            latency=1.0,
+            itl=[0.05, 0.15],
+            start=0.0,
+        ),
+        RequestResult(
+            success=True,
+            prompt_tokens=30,
+            output_tokens=40,
+            requested_output_tokens=41,
+            ttft=0.3,
+            latency=1.0,
+            itl=[0.25],
+            start=0.5,
+        ),
         RequestResult(success=False, prompt_tokens=99, error="HTTP 400: no", latency=0.2, start=2.0),
     ]
     s = summarize(results, duration=2.0, percentiles=[50])
@@ -130,6 +165,7 @@ def test_arrival_offsets_follow_the_gamma_process() -> None:
 
 # ---------------------------------------------------------------- SSE parsing
 
+
 def feed(parser: StreamParser, timed_lines: list[tuple[float, str]]) -> None:
     for t, line in timed_lines:
         parser.feed(line.encode(), t)
@@ -137,10 +173,18 @@ def feed(parser: StreamParser, timed_lines: list[tuple[float, str]]) -> None:
 
 def test_parser_takes_times_from_token_chunks_and_counts_from_usage() -> None:
     p = StreamParser(sent_at=10.0)
-    feed(p, [(10.0, ": keep-alive"), (10.5, text_chunk("a")), (10.5, ""), (10.75, text_chunk("b")),
-             (11.0, text_chunk("c", "length")),
-             (11.0, sse({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 7}})),
-             (11.25, "data: [DONE]")])
+    feed(
+        p,
+        [
+            (10.0, ": keep-alive"),
+            (10.5, text_chunk("a")),
+            (10.5, ""),
+            (10.75, text_chunk("b")),
+            (11.0, text_chunk("c", "length")),
+            (11.0, sse({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 7}})),
+            (11.25, "data: [DONE]"),
+        ],
+    )
     r = p.result(end=11.25, sent_prompt_len=4, requested_output_tokens=7)
     assert r.success and p.done
     assert r.ttft == pytest.approx(0.5) and r.itl == pytest.approx([0.25, 0.25])
@@ -150,9 +194,15 @@ def test_parser_takes_times_from_token_chunks_and_counts_from_usage() -> None:
 
 def test_parser_reads_usage_from_the_last_content_chunk_as_llama_cpp_sends_it() -> None:
     p = StreamParser(sent_at=0.0)
-    feed(p, [(0.1, text_chunk("a")), (0.2, text_chunk("b")),
-             (0.3, text_chunk("", "length", usage={"prompt_tokens": 3, "completion_tokens": 2})),
-             (0.3, "data: [DONE]")])
+    feed(
+        p,
+        [
+            (0.1, text_chunk("a")),
+            (0.2, text_chunk("b")),
+            (0.3, text_chunk("", "length", usage={"prompt_tokens": 3, "completion_tokens": 2})),
+            (0.3, "data: [DONE]"),
+        ],
+    )
     r = p.result(0.3, sent_prompt_len=3, requested_output_tokens=2)
     assert (r.output_tokens, r.output_tokens_estimated) == (2, False)
     assert r.itl == pytest.approx([0.1])  # the empty closing chunk is not a token
@@ -162,8 +212,16 @@ def test_parser_counts_token_chunks_when_no_usage_comes() -> None:
     p = StreamParser(sent_at=0.0)
     # The empty mid-stream chunk is a token whose bytes are held back (incomplete UTF-8); the empty
     # closing chunk with a finish_reason carries nothing.
-    feed(p, [(0.1, text_chunk("a")), (0.2, text_chunk("")), (0.3, text_chunk("b")),
-             (0.4, text_chunk("", "length")), (0.4, "data: [DONE]")])
+    feed(
+        p,
+        [
+            (0.1, text_chunk("a")),
+            (0.2, text_chunk("")),
+            (0.3, text_chunk("b")),
+            (0.4, text_chunk("", "length")),
+            (0.4, "data: [DONE]"),
+        ],
+    )
     r = p.result(0.4, sent_prompt_len=5, requested_output_tokens=3)
     assert (r.output_tokens, r.output_tokens_estimated, r.prompt_tokens) == (3, True, 5)
     assert len(r.itl) == 2
@@ -263,6 +321,7 @@ class FakeServer:
 
 def serve_fake(fake: FakeServer, client: Callable[[str], Awaitable[Any]]) -> Any:
     """Run `client(base_url)` in one event loop with the fake server on a free port."""
+
     async def main() -> Any:
         app = web.Application()
         app.router.add_post("/v1/completions", fake.completions)
@@ -341,10 +400,35 @@ def test_sweep_over_two_endpoints_writes_png_and_json(tmp_path: Any, capsys: Any
     fake = FakeServer(first_delay=0.005, gap=0.001)
 
     async def client(url: str) -> Any:
-        args = parser.parse_args([
-            "--base-url", url, url + "/", "--label", "tram", "peer", "--vocab-size", "50", "--num-prompts", "6",
-            "--input-len", "4:8", "--output-len", "2:5", "--sweep", "concurrency=1,4", "--plot", str(png),
-            "--output-json", str(out), "--disable-tqdm", "--warmup", "1", "--goodput", "e2el:60000"])
+        args = parser.parse_args(
+            [
+                "--base-url",
+                url,
+                url + "/",
+                "--label",
+                "tram",
+                "peer",
+                "--vocab-size",
+                "50",
+                "--num-prompts",
+                "6",
+                "--input-len",
+                "4:8",
+                "--output-len",
+                "2:5",
+                "--sweep",
+                "concurrency=1,4",
+                "--plot",
+                str(png),
+                "--output-json",
+                str(out),
+                "--disable-tqdm",
+                "--warmup",
+                "1",
+                "--goodput",
+                "e2el:60000",
+            ]
+        )
         return await run_serve_async(args)
 
     runs = serve_fake(fake, client)
@@ -361,6 +445,7 @@ def test_sweep_over_two_endpoints_writes_png_and_json(tmp_path: Any, capsys: Any
 
 
 # ---------------------------------------------------------------- against a real `tram serve`
+
 
 def test_against_real_tram_serve(stories_server) -> None:
     from server_utils import assert_idle

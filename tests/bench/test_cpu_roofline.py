@@ -1,5 +1,6 @@
 """benchmarks/cpu_roofline.py's counts: the work a workload fixes, whatever the engine, counted by
 hand for a tiny config, and the report's ratios from a throughput JSON."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,15 @@ import cpu_roofline  # noqa: E402
 
 
 def tiny_config() -> SimpleNamespace:
-    return SimpleNamespace(hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
-                           num_key_value_heads=1, head_dim=4, vocab_size=10)
+    return SimpleNamespace(
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=4,
+        vocab_size=10,
+    )
 
 
 def test_workload_counts_by_hand() -> None:
@@ -32,10 +40,18 @@ def test_workload_counts_by_hand() -> None:
 
 def test_report_uses_each_engines_best_round(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "run.json"
-    path.write_text(json.dumps({"results": [
-        {"backend": "tram", "seconds": 6.0}, {"backend": "tram", "seconds": 5.0},
-        {"backend": "vllm-eager", "seconds": 9.0}, {"backend": "vllm-compile", "seconds": 7.5},
-    ]}))
+    path.write_text(
+        json.dumps(
+            {
+                "results": [
+                    {"backend": "tram", "seconds": 6.0},
+                    {"backend": "tram", "seconds": 5.0},
+                    {"backend": "vllm-eager", "seconds": 9.0},
+                    {"backend": "vllm-compile", "seconds": 7.5},
+                ]
+            }
+        )
+    )
     cpu_roofline.report_results(str(path), floor=2.5)
     out = capsys.readouterr().out
     assert "| tram | 5.00 | 2.00 |" in out

@@ -5,6 +5,7 @@ is checked by its own test, so a broken section (e.g. the Triton kernels) fails 
 The run with a failing section starts at the same time, beside it: each run's section children are
 mostly one busy thread, so on a small machine the two together take little longer than one.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,13 @@ class BenchRun:
         env = {k: v for k, v in os.environ.items() if k != "OUT"}  # --out decides, not the device's $OUT
         with open(folder / "stdout", "w") as stdout, open(folder / "stderr", "w") as stderr:
             self.start = time.perf_counter()
-            self.proc = subprocess.Popen([sys.executable, str(SCRIPT), "--smoke", "--out", str(self.out), *extra],
-                                         stdout=stdout, stderr=stderr, text=True, env=env)
+            self.proc = subprocess.Popen(
+                [sys.executable, str(SCRIPT), "--smoke", "--out", str(self.out), *extra],
+                stdout=stdout,
+                stderr=stderr,
+                text=True,
+                env=env,
+            )
         self.done: subprocess.CompletedProcess[str] | None = None
         self.seconds = 0.0
 
@@ -53,8 +59,9 @@ class BenchRun:
                 self.stop()
                 raise
             self.seconds = time.perf_counter() - self.start
-            self.done = subprocess.CompletedProcess(self.proc.args, code, (self.folder / "stdout").read_text(),
-                                                    (self.folder / "stderr").read_text())
+            self.done = subprocess.CompletedProcess(
+                self.proc.args, code, (self.folder / "stdout").read_text(), (self.folder / "stderr").read_text()
+            )
         return self.done
 
     def stop(self) -> None:
@@ -111,8 +118,16 @@ def test_decode_section(smoke: dict[str, Any]) -> None:
     assert_positive(res["copy"], "bandwidth_GBps", "copy_ms")
     assert [r["batch"] for r in res["rows"]] == [1, 4]
     for row in res["rows"]:
-        assert_positive(row, "step_ms", "bound_ms", "ratio", "output_tok_per_s", "weight_bytes_read",
-                        "kv_bytes_read", "prefill_steps")
+        assert_positive(
+            row,
+            "step_ms",
+            "bound_ms",
+            "ratio",
+            "output_tok_per_s",
+            "weight_bytes_read",
+            "kv_bytes_read",
+            "prefill_steps",
+        )
         assert row["measured_steps"] == 3
         assert row["ratio"] == pytest.approx(row["step_ms"] / row["bound_ms"])
     # More sequences read more KV; the weights are read once whatever the batch.
@@ -151,8 +166,12 @@ def test_quant_section(smoke: dict[str, Any]) -> None:
     res = section(smoke, "quant")
     assert res["setup"]["triton_interpret"] == "1" and res["setup"]["from_preset"] is False
     assert res["all_correct"] is True
-    assert [(r["N"], r["K"], r["rows"]) for r in res["rows"]] == [(64, 128, 1), (64, 128, 17),
-                                                                  (64, 256, 1), (64, 256, 17)]
+    assert [(r["N"], r["K"], r["rows"]) for r in res["rows"]] == [
+        (64, 128, 1),
+        (64, 128, 17),
+        (64, 256, 1),
+        (64, 256, 17),
+    ]
     for row in res["rows"]:
         n, k = row["N"], row["K"]
         assert_positive(row["float"], "ms", "GBps", "TFLOPs")
@@ -177,10 +196,14 @@ def test_quant_shapes_of_the_default_run(monkeypatch: pytest.MonkeyPatch) -> Non
     assert "quant" in args.sections and args.quant_rows == "1,16,64,256" and "quant" in args.timeouts
     shapes = model_shapes(hf_config(args))
     assert [(s.label, s.out_features, s.in_features) for s in shapes] == [
-        ("q_proj/o_proj", 4096, 4096), ("k_proj/v_proj", 1024, 4096), ("gate_proj/up_proj", 14336, 4096),
-        ("down_proj", 4096, 14336)]
-    rows = [{"shape": s.label, "rows": 1, "float": {"ms": 2.0}, "int8": {"ms": 1.0}, "int4": {"ms": 0.5}}
-            for s in shapes]
+        ("q_proj/o_proj", 4096, 4096),
+        ("k_proj/v_proj", 1024, 4096),
+        ("gate_proj/up_proj", 14336, 4096),
+        ("down_proj", 4096, 14336),
+    ]
+    rows = [
+        {"shape": s.label, "rows": 1, "float": {"ms": 2.0}, "int8": {"ms": 1.0}, "int4": {"ms": 0.5}} for s in shapes
+    ]
     (total,) = layer_totals(rows, shapes, [1])
     assert total["float_ms"] == 14.0 and total["int8_ms"] == 7.0 and total["int4_ms"] == 3.5  # 7 linears
     assert total["int4_speedup_vs_float"] == 4.0

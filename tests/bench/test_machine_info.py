@@ -3,6 +3,7 @@
 What it reports on this machine is checked against /proc/cpuinfo read here, independently, so the
 test holds on any Linux machine; the parsers are also checked on canned lscpu and cpuinfo texts.
 """
+
 from __future__ import annotations
 
 import json
@@ -67,11 +68,17 @@ def test_threads_and_versions_are_recorded(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_parse_lscpu_x86_and_arm() -> None:
-    x86 = ("Architecture:            x86_64\nCPU(s):                  16\nModel name:              "
-           "Intel(R) Xeon(R) Platinum 8480+\nThread(s) per core:      2\nCore(s) per socket:     4\n"
-           "Socket(s):               2\nFlags:                   fpu avx2 fma avx512f amx_bf16\n")
-    assert parse_lscpu(x86) == {"model_name": "Intel(R) Xeon(R) Platinum 8480+", "logical_cpus": 16,
-                                "physical_cores": 8, "flags": ["fpu", "avx2", "fma", "avx512f", "amx_bf16"]}
+    x86 = (
+        "Architecture:            x86_64\nCPU(s):                  16\nModel name:              "
+        "Intel(R) Xeon(R) Platinum 8480+\nThread(s) per core:      2\nCore(s) per socket:     4\n"
+        "Socket(s):               2\nFlags:                   fpu avx2 fma avx512f amx_bf16\n"
+    )
+    assert parse_lscpu(x86) == {
+        "model_name": "Intel(R) Xeon(R) Platinum 8480+",
+        "logical_cpus": 16,
+        "physical_cores": 8,
+        "flags": ["fpu", "avx2", "fma", "avx512f", "amx_bf16"],
+    }
     arm = "CPU(s):                  4\nModel name:              Neoverse-N1\nCore(s) per cluster:     4\n"
     assert parse_lscpu(arm) == {"model_name": "Neoverse-N1", "logical_cpus": 4, "physical_cores": 4, "flags": None}
 
@@ -79,8 +86,12 @@ def test_parse_lscpu_x86_and_arm() -> None:
 def test_parse_proc_cpuinfo_counts_cores_not_threads() -> None:
     block = "processor\t: {i}\nmodel name\t: Test CPU\nphysical id\t: 0\ncore id\t\t: {c}\nflags\t\t: avx2 fma\n"
     text = "\n".join(block.format(i=i, c=i // 2) for i in range(4))  # 2 cores x 2 hyper-threads
-    assert parse_proc_cpuinfo(text) == {"model_name": "Test CPU", "logical_cpus": 4, "physical_cores": 2,
-                                        "flags": ["avx2", "fma"]}
+    assert parse_proc_cpuinfo(text) == {
+        "model_name": "Test CPU",
+        "logical_cpus": 4,
+        "physical_cores": 2,
+        "flags": ["avx2", "fma"],
+    }
 
 
 def test_falls_back_to_proc_cpuinfo_without_lscpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,8 +104,16 @@ def test_falls_back_to_proc_cpuinfo_without_lscpu(monkeypatch: pytest.MonkeyPatc
     finally:
         cpuinfo._cpu_info.cache_clear()
     assert cpu["model_name"] == "Fallback CPU" and cpu["source"] == "/proc/cpuinfo"
-    assert cpu["isa"] == {"avx2": False, "fma": True, "avx512f": True, "avx512_vnni": False, "avx_vnni": False,
-                          "avx512vbmi": True, "avx512_bf16": False, "amx_bf16": False}
+    assert cpu["isa"] == {
+        "avx2": False,
+        "fma": True,
+        "avx512f": True,
+        "avx512_vnni": False,
+        "avx_vnni": False,
+        "avx512vbmi": True,
+        "avx512_bf16": False,
+        "amx_bf16": False,
+    }
 
 
 def test_write_json_is_strict_json(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """The vLLM peer of `tram bench throughput`, without vLLM: the clear error when its environment is
 missing, and the runner's JSON protocol in its fake mode (which imports nothing)."""
+
 from __future__ import annotations
 
 import argparse

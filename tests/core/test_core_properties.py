@@ -1,5 +1,6 @@
 """Block pool, KV cache manager and scheduler, without a model: any sequence of add / step / abort
 leaves no leaked block, and the invariants hold after every operation."""
+
 from __future__ import annotations
 
 import random
@@ -7,11 +8,11 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tram.core.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock
 from tram.config import CacheConfig, SchedulerConfig
+from tram.core.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock
 from tram.core.kv_cache_manager import KVCacheManager
-from tram.core.sched_output import ModelRunnerOutput
 from tram.core.request import Request, RequestStatus
+from tram.core.sched_output import ModelRunnerOutput
 from tram.core.scheduler import Scheduler
 from tram.sampling_params import SamplingParams
 
@@ -26,7 +27,7 @@ def fake_step(sched: Scheduler, rng: random.Random, vocab: int = 50) -> set[str]
     """One step with a fake model: every request whose chunk reaches its last token samples one."""
     out = sched.schedule()
     sampled = {}
-    for rid, n in out.num_scheduled_tokens.items():
+    for rid in out.num_scheduled_tokens:
         req = sched.requests[rid]
         assert req.num_computed_tokens <= req.num_tokens
         assert len(sched.kv_cache_manager.req_blocks[rid]) * sched.block_size >= req.num_computed_tokens
@@ -39,6 +40,7 @@ def fake_step(sched: Scheduler, rng: random.Random, vocab: int = 50) -> set[str]
 
 
 # ---- free queue and pool ---------------------------------------------------------------------
+
 
 def test_free_queue_removes_from_the_middle_in_constant_time_order_kept():
     blocks = [KVCacheBlock(i) for i in range(5)]
@@ -101,6 +103,7 @@ def test_allocate_slots_returns_none_and_changes_nothing_when_full():
 
 # ---- scheduler ---------------------------------------------------------------------------
 
+
 def test_chunked_prefill_never_starves_running_decodes():
     sched = Scheduler(SchedulerConfig(8, 16, 256), CacheConfig(4, 64, True))
     sched.add_request(make_request("short", [3, 4, 5], max_tokens=20))
@@ -157,7 +160,8 @@ ops = st.lists(
         st.tuples(st.just("step"), st.integers(1, 4)),
         st.tuples(st.just("abort"), st.integers(0, 50)),
     ),
-    min_size=1, max_size=40,
+    min_size=1,
+    max_size=40,
 )
 
 

@@ -1,6 +1,7 @@
 """The scheduler with several steps in flight (pipeline parallelism's batch queue): a request in an
 uncollected step sits out later steps and is never preempted; the stages that do not sample get
 every new output token once, in order, even across a preemption."""
+
 from __future__ import annotations
 
 from tram.config import CacheConfig, SchedulerConfig
@@ -33,7 +34,10 @@ def test_requests_in_flight_sit_out_the_next_step():
     s.update_from_output(second, ModelRunnerOutput(sampled_token_ids={"b": 6}))
     s.update_from_output(third, ModelRunnerOutput(sampled_token_ids={"a": 7}))
     fourth = s.schedule()
-    assert {c.req_id: c.new_token_ids for c in fourth.scheduled_cached_reqs} == {"a": [7], "b": [6]}  # ...then only what is new
+    assert {c.req_id: c.new_token_ids for c in fourth.scheduled_cached_reqs} == {
+        "a": [7],
+        "b": [6],
+    }  # ...then only what is new
 
 
 def test_a_request_in_flight_is_never_preempted():

@@ -1,12 +1,13 @@
 """Bad input is rejected with a ValueError naming the field, nothing is queued, and the engine
 keeps serving everyone else."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
-
 from api_helpers import GREEDY, PROMPT, greedy_ids
+
 from tram import LLM, SamplingParams
 
 pytestmark = pytest.mark.usefixtures("no_request_left_behind")
@@ -66,10 +67,23 @@ BAD_REQUESTS = [
 ]
 
 
-@pytest.mark.parametrize("prompt,kwargs,match", BAD_REQUESTS,
-                         ids=["too_long", "empty", "id_512", "id_neg", "id_str", "no_prompt_key",
-                              "logprobs_21", "prompt_logprobs_21", "logprobs_-1", "prompt_logprobs_-1",
-                              "logit_bias_oov"])
+@pytest.mark.parametrize(
+    "prompt,kwargs,match",
+    BAD_REQUESTS,
+    ids=[
+        "too_long",
+        "empty",
+        "id_512",
+        "id_neg",
+        "id_str",
+        "no_prompt_key",
+        "logprobs_21",
+        "prompt_logprobs_21",
+        "logprobs_-1",
+        "prompt_logprobs_-1",
+        "logit_bias_oov",
+    ],
+)
 def test_invalid_request_raises_and_engine_keeps_serving(llm, ref, prompt, kwargs, match):
     with pytest.raises(ValueError, match=match):
         llm.generate(prompt, SamplingParams(temperature=0, max_tokens=4, **kwargs), use_tqdm=False)

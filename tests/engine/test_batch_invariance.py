@@ -1,11 +1,12 @@
 """Continuous batching, chunked prefill, preemption and prefix caching never change a request's output."""
+
 from __future__ import annotations
 
 import random
 
 import pytest
-
 from api_helpers import assert_no_leak, run_staggered
+
 from tram import LLM, SamplingParams
 
 NUM_REQS = 8
@@ -43,7 +44,9 @@ def seeded_params(n: int) -> list[SamplingParams]:
 @pytest.fixture(scope="module")
 def reference(stories_path):
     """Each request generated alone, with a budget large enough that nothing is chunked."""
-    llm = LLM(stories_path, max_model_len=MAX_LEN, max_num_seqs=4, max_num_batched_tokens=512, enable_prefix_caching=False)
+    llm = LLM(
+        stories_path, max_model_len=MAX_LEN, max_num_seqs=4, max_num_batched_tokens=512, enable_prefix_caching=False
+    )
     prompts = make_prompts(llm)
     greedy = run_alone(llm, prompts, greedy_params(NUM_REQS))
     seeded = run_alone(llm, prompts, seeded_params(NUM_REQS))
@@ -54,7 +57,9 @@ def reference(stories_path):
 @pytest.mark.parametrize("every", [0, 3])
 def test_staggered_arrivals_with_chunked_prefill(stories_path, reference, every):
     prompts, greedy, seeded = reference
-    llm = LLM(stories_path, max_model_len=MAX_LEN, max_num_seqs=16, max_num_batched_tokens=16)  # prompts of up to 50 tokens get chunked
+    llm = LLM(
+        stories_path, max_model_len=MAX_LEN, max_num_seqs=16, max_num_batched_tokens=16
+    )  # prompts of up to 50 tokens get chunked
     engine = llm.llm_engine
     assert run_staggered(engine, prompts, greedy_params(NUM_REQS), every) == greedy
     assert run_staggered(engine, prompts, seeded_params(NUM_REQS), every) == seeded
@@ -105,7 +110,9 @@ def test_seeded_request_is_independent_of_its_neighbours(llm):
     prompts = ["Tom and his dog", "Once upon a time", "The sun was", "Lily wanted to"]
     outs = llm.generate(prompts, [noise, target, noise, noise], use_tqdm=False)
     assert outs[1].outputs[0].token_ids == alone
-    other_seed = llm.generate("Once upon a time", SamplingParams(temperature=1.0, seed=8, max_tokens=32, ignore_eos=True), use_tqdm=False)
+    other_seed = llm.generate(
+        "Once upon a time", SamplingParams(temperature=1.0, seed=8, max_tokens=32, ignore_eos=True), use_tqdm=False
+    )
     assert other_seed[0].outputs[0].token_ids != alone
 
 

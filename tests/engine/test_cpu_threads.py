@@ -1,6 +1,7 @@
 """The engine core's CPU threads and OpenMP wait policy follow the rules of tram/executor/cpu_threads.py:
 the user's variables win, Tram's defaults fill in only what the user left unset. No timing here; the
 measurements are benchmarks/shared_machine.py's (docs/benchmarks.md, "Sharing the machine")."""
+
 from __future__ import annotations
 
 import logging
@@ -22,25 +23,31 @@ def test_defaults_all_cores_but_one_and_a_short_spin(cores: int, threads: int) -
     assert "Tram's default" in policy.describe() and "default:" in policy.describe()
 
 
-@pytest.mark.parametrize("environ, threads", [
-    ({"TRAM_CPU_THREADS": "1"}, 1),
-    ({"OMP_NUM_THREADS": "3"}, 3),
-    ({"TRAM_CPU_THREADS": "1", "OMP_NUM_THREADS": "4"}, 1),  # Tram's own variable first
-    ({"TRAM_CPU_THREADS": "", "OMP_NUM_THREADS": "4"}, 4),  # an empty variable counts as unset
-    ({"TRAM_CPU_THREADS": "0"}, 1),
-])
+@pytest.mark.parametrize(
+    "environ, threads",
+    [
+        ({"TRAM_CPU_THREADS": "1"}, 1),
+        ({"OMP_NUM_THREADS": "3"}, 3),
+        ({"TRAM_CPU_THREADS": "1", "OMP_NUM_THREADS": "4"}, 1),  # Tram's own variable first
+        ({"TRAM_CPU_THREADS": "", "OMP_NUM_THREADS": "4"}, 4),  # an empty variable counts as unset
+        ({"TRAM_CPU_THREADS": "0"}, 1),
+    ],
+)
 def test_user_thread_count_wins(environ: dict[str, str], threads: int) -> None:
     policy = choose_cpu_threads(environ, cores=2)
     assert policy.threads == threads
     assert policy.env == TRAM_DEFAULT_ENV  # a thread count alone does not say how threads wait
 
 
-@pytest.mark.parametrize("environ", [
-    {"OMP_WAIT_POLICY": "ACTIVE"},
-    {"OMP_WAIT_POLICY": "passive"},
-    {"GOMP_SPINCOUNT": "300000"},
-    {"GOMP_SPINCOUNT": "infinite", "TRAM_CPU_THREADS": "2"},
-])
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"OMP_WAIT_POLICY": "ACTIVE"},
+        {"OMP_WAIT_POLICY": "passive"},
+        {"GOMP_SPINCOUNT": "300000"},
+        {"GOMP_SPINCOUNT": "infinite", "TRAM_CPU_THREADS": "2"},
+    ],
+)
 def test_user_wait_policy_is_never_overridden(environ: dict[str, str]) -> None:
     policy = choose_cpu_threads(environ, cores=2)
     assert policy.env == {}
@@ -60,12 +67,16 @@ def test_environment_is_restored(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "GOMP_SPINCOUNT" not in os.environ and os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
-@pytest.mark.parametrize("added, expected", [
-    ({"GOMP_SPINCOUNT": str(DEFAULT_SPIN_COUNT)}, "Tram's default"),  # the API server added it
-    ({}, "set by the user"),  # the same value, but it was there before the API server
-])
-def test_engine_core_applies_and_logs_the_policy(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
-                                                 added: dict[str, str], expected: str) -> None:
+@pytest.mark.parametrize(
+    "added, expected",
+    [
+        ({"GOMP_SPINCOUNT": str(DEFAULT_SPIN_COUNT)}, "Tram's default"),  # the API server added it
+        ({}, "set by the user"),  # the same value, but it was there before the API server
+    ],
+)
+def test_engine_core_applies_and_logs_the_policy(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, added: dict[str, str], expected: str
+) -> None:
     import torch
 
     from tram.engine.core_proc import _set_cpu_threads

@@ -3,6 +3,7 @@
 The oracle is `tokenizer.decode` on the whole sequence: whatever the chunking, the incremental text
 must equal the text of the generated part of decode(prompt + output).
 """
+
 from __future__ import annotations
 
 import functools
@@ -60,7 +61,7 @@ def encode(tok: PreTrainedTokenizerFast, text: str) -> list[int]:
 
 def expected_text(tok: PreTrainedTokenizerFast, prompt: list[int], out: list[int], skip: bool = True) -> str:
     full = tok.decode(prompt + out, skip_special_tokens=skip)
-    return full[len(tok.decode(prompt, skip_special_tokens=skip)):]
+    return full[len(tok.decode(prompt, skip_special_tokens=skip)) :]
 
 
 def feed(
@@ -71,7 +72,7 @@ def feed(
     deltas, i, k = [], 0, 0
     while i < len(out):
         size = sizes[k % len(sizes)]
-        detok.update(out[i:i + size], stop_terminated=False)
+        detok.update(out[i : i + size], stop_terminated=False)
         if valid_utf8:  # bytes are held until their character completes, never shown as U+FFFD
             assert "\ufffd" not in detok.output_text
         deltas.append(detok.get_next_output_text(finished=False, delta=True))
@@ -190,7 +191,7 @@ def run_with_stop(text: str, stop: list[str], include: bool = False, chunks: lis
     out, sizes, matched, deltas = encode(tok, text), chunks or [1], None, []
     i = k = 0
     while i < len(out) and matched is None:
-        matched = detok.update(out[i:i + sizes[k % len(sizes)]], stop_terminated=False)
+        matched = detok.update(out[i : i + sizes[k % len(sizes)]], stop_terminated=False)
         deltas.append(detok.get_next_output_text(finished=matched is not None, delta=True))
         i, k = i + sizes[k % len(sizes)], k + 1
     return detok, matched, deltas

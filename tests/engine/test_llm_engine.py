@@ -1,10 +1,11 @@
 """LLMEngine driven step by step: requests joining and leaving, aborts, request ids, stats and
 preemption on a small cache."""
+
 from __future__ import annotations
 
 import pytest
-
 from api_helpers import GREEDY, PROMPT, drain, random_prompt
+
 from tram import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("no_request_left_behind")
@@ -21,8 +22,9 @@ def test_engine_requests_join_at_different_steps(llm, ref):
     for _ in range(5):
         for out in engine.step():
             streamed[out.request_id].append(out)
-    engine.add_request("join-b", {"prompt_token_ids": tok.encode("Tom and his dog")},
-                       SamplingParams(temperature=0, max_tokens=10))
+    engine.add_request(
+        "join-b", {"prompt_token_ids": tok.encode("Tom and his dog")}, SamplingParams(temperature=0, max_tokens=10)
+    )
     for rid, outs in drain(engine).items():
         streamed[rid].extend(outs)
     assert not engine.has_unfinished_requests()
@@ -43,11 +45,15 @@ def test_engine_requests_join_at_different_steps(llm, ref):
 
 def test_abort_running_request_frees_blocks_and_silences_it(llm, ref):
     engine = llm.llm_engine
-    engine.add_request("ab-long", {"prompt_token_ids": random_prompt(3, 70)},
-                       SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
+    engine.add_request(
+        "ab-long",
+        {"prompt_token_ids": random_prompt(3, 70)},
+        SamplingParams(temperature=0, max_tokens=100, ignore_eos=True),
+    )
     engine.add_request("ab-short", PROMPT, SamplingParams(temperature=0, max_tokens=30))
-    engine.add_request("ab-n", "Tom and his dog", SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=100,
-                                                                ignore_eos=True))
+    engine.add_request(
+        "ab-n", "Tom and his dog", SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=100, ignore_eos=True)
+    )
     for _ in range(4):
         engine.step()
     assert engine.get_stats().num_running_reqs == 4
@@ -138,8 +144,9 @@ def test_get_stats(llm):
     assert 0.0 <= s0.kv_cache_usage <= 1.0
     prompts = [random_prompt(10 + i, 20 + i) for i in range(3)]
     for i, p in enumerate(prompts):
-        engine.add_request(f"st-{i}", {"prompt_token_ids": p}, SamplingParams(temperature=0, max_tokens=5,
-                                                                              ignore_eos=True))
+        engine.add_request(
+            f"st-{i}", {"prompt_token_ids": p}, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+        )
     s1 = engine.get_stats()
     assert (s1.num_running_reqs, s1.num_waiting_reqs) == (0, 3)
     engine.step()
@@ -159,7 +166,7 @@ def test_get_stats(llm):
 
 def test_waiting_and_preemption_stats_on_a_small_cache(small, llm, ref):
     engine = small.llm_engine
-    prompts = [(ref["story_end"][i * 40:] * 2)[:200] for i in range(3)]
+    prompts = [(ref["story_end"][i * 40 :] * 2)[:200] for i in range(3)]
     params = SamplingParams(temperature=0, max_tokens=150, ignore_eos=True)
     for i, p in enumerate(prompts):
         engine.add_request(f"pre-{i}", {"prompt_token_ids": p}, params)

@@ -1,10 +1,11 @@
 """LLM.generate and LLM.chat on the real stories260K model: every prompt form, input order,
 default and per-prompt sampling params, metrics, and the chat template."""
+
 from __future__ import annotations
 
 import pytest
-
 from api_helpers import EOS_IDS, GREEDY, PROMPT, random_prompt
+
 from tram import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("no_request_left_behind")
@@ -47,8 +48,9 @@ def test_all_prompt_forms_mixed_keep_input_order(llm, ref):
 
 
 def test_list_of_strings_with_one_params(llm, ref):
-    outs = llm.generate([PROMPT, "Tom and his dog", PROMPT], SamplingParams(temperature=0, max_tokens=12),
-                        use_tqdm=False)
+    outs = llm.generate(
+        [PROMPT, "Tom and his dog", PROMPT], SamplingParams(temperature=0, max_tokens=12), use_tqdm=False
+    )
     assert [o.prompt for o in outs] == [PROMPT, "Tom and his dog", PROMPT]
     assert [o.outputs[0].token_ids for o in outs] == [ref["once"][:12], ref["tom"][:12], ref["once"][:12]]
 

@@ -6,6 +6,7 @@ so "".join(decoded tokens) == text wherever no stop string cut the text; alterna
 they would add after a word. Checked on the real stories260K model and tokenizer (byte fallback),
 and, for byte-level BPE, on the small tokenizer of the detokenizer tests.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -51,14 +52,13 @@ def test_alternatives_show_what_they_would_add_after_a_word(llm: LLM):
             if tid == chosen or tid in tok.all_special_ids:
                 continue
             # The oracle: the tokenizer's full decode of the word and the token, less the word.
-            assert lp.decoded_token == tok.decode(word + [tid])[len("a"):].replace("\ufffd", ""), tid
+            assert lp.decoded_token == tok.decode(word + [tid])[len("a") :].replace("\ufffd", ""), tid
             seen += lp.decoded_token.startswith(" ")
     assert seen > 10  # most alternatives start a word: their space is there
 
 
 def test_story_to_its_end_adds_up_and_the_stop_token_adds_nothing(llm: LLM):
-    out = llm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=400, logprobs=1),
-                       use_tqdm=False)[0]
+    out = llm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=400, logprobs=1), use_tqdm=False)[0]
     c = out.outputs[0]
     assert c.finish_reason == "stop" and c.token_ids[-1] == 1 and "\n" in c.text  # '\n' is <0x0A>
     tokens = decoded(c.token_ids, c.logprobs)
@@ -66,8 +66,9 @@ def test_story_to_its_end_adds_up_and_the_stop_token_adds_nothing(llm: LLM):
 
 
 def test_rendered_stop_token_is_its_text(llm: LLM, ref: dict):
-    params = SamplingParams(temperature=0, max_tokens=5, logprobs=0, skip_special_tokens=False,
-                            include_stop_str_in_output=True)
+    params = SamplingParams(
+        temperature=0, max_tokens=5, logprobs=0, skip_special_tokens=False, include_stop_str_in_output=True
+    )
     c = llm.generate({"prompt_token_ids": ref["story_end"]}, params, use_tqdm=False)[0].outputs[0]
     assert c.token_ids == [1] and c.text.strip() == "<s>"
     assert decoded(c.token_ids, c.logprobs) == [c.text]
@@ -75,8 +76,9 @@ def test_rendered_stop_token_is_its_text(llm: LLM, ref: dict):
 
 @pytest.mark.parametrize("include", [False, True])
 def test_stop_string_cuts_the_text_not_the_tokens(llm: LLM, include: bool):
-    params = SamplingParams(temperature=0, max_tokens=30, logprobs=1, stop=[" Lily"],
-                            include_stop_str_in_output=include)
+    params = SamplingParams(
+        temperature=0, max_tokens=30, logprobs=1, stop=[" Lily"], include_stop_str_in_output=include
+    )
     c = llm.generate(PROMPT, params, use_tqdm=False)[0].outputs[0]
     joined = "".join(decoded(c.token_ids, c.logprobs))
     assert c.stop_reason == " Lily" and c.text == (" named Lily" if include else " named")
@@ -93,7 +95,7 @@ def test_prompt_tokens_add_up_to_the_prompt_bytes_included(llm: LLM):
     tokens = decoded(ids[1:], rows[1:])
     assert "".join(tokens) == prompt
     arrow = ids.index(byte_id(ARROW[0]))
-    assert tokens[arrow - 1:arrow + 2] == ["", "", "→"]  # bytes wait for the character to complete
+    assert tokens[arrow - 1 : arrow + 2] == ["", "", "→"]  # bytes wait for the character to complete
     assert leading_token_text(prompt, tokens, "?") == ""  # what the server echoes for the BOS
     assert all("\ufffd" not in lp.decoded_token for row in rows[1:] for lp in row.values())
     assert tok.decode(ids, skip_special_tokens=True) == prompt
@@ -134,10 +136,11 @@ def test_output_processor_byte_runs_in_any_chunking(ref: dict, chunk: int, kind:
     proc.add_request("r", None, [1], SamplingParams(max_tokens=len(ids), logprobs=4, output_kind=kind), ["r"], 0.0)
     text, rows = "", []
     for start in range(0, len(ids), chunk):
-        part = ids[start:start + chunk]
+        part = ids[start : start + chunk]
         last = start + chunk >= len(ids)
-        outs, _ = proc.process_outputs([EngineCoreOutput("r", part, "length" if last else None,
-                                                         new_logprobs=_rows(part, alternatives))])
+        outs, _ = proc.process_outputs(
+            [EngineCoreOutput("r", part, "length" if last else None, new_logprobs=_rows(part, alternatives))]
+        )
         for o in outs:
             text += o.outputs[0].text
             rows += o.outputs[0].logprobs
@@ -191,4 +194,4 @@ def test_every_alternative_text_on_both_tokenizers(ref: dict):
             if tid in tok.all_special_ids:
                 assert table.alternative(tid) == tok.convert_ids_to_tokens(tid)
             else:  # the oracle: the full decode after a word, less the word and any U+FFFD
-                assert table.alternative(tid) == tok.decode(word + [tid])[len("a"):].replace("\ufffd", ""), tid
+                assert table.alternative(tid) == tok.decode(word + [tid])[len("a") :].replace("\ufffd", ""), tid

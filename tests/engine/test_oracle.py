@@ -1,13 +1,14 @@
 """Greedy output token-for-token identical to transformers; logprobs within float tolerance."""
+
 from __future__ import annotations
 
 import random
 
 import pytest
 import torch
-
 from conftest import STORIES_EOS, assert_no_leak, hf_greedy, hf_logprobs
 from hf_models import make_hf_model_dir
+
 from tram import LLM, SamplingParams
 
 PROMPTS = ["Once upon a time", "Tom and his dog", "The little bird", "Lily wanted to", "One day, a big"]
@@ -25,7 +26,7 @@ def test_stories260k_greedy_matches_transformers(llm, stories_path):
         tok = llm.get_tokenizer()
         # The continuation of the prompt's text, leading space included.
         full = tok.decode(out.prompt_token_ids + expected, skip_special_tokens=True)
-        assert out.outputs[0].text == full[len(tok.decode(out.prompt_token_ids, skip_special_tokens=True)):]
+        assert out.outputs[0].text == full[len(tok.decode(out.prompt_token_ids, skip_special_tokens=True)) :]
 
 
 def test_readme_example_text(llm):
@@ -89,7 +90,9 @@ def test_random_models_greedy_match_transformers(kind, tmp_path):
         ref = hf_logprobs(path, prompt + comp.token_ids)
         for i, tok in enumerate(comp.token_ids):
             scale = max(1.0, ref[len(prompt) - 1 + i].abs().max().item())
-            assert comp.logprobs[i][tok].logprob == pytest.approx(ref[len(prompt) - 1 + i, tok].item(), abs=2e-4 * scale)
+            assert comp.logprobs[i][tok].logprob == pytest.approx(
+                ref[len(prompt) - 1 + i, tok].item(), abs=2e-4 * scale
+            )
     assert_no_leak(llm.llm_engine)
 
 

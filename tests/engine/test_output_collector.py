@@ -1,5 +1,6 @@
 """AsyncLLM's OutputCollector: a consumer that falls behind gets DELTA outputs merged (nothing
 dropped, in order, n samples kept apart), and only the newest CUMULATIVE one."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,8 +13,9 @@ from tram.outputs import CompletionOutput, Logprob, RequestOutput, merge_deltas
 PROMPT_LPS = [None, {7: Logprob(-1.0, 1, "x")}]
 
 
-def delta(index: int, text: str, ids: list[int], finish: str | None = None, finished: bool = False,
-          prompt_logprobs=None) -> RequestOutput:
+def delta(
+    index: int, text: str, ids: list[int], finish: str | None = None, finished: bool = False, prompt_logprobs=None
+) -> RequestOutput:
     lps = [{t: Logprob(-0.1 * t, 1, str(t))} for t in ids]
     c = CompletionOutput(index, text, ids, -0.1 * sum(ids), lps, finish, "." if finish else None)
     return RequestOutput("r", "p", [1, 7], [c], finished, prompt_logprobs)

@@ -1,15 +1,16 @@
 """RequestOutputKind end to end on stories260K: the DELTA outputs of a request, concatenated, equal
 its last CUMULATIVE output and its one FINAL_ONLY output (text, token ids, logprobs, cumulative
 logprob, finish and stop reasons, prompt logprobs), whatever stopped it and however many samples."""
+
 from __future__ import annotations
 
 import itertools
 
 import msgspec
 import pytest
-
 from api_helpers import PROMPT, drain
 from conftest import assert_no_leak
+
 from tram import LLM, SamplingParams
 from tram.outputs import CompletionOutput, RequestOutput
 from tram.sampling_params import RequestOutputKind
@@ -69,12 +70,15 @@ def assert_kinds_agree(llm: LLM, prompt, params: SamplingParams) -> list[Request
     return deltas
 
 
-@pytest.mark.parametrize("stop,include", [
-    (["girl named"], False),  # the match starts inside the held-back text of earlier tokens
-    (["zzz", "Lil"], True),  # the match ends inside " Lily", and is kept
-    (["Lil"], False),
-    (["qqqq"], False),  # never matches: runs to length with text held back until the end
-])
+@pytest.mark.parametrize(
+    "stop,include",
+    [
+        (["girl named"], False),  # the match starts inside the held-back text of earlier tokens
+        (["zzz", "Lil"], True),  # the match ends inside " Lily", and is kept
+        (["Lil"], False),
+        (["qqqq"], False),  # never matches: runs to length with text held back until the end
+    ],
+)
 def test_delta_adds_up_to_cumulative_with_stop_strings(llm, stop, include):
     params = SamplingParams(temperature=0, max_tokens=40, stop=stop, include_stop_str_in_output=include, logprobs=3)
     deltas = assert_kinds_agree(llm, PROMPT, params)

@@ -5,6 +5,7 @@ Counted in bytes allocated (tracemalloc's peak above the start of each call), no
 core outputs for a few streams, with the real stories260K tokenizer, a stop string and logprobs,
 after a short and after a long history.
 """
+
 from __future__ import annotations
 
 import functools
@@ -42,8 +43,7 @@ def processor_after(history: int, kind: RequestOutputKind, logprobs: bool) -> Ou
     """Streams that have generated about `history` tokens each (staggered, so that list resizes
     do not all fall on one step)."""
     proc = OutputProcessor(load_tokenizer(MODEL))
-    params = SamplingParams(max_tokens=None, stop=["never seen"], logprobs=TOP if logprobs else None,
-                            output_kind=kind)
+    params = SamplingParams(max_tokens=None, stop=["never seen"], logprobs=TOP if logprobs else None, output_kind=kind)
     for s in range(STREAMS):
         proc.add_request(f"r{s}", None, [1, 403], params, [f"r{s}"], 0.0)
     ids, done = story_ids(), 0
@@ -51,8 +51,10 @@ def processor_after(history: int, kind: RequestOutputKind, logprobs: bool) -> Ou
     while done < target:
         size = min(256, target - done)
         chunk = [ids[(done + i) % len(ids)] for i in range(size)]
-        outs = [core_output(f"r{s}", chunk[: size - (7 * s if done + size == target else 0)] or chunk[:1], logprobs)
-                for s in range(STREAMS)]
+        outs = [
+            core_output(f"r{s}", chunk[: size - (7 * s if done + size == target else 0)] or chunk[:1], logprobs)
+            for s in range(STREAMS)
+        ]
         proc.process_outputs(outs)
         done += size
     return proc
@@ -93,6 +95,8 @@ def test_step_cost_is_flat_in_the_length_generated(kind, logprobs):
 
 @pytest.mark.parametrize("logprobs", [False, True], ids=["no_logprobs", "logprobs"])
 def test_cumulative_step_cost_grows_and_the_measure_sees_it(logprobs):
-    short, long = bytes_per_step(SHORT, RequestOutputKind.CUMULATIVE, logprobs), bytes_per_step(
-        LONG, RequestOutputKind.CUMULATIVE, logprobs)
+    short, long = (
+        bytes_per_step(SHORT, RequestOutputKind.CUMULATIVE, logprobs),
+        bytes_per_step(LONG, RequestOutputKind.CUMULATIVE, logprobs),
+    )
     assert long > 10 * short, (short, long)

@@ -1,4 +1,5 @@
 """Prefix caching on the real model: hits are counted in tokens and never change the output."""
+
 from __future__ import annotations
 
 import pytest

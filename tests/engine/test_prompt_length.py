@@ -1,5 +1,6 @@
 """The one prompt-length check (InputProcessor.check_prompt_length) and its two rules: offline the
 prompt must fit; the OpenAI server's rule (as vLLM's) also wants room for the whole completion."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,10 +1,11 @@
 """SamplingParams end to end: n samples, stop strings and stop ids, eos, min_tokens, lengths,
 special tokens and detokenize=False."""
+
 from __future__ import annotations
 
 import pytest
-
 from api_helpers import EOS_IDS, PROMPT, random_prompt
+
 from tram import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("no_request_left_behind")
@@ -71,33 +72,41 @@ def test_stop_token_ids(llm, ref):
     tok = ref["tok"]
     period = 426
     k = ref["once"].index(period)
-    c = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[period]),
-                     use_tqdm=False)[0].outputs[0]
+    c = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[period]), use_tqdm=False)[
+        0
+    ].outputs[0]
     assert c.finish_reason == "stop" and c.stop_reason == period
     assert c.token_ids == ref["once"][: k + 1]
     # Like vLLM, the stop token itself is not rendered.
     full = tok.decode(tok.encode(PROMPT) + ref["once"][:k], skip_special_tokens=True)
-    assert c.text == full[len(PROMPT):] and not c.text.endswith(".")
+    assert c.text == full[len(PROMPT) :] and not c.text.endswith(".")
 
 
 def test_eos_stops_with_reason(llm, ref):
-    c = llm.generate({"prompt_token_ids": ref["story_end"]}, SamplingParams(temperature=0, max_tokens=20),
-                     use_tqdm=False)[0].outputs[0]
+    c = llm.generate(
+        {"prompt_token_ids": ref["story_end"]}, SamplingParams(temperature=0, max_tokens=20), use_tqdm=False
+    )[0].outputs[0]
     # BOS is a generation-config eos, so it is reported as the stop reason (as in vLLM).
     assert c.token_ids == [1] and c.finish_reason == "stop" and c.stop_reason == 1
     assert c.text == ""
 
 
 def test_ignore_eos_gives_exactly_max_tokens(llm, ref):
-    c = llm.generate({"prompt_token_ids": ref["story_end"]},
-                     SamplingParams(temperature=0, max_tokens=7, ignore_eos=True), use_tqdm=False)[0].outputs[0]
+    c = llm.generate(
+        {"prompt_token_ids": ref["story_end"]},
+        SamplingParams(temperature=0, max_tokens=7, ignore_eos=True),
+        use_tqdm=False,
+    )[0].outputs[0]
     assert len(c.token_ids) == 7 and c.finish_reason == "length" and c.stop_reason is None
     assert c.token_ids[0] == 1  # the eos it ignored
 
 
 def test_min_tokens_masks_eos(llm, ref):
-    c = llm.generate({"prompt_token_ids": ref["story_end"]},
-                     SamplingParams(temperature=0, max_tokens=30, min_tokens=10), use_tqdm=False)[0].outputs[0]
+    c = llm.generate(
+        {"prompt_token_ids": ref["story_end"]},
+        SamplingParams(temperature=0, max_tokens=30, min_tokens=10),
+        use_tqdm=False,
+    )[0].outputs[0]
     assert len(c.token_ids) >= 10
     assert not EOS_IDS & set(c.token_ids[:10])
 
@@ -105,8 +114,9 @@ def test_min_tokens_masks_eos(llm, ref):
 def test_min_tokens_masks_stop_token_ids(llm, ref):
     period = 426
     assert ref["once"].index(period) < 14
-    c = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=40, min_tokens=14, stop_token_ids=[period]),
-                     use_tqdm=False)[0].outputs[0]
+    c = llm.generate(
+        PROMPT, SamplingParams(temperature=0, max_tokens=40, min_tokens=14, stop_token_ids=[period]), use_tqdm=False
+    )[0].outputs[0]
     assert len(c.token_ids) >= 14
     assert period not in c.token_ids[:13]
     if c.finish_reason == "stop":
@@ -115,28 +125,33 @@ def test_min_tokens_masks_stop_token_ids(llm, ref):
 
 def test_max_tokens_none_runs_to_the_context_limit(llm, ref):
     prompt = (ref["story_end"] * 2)[:470]
-    c = llm.generate({"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=None, ignore_eos=True),
-                     use_tqdm=False)[0].outputs[0]
+    c = llm.generate(
+        {"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=None, ignore_eos=True), use_tqdm=False
+    )[0].outputs[0]
     assert len(c.token_ids) == 42 and c.finish_reason == "length"
     # Without ignore_eos it runs until eos or the context limit, never beyond.
-    c = llm.generate({"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=None),
-                     use_tqdm=False)[0].outputs[0]
+    c = llm.generate({"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=None), use_tqdm=False)[
+        0
+    ].outputs[0]
     assert len(c.token_ids) <= 42
     assert len(c.token_ids) == 42 or c.finish_reason == "stop"
 
 
 def test_prompt_of_exactly_max_model_len_gets_one_token(llm):
-    c = llm.generate({"prompt_token_ids": random_prompt(2, 512)}, SamplingParams(temperature=0, max_tokens=None),
-                     use_tqdm=False)[0].outputs[0]
+    c = llm.generate(
+        {"prompt_token_ids": random_prompt(2, 512)}, SamplingParams(temperature=0, max_tokens=None), use_tqdm=False
+    )[0].outputs[0]
     assert len(c.token_ids) == 1
 
 
 def test_skip_special_tokens(llm, ref):
     prompt = {"prompt_token_ids": ref["story_end"]}
-    shown = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True,
-                                                skip_special_tokens=False), use_tqdm=False)[0].outputs[0]
-    hidden = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
-                          use_tqdm=False)[0].outputs[0]
+    shown = llm.generate(
+        prompt, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, skip_special_tokens=False), use_tqdm=False
+    )[0].outputs[0]
+    hidden = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)[
+        0
+    ].outputs[0]
     assert shown.token_ids == hidden.token_ids and shown.token_ids[0] == 1
     assert shown.text.startswith("<s>")
     assert "<s>" not in hidden.text and hidden.text.strip()
@@ -144,6 +159,8 @@ def test_skip_special_tokens(llm, ref):
 
 
 def test_detokenize_false(llm, ref):
-    c = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=40, detokenize=False), use_tqdm=False)[0].outputs[0]
+    c = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=40, detokenize=False), use_tqdm=False)[0].outputs[
+        0
+    ]
     assert c.text == ""
     assert c.token_ids == ref["once"]

@@ -1,4 +1,5 @@
 """SamplingParams: vLLM defaults, validation messages, normalisation and msgspec transport."""
+
 from __future__ import annotations
 
 import math
@@ -11,10 +12,26 @@ from hypothesis import strategies as st
 from tram.sampling_params import SamplingParams, SamplingType
 
 VLLM_DEFAULTS = dict(
-    n=1, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, temperature=1.0,
-    top_p=1.0, top_k=0, min_p=0.0, seed=None, stop=[], stop_token_ids=[], ignore_eos=False,
-    max_tokens=16, min_tokens=0, logprobs=None, prompt_logprobs=None, detokenize=True,
-    skip_special_tokens=True, spaces_between_special_tokens=True, include_stop_str_in_output=False,
+    n=1,
+    presence_penalty=0.0,
+    frequency_penalty=0.0,
+    repetition_penalty=1.0,
+    temperature=1.0,
+    top_p=1.0,
+    top_k=0,
+    min_p=0.0,
+    seed=None,
+    stop=[],
+    stop_token_ids=[],
+    ignore_eos=False,
+    max_tokens=16,
+    min_tokens=0,
+    logprobs=None,
+    prompt_logprobs=None,
+    detokenize=True,
+    skip_special_tokens=True,
+    spaces_between_special_tokens=True,
+    include_stop_str_in_output=False,
     logit_bias=None,
 )
 
@@ -27,23 +44,51 @@ def test_defaults_match_vllm() -> None:
 
 
 INVALID = [
-    ("n", 0), ("n", -3), ("n", 1.5),
-    ("temperature", -0.1), ("temperature", math.inf), ("temperature", math.nan), ("temperature", "hot"),
-    ("top_p", 0.0), ("top_p", 1.01), ("top_p", -0.5), ("top_p", math.nan),
-    ("top_k", -2), ("top_k", 2.5), ("top_k", True),
-    ("min_p", -0.01), ("min_p", 1.5),
-    ("presence_penalty", 2.5), ("presence_penalty", -2.01),
-    ("frequency_penalty", 3.0), ("frequency_penalty", -2.5),
-    ("repetition_penalty", 0.0), ("repetition_penalty", -1.0),
-    ("max_tokens", 0), ("max_tokens", -1), ("max_tokens", 2.0),
+    ("n", 0),
+    ("n", -3),
+    ("n", 1.5),
+    ("temperature", -0.1),
+    ("temperature", math.inf),
+    ("temperature", math.nan),
+    ("temperature", "hot"),
+    ("top_p", 0.0),
+    ("top_p", 1.01),
+    ("top_p", -0.5),
+    ("top_p", math.nan),
+    ("top_k", -2),
+    ("top_k", 2.5),
+    ("top_k", True),
+    ("min_p", -0.01),
+    ("min_p", 1.5),
+    ("presence_penalty", 2.5),
+    ("presence_penalty", -2.01),
+    ("frequency_penalty", 3.0),
+    ("frequency_penalty", -2.5),
+    ("repetition_penalty", 0.0),
+    ("repetition_penalty", -1.0),
+    ("max_tokens", 0),
+    ("max_tokens", -1),
+    ("max_tokens", 2.0),
     ("min_tokens", -1),
-    ("logprobs", -2), ("logprobs", 1.0),
+    ("logprobs", -2),
+    ("logprobs", 1.0),
     ("prompt_logprobs", -5),
-    ("stop", ""), ("stop", ["ok", ""]), ("stop", [3]), ("stop", 5),
-    ("stop_token_ids", ["a"]), ("stop_token_ids", [1.5]), ("stop_token_ids", [-1]), ("stop_token_ids", 7),
-    ("seed", "abc"), ("seed", 1.5), ("seed", 2**64),
-    ("logit_bias", {"x": 1.0}), ("logit_bias", {-1: 1.0}), ("logit_bias", {1: "a"}),
-    ("logit_bias", {1: math.inf}), ("logit_bias", [1, 2]),
+    ("stop", ""),
+    ("stop", ["ok", ""]),
+    ("stop", [3]),
+    ("stop", 5),
+    ("stop_token_ids", ["a"]),
+    ("stop_token_ids", [1.5]),
+    ("stop_token_ids", [-1]),
+    ("stop_token_ids", 7),
+    ("seed", "abc"),
+    ("seed", 1.5),
+    ("seed", 2**64),
+    ("logit_bias", {"x": 1.0}),
+    ("logit_bias", {-1: 1.0}),
+    ("logit_bias", {1: "a"}),
+    ("logit_bias", {1: math.inf}),
+    ("logit_bias", [1, 2]),
 ]
 
 
@@ -74,8 +119,7 @@ def test_stop_strings_need_detokenize() -> None:
 
 
 def test_normalisation() -> None:
-    p = SamplingParams(stop="###", stop_token_ids=(5, 6), top_k=-1, temperature=1,
-                       logit_bias={"7": -100, 8: 2})
+    p = SamplingParams(stop="###", stop_token_ids=(5, 6), top_k=-1, temperature=1, logit_bias={"7": -100, 8: 2})
     assert p.stop == ["###"] and p.stop_token_ids == [5, 6] and p.top_k == 0
     assert isinstance(p.temperature, float)
     assert p.logit_bias == {7: -100.0, 8: 2.0}
@@ -108,8 +152,9 @@ def test_clone_is_deep() -> None:
 
 
 def test_msgpack_round_trip() -> None:
-    p = SamplingParams(n=2, temperature=0.3, top_k=4, seed=11, stop=["x"], logprobs=-1,
-                       max_tokens=None, logit_bias={3: -1.5})
+    p = SamplingParams(
+        n=2, temperature=0.3, top_k=4, seed=11, stop=["x"], logprobs=-1, max_tokens=None, logit_bias={3: -1.5}
+    )
     back = msgspec.msgpack.decode(msgspec.msgpack.encode(p), type=SamplingParams)
     assert back == p and back.max_tokens is None and back.logit_bias == {3: -1.5}
 
@@ -131,16 +176,40 @@ def test_decode_validates() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    temperature=st.floats(0.0, 5.0), top_p=st.floats(0.01, 1.0), top_k=st.integers(-1, 100),
-    min_p=st.floats(0.0, 1.0), pres=st.floats(-2.0, 2.0), rep=st.floats(0.01, 5.0),
-    seed=st.none() | st.integers(-(2**63), 2**64 - 1), max_tokens=st.none() | st.integers(1, 4096),
+    temperature=st.floats(0.0, 5.0),
+    top_p=st.floats(0.01, 1.0),
+    top_k=st.integers(-1, 100),
+    min_p=st.floats(0.0, 1.0),
+    pres=st.floats(-2.0, 2.0),
+    rep=st.floats(0.01, 5.0),
+    seed=st.none() | st.integers(-(2**63), 2**64 - 1),
+    max_tokens=st.none() | st.integers(1, 4096),
     stop=st.lists(st.text(min_size=1, max_size=5), max_size=3),
     bias=st.dictionaries(st.integers(0, 1000), st.floats(-100.0, 100.0), max_size=3),
 )
-def test_valid_params_round_trip(temperature: float, top_p: float, top_k: int, min_p: float, pres: float,
-                                 rep: float, seed: int | None, max_tokens: int | None, stop: list[str],
-                                 bias: dict[int, float]) -> None:
-    p = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, presence_penalty=pres,
-                       repetition_penalty=rep, seed=seed, max_tokens=max_tokens, stop=stop, logit_bias=bias)
+def test_valid_params_round_trip(
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    min_p: float,
+    pres: float,
+    rep: float,
+    seed: int | None,
+    max_tokens: int | None,
+    stop: list[str],
+    bias: dict[int, float],
+) -> None:
+    p = SamplingParams(
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        presence_penalty=pres,
+        repetition_penalty=rep,
+        seed=seed,
+        max_tokens=max_tokens,
+        stop=stop,
+        logit_bias=bias,
+    )
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(p), type=SamplingParams) == p
     assert msgspec.json.decode(msgspec.json.encode(p), type=SamplingParams) == p

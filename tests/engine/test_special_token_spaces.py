@@ -2,6 +2,7 @@
 token right after another added token is its bare content, without the space a decoder may put
 before it; with True (the default), whatever the decoder produces. Only with skip_special_tokens=False.
 """
+
 from __future__ import annotations
 
 import functools
@@ -53,7 +54,9 @@ def test_stories260k_puts_no_space_between_special_tokens():
         assert detokenize(tok, prompt, out, spaces, skip=True) == " do"
 
 
-@pytest.mark.parametrize("spaces,want", [(True, "hello [CLS] [SEP] world [SEP]"), (False, "hello [CLS][SEP] world [SEP]")])
+@pytest.mark.parametrize(
+    "spaces,want", [(True, "hello [CLS] [SEP] world [SEP]"), (False, "hello [CLS][SEP] world [SEP]")]
+)
 def test_wordpiece_spaces_between_added_tokens(spaces, want):
     tok = wordpiece()
     out = [3, 1, 2, 4, 2]  # hello [CLS] [SEP] world [SEP]

@@ -1,5 +1,6 @@
 """The structured-output manager's two beats in the engine core's step: `fill_bitmask` before the
 step runs and `advance` after it, each touching only the constrained requests that sample."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,8 +33,9 @@ def test_fill_bitmask_and_advance_touch_only_the_constrained_requests_that_sampl
         reqs["sampling"].num_computed_tokens = 3  # its prompt is computed after this step: it samples
         reqs["prefilling"].num_computed_tokens = 2  # a chunk of its prompt: no sample yet
         reqs["plain"].num_computed_tokens = 3
-        sched = SchedulerOutput(num_scheduled_tokens={"sampling": 3, "prefilling": 2, "plain": 3},
-                                total_num_scheduled_tokens=8)
+        sched = SchedulerOutput(
+            num_scheduled_tokens={"sampling": 3, "prefilling": 2, "plain": 3}, total_num_scheduled_tokens=8
+        )
 
         manager.fill_bitmask(sched, reqs)
         mask = sched.grammar_bitmask
@@ -42,12 +44,12 @@ def test_fill_bitmask_and_advance_touch_only_the_constrained_requests_that_sampl
         assert 0 < len(allowed) < 64
         token = allowed[0]
 
-        result = ModelRunnerOutput(sampled_token_ids={"sampling": token, "plain": 7, "unscheduled": token,
-                                                      "finished": token})
+        result = ModelRunnerOutput(
+            sampled_token_ids={"sampling": token, "plain": 7, "unscheduled": token, "finished": token}
+        )
         manager.advance(sched, result, reqs)
         states = {rid: r.structured_output for rid, r in reqs.items()}
         assert states["sampling"].last_token == token and not states["sampling"].rejected
         assert states["prefilling"].last_token is None and states["unscheduled"].last_token is None
     finally:
         manager.shutdown()
-

@@ -1,4 +1,5 @@
 """TextBuffer against a plain `str` model, and the bounded cost of the detokenizer built on it."""
+
 from __future__ import annotations
 
 import functools
@@ -14,10 +15,13 @@ from tram.engine.tokenizer import load_tokenizer
 
 MODEL = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "models", "stories260K"))
 
-ops = st.lists(st.one_of(
-    st.tuples(st.just("append"), st.text(alphabet="ab日😀", max_size=5)),
-    st.tuples(st.just("truncate"), st.integers(0, 30)),
-), max_size=200)
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.text(alphabet="ab日😀", max_size=5)),
+        st.tuples(st.just("truncate"), st.integers(0, 30)),
+    ),
+    max_size=200,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -32,9 +36,9 @@ def test_buffer_equals_a_plain_string(ops, start, width):
             buf.truncate(max(len(model) - arg, 0))
             model = model[: max(len(model) - arg, 0)]
         assert len(buf) == len(model)
-        assert buf.suffix(len(model) - 7) == model[max(len(model) - 7, 0):]
-    assert buf.suffix(start) == model[max(start, 0):]
-    assert buf.slice(start, start + width) == model[max(start, 0): max(start + width, 0)]
+        assert buf.suffix(len(model) - 7) == model[max(len(model) - 7, 0) :]
+    assert buf.suffix(start) == model[max(start, 0) :]
+    assert buf.slice(start, start + width) == model[max(start, 0) : max(start + width, 0)]
     assert buf.text() == model
     assert buf.text() == model  # again, after collapsing into one piece
     buf.append("z")

@@ -1,6 +1,7 @@
 """`tram serve` takes a pasted `vllm serve` command line: the flags Tram implements are honoured, the
 ones it does not are refused with a message naming them, before any model loads. `--help` shows
 every flag's default; `tram --version` answers; a taken port fails at once with one clear line."""
+
 from __future__ import annotations
 
 import json
@@ -13,10 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-import tram
 from conftest import STORIES
 from server_utils import REPO
+
+import tram
 from tram.config import EngineArgs, ServerArgs
 from tram.engine.engine_config import create_engine_config
 from tram.entrypoints.cli import build_parser, main
@@ -26,7 +27,7 @@ PASTED = (
     "--disable-log-requests --uvicorn-log-level info --host 0.0.0.0 --port 8001 --served-model-name stories "
     "--max-model-len 256 --max-num-seqs 32 --dtype float32 --seed 7 --tokenizer-mode auto --revision main "
     "--download-dir /tmp/hf --generation-config vllm --response-role bot --tensor-parallel-size 1 "
-    "--allowed-origins '[\"https://a.example\", \"https://b.example\"]' --allowed-methods GET POST "
+    '--allowed-origins \'["https://a.example", "https://b.example"]\' --allowed-methods GET POST '
     "--allow-credentials --root-path /api --max-log-len 100 --disable-uvicorn-access-log "
     "--gpu-memory-utilization 0.85 --enable-prefix-caching --block-size 32"
 )
@@ -77,7 +78,9 @@ def test_spellings_positional_or_flag_and_aliases() -> None:
     assert _parse(f"serve {STORIES} --no-enable-log-requests")[1].enable_log_requests is False
     assert _parse(f"serve {STORIES} --enable-log-requests")[1].enable_log_requests is True
     assert _parse(f"serve {STORIES} --allowed-origins https://a.example https://b.example")[1].allowed_origins == [
-        "https://a.example", "https://b.example"]
+        "https://a.example",
+        "https://b.example",
+    ]
 
 
 def test_model_missing_or_given_twice_differently(capsys: pytest.CaptureFixture[str]) -> None:
@@ -87,21 +90,31 @@ def test_model_missing_or_given_twice_differently(capsys: pytest.CaptureFixture[
     assert "two different values for model" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--tokenizer-mode", "slow"], "tokenizer_mode 'slow' is not supported: Tram's incremental detokenizer needs "
-                                   "a fast tokenizer"),
-    (["--tokenizer-mode", "mistral"], "tokenizer_mode 'mistral' is not supported"),
-    (["--no-enable-chunked-prefill"], "--no-enable-chunked-prefill is not supported"),
-    (["-tp", "2", "--distributed-executor-backend", "uni"], "distributed_executor_backend 'uni' runs one rank"),
-    (["--tool-call-parser", "mistral"], "--tool-call-parser mistral is not supported: choose one of hermes, "
-                                        "llama3_json"),
-    (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
-    (["--generation-config", "/no/such/folder"], "generation_config '/no/such/folder' must be auto, vllm, or a "
-                                                 "folder holding a generation_config.json"),
-    (["--ssl-keyfile", "key.pem"], "https needs both --ssl-keyfile and --ssl-certfile"),
-])
-def test_unsupported_values_are_refused_by_name(capsys: pytest.CaptureFixture[str], flags: list[str],
-                                                message: str) -> None:
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--tokenizer-mode", "slow"],
+            "tokenizer_mode 'slow' is not supported: Tram's incremental detokenizer needs a fast tokenizer",
+        ),
+        (["--tokenizer-mode", "mistral"], "tokenizer_mode 'mistral' is not supported"),
+        (["--no-enable-chunked-prefill"], "--no-enable-chunked-prefill is not supported"),
+        (["-tp", "2", "--distributed-executor-backend", "uni"], "distributed_executor_backend 'uni' runs one rank"),
+        (
+            ["--tool-call-parser", "mistral"],
+            "--tool-call-parser mistral is not supported: choose one of hermes, llama3_json",
+        ),
+        (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
+        (
+            ["--generation-config", "/no/such/folder"],
+            "generation_config '/no/such/folder' must be auto, vllm, or a folder holding a generation_config.json",
+        ),
+        (["--ssl-keyfile", "key.pem"], "https needs both --ssl-keyfile and --ssl-certfile"),
+    ],
+)
+def test_unsupported_values_are_refused_by_name(
+    capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
     err = _serve_error(capsys, *flags)
     assert err.startswith("error: ") and message in err, err
     assert len(err.strip().splitlines()) == 1
@@ -150,8 +163,9 @@ def test_help_never_shows_the_api_key(monkeypatch: pytest.MonkeyPatch, capsys: p
 
 
 def test_version() -> None:
-    result = subprocess.run([sys.executable, "-m", "tram", "--version"], cwd=REPO, capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "tram", "--version"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0 and result.stdout.strip() == f"tram {tram.__version__}"
 
 
@@ -161,12 +175,19 @@ def test_a_taken_port_fails_at_once_without_loading_the_model() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         start = time.monotonic()
-        result = subprocess.run([sys.executable, "-m", "tram", "serve", STORIES, "--port", str(port)], cwd=REPO,
-                                capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [sys.executable, "-m", "tram", "serve", STORIES, "--port", str(port)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         elapsed = time.monotonic() - start
     assert result.returncode == 1
-    assert result.stderr.strip() == (f"error: cannot listen on 127.0.0.1:{port}: the port is already in use "
-                                     "(another server?); stop it or choose another --port")
+    assert result.stderr.strip() == (
+        f"error: cannot listen on 127.0.0.1:{port}: the port is already in use "
+        "(another server?); stop it or choose another --port"
+    )
     assert elapsed < 15, f"took {elapsed:.1f} s: it should fail before loading anything"
 
 
@@ -185,8 +206,10 @@ def test_generation_config_chooses_the_servers_sampling_defaults(tmp_path: Path)
         return OpenAIServing(engine, ["m"]).defaults  # type: ignore[arg-type]
 
     assert create_engine_config(EngineArgs(STORIES)).generation_config == STORIES  # auto: the model's
-    assert defaults("vllm") == {} and create_engine_config(EngineArgs(STORIES, generation_config="vllm")
-                                                           ).generation_config is None
+    assert (
+        defaults("vllm") == {}
+        and create_engine_config(EngineArgs(STORIES, generation_config="vllm")).generation_config is None
+    )
     assert defaults(str(folder)) == {"temperature": 0.3, "top_k": 7}
 
 
@@ -197,8 +220,9 @@ def test_download_dir_is_where_hub_models_go(monkeypatch: pytest.MonkeyPatch) ->
 
     seen: list[str | None] = []
 
-    def fake_snapshot_download(repo_id: str, revision: str | None = None, allow_patterns=None,
-                               cache_dir: str | None = None) -> str:
+    def fake_snapshot_download(
+        repo_id: str, revision: str | None = None, allow_patterns=None, cache_dir: str | None = None
+    ) -> str:
         seen.append(cache_dir)
         return STORIES
 

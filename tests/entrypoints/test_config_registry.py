@@ -2,6 +2,7 @@
 owns (attention backends, executor backends, quantization methods, grammar engines, tool call
 parsers) are registered by that layer, validated by configuration against the registry, and listed
 by `tram serve --help` from it, without torch in the API process."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,16 +31,20 @@ def _run(code: str) -> str:
 
 
 def test_import_tram_config_pulls_in_no_other_tram_package() -> None:
-    loaded = _run("import sys, tram; before = set(sys.modules); import tram.config; "
-                  "print(' '.join(sorted(m for m in set(sys.modules) - before if m.startswith('tram'))))")
+    loaded = _run(
+        "import sys, tram; before = set(sys.modules); import tram.config; "
+        "print(' '.join(sorted(m for m in set(sys.modules) - before if m.startswith('tram'))))"
+    )
     others = [m for m in loaded.split() if not m.startswith("tram.config")]
     assert loaded and not others, others
 
 
 def test_the_command_line_registers_every_choice_without_torch() -> None:
-    out = _run("import sys, tram.entrypoints.cli as cli, tram.config.registry as r; "
-               "kinds = [v for v in vars(r).values() if isinstance(v, r.ChoiceKind)]; "
-               "print(all(k.names() for k in kinds), 'torch' in sys.modules)")
+    out = _run(
+        "import sys, tram.entrypoints.cli as cli, tram.config.registry as r; "
+        "kinds = [v for v in vars(r).values() if isinstance(v, r.ChoiceKind)]; "
+        "print(all(k.names() for k in kinds), 'torch' in sys.modules)"
+    )
     assert out == "True False"
 
 
@@ -90,15 +95,20 @@ def test_a_kind_validates_against_what_was_registered() -> None:
     assert (kind.default("cpu"), kind.default("cuda")) == ("built", "fancy")
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    (dict(attention_backend="flash"), "Unknown attention backend 'flash'. Supported backends: torch, triton"),
-    (dict(structured_outputs_backend="outlines"), "structured_outputs_backend 'outlines' is not supported: "
-                                                  "choose one of xgrammar, auto"),
-    (dict(quantization="fp6"), "quantization 'fp6' is not supported: choose int8 or int4"),
-    (dict(distributed_executor_backend="threads"), "not supported: choose uni or mp or ray"),
-    (dict(gguf_activations="int8"), "gguf_activations 'int8' applies to GGUF files"),
-    (dict(kv_cache_dtype="fp16"), "kv_cache_dtype 'fp16' is not supported: choose one of auto, fp8"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(attention_backend="flash"), "Unknown attention backend 'flash'. Supported backends: torch, triton"),
+        (
+            dict(structured_outputs_backend="outlines"),
+            "structured_outputs_backend 'outlines' is not supported: choose one of xgrammar, auto",
+        ),
+        (dict(quantization="fp6"), "quantization 'fp6' is not supported: choose int8 or int4"),
+        (dict(distributed_executor_backend="threads"), "not supported: choose uni or mp or ray"),
+        (dict(gguf_activations="int8"), "gguf_activations 'int8' applies to GGUF files"),
+        (dict(kv_cache_dtype="fp16"), "kv_cache_dtype 'fp16' is not supported: choose one of auto, fp8"),
+    ],
+)
 def test_engine_args_refuse_unregistered_names(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         EngineArgs(STORIES, **kwargs).validate()

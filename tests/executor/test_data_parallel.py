@@ -1,6 +1,7 @@
 """Data parallelism: the router's choices, and `tram serve --data-parallel-size 2` end to end (two
 engine cores behind one API server: the same greedy outputs as one engine, both replicas used,
 per-replica metrics, clean KV accounting, a clean exit)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -9,10 +10,10 @@ import signal
 
 import httpx
 import pytest
-
 from conftest import STORIES
 from server_pool import POOL, ServerSpec
 from server_utils import assert_idle, child_pids, openai_client, pid_alive
+
 from tram import LLM, SamplingParams
 from tram.engine.dp_client import PrefixRouter, combine_results, prefix_block_hashes
 from tram.engine.messages import EngineCoreRequest
@@ -69,8 +70,10 @@ def test_offline_data_parallel_is_refused(stories_path: str):
 def test_serving_with_two_replicas() -> None:
     prompts = ["Once upon a time", "Tom and his dog", "The little bird", "Lily wanted to"] * 4
     reference = LLM(str(STORIES), max_num_seqs=16)
-    expected = [o.outputs[0].text for o in reference.generate(
-        prompts, SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)]
+    expected = [
+        o.outputs[0].text
+        for o in reference.generate(prompts, SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)
+    ]
     s = POOL.take(SERVER)
     engines = [p for p in s.engine_pids if b"resource_tracker" not in open(f"/proc/{p}/cmdline", "rb").read()]
     family = [*s.engine_pids, *(c for p in s.engine_pids for c in child_pids(p))]
@@ -79,19 +82,27 @@ def test_serving_with_two_replicas() -> None:
 
         async def run() -> list[str]:
             async with httpx.AsyncClient(base_url=s.url, timeout=60) as client:
+
                 async def one(prompt: str) -> str:
-                    r = await client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 20,
-                                                                    "temperature": 0})
+                    r = await client.post(
+                        "/v1/completions", json={"prompt": prompt, "max_tokens": 20, "temperature": 0}
+                    )
                     return r.json()["choices"][0]["text"]
+
                 return await asyncio.gather(*(one(p) for p in prompts))
 
         assert asyncio.run(run()) == expected
-        chat = openai_client(s).chat.completions.create(model=str(STORIES), max_tokens=8,
-                                                        messages=[{"role": "user", "content": "Hi"}])
+        chat = openai_client(s).chat.completions.create(
+            model=str(STORIES), max_tokens=8, messages=[{"role": "user", "content": "Hi"}]
+        )
         assert chat.choices[0].finish_reason in ("length", "stop")
         metrics = httpx.get(s.url + "/metrics").text
-        done = {e: float(v) for e, v in re.findall(
-            r'^tram:request_success_total\{engine="(\d)",finished_reason="length",[^}]*\} (\S+)$', metrics, re.M)}
+        done = {
+            e: float(v)
+            for e, v in re.findall(
+                r'^tram:request_success_total\{engine="(\d)",finished_reason="length",[^}]*\} (\S+)$', metrics, re.M
+            )
+        }
         assert set(done) == {"0", "1"} and all(v > 0 for v in done.values()), done  # both replicas served
         assert sum(done.values()) >= len(prompts)
         assert_idle(s)

@@ -1,6 +1,7 @@
 """The executor's edges: a dead rank fails the step at once and stops every other rank; splits that
 do not divide the model, or executors that cannot run them, are refused before anything loads; each
 rank gets its share of the cores."""
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,11 @@ def test_a_killed_rank_fails_the_step_and_stops_the_others(stories_path: str):
     executor = engine.engine_core.executor
     procs = list(executor._procs)
     try:
-        engine.add_request("r0", {"prompt_token_ids": [1, 300, 301, 302]},
-                           SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))
+        engine.add_request(
+            "r0",
+            {"prompt_token_ids": [1, 300, 301, 302]},
+            SamplingParams(temperature=0, max_tokens=50, ignore_eos=True),
+        )
         engine.step()
         os.kill(procs[1].pid, signal.SIGKILL)
         start = time.monotonic()
@@ -39,12 +43,15 @@ def test_a_killed_rank_fails_the_step_and_stops_the_others(stories_path: str):
                 proc.kill()
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(tensor_parallel_size=3), "does not divide the model's 8 attention heads"),
-    (dict(tensor_parallel_size=0), "tensor_parallel_size must be positive"),
-    (dict(tensor_parallel_size=2, distributed_executor_backend="uni"), "needs mp"),
-    (dict(distributed_executor_backend="threads"), "not supported: choose uni or mp or ray"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(tensor_parallel_size=3), "does not divide the model's 8 attention heads"),
+        (dict(tensor_parallel_size=0), "tensor_parallel_size must be positive"),
+        (dict(tensor_parallel_size=2, distributed_executor_backend="uni"), "needs mp"),
+        (dict(distributed_executor_backend="threads"), "not supported: choose uni or mp or ray"),
+    ],
+)
 def test_bad_parallel_settings_are_refused(stories_path: str, kwargs: dict, message: str):
     with pytest.raises(ValueError, match=message):
         LLM(stories_path, **kwargs)

@@ -2,14 +2,15 @@
 them, two steps in flight at once; greedy output identical to transformers (PP=2 and TP=2 x PP=2),
 an uneven split (5 layers over 2 stages), and chunked prefill, preemption and seeded sampling
 unchanged against one rank."""
+
 from __future__ import annotations
 
 import random
 
 import pytest
-
 from conftest import STORIES_EOS, assert_no_leak, hf_greedy, hf_logprobs
 from hf_models import make_hf_model_dir
+
 from tram import LLM, SamplingParams
 from tram.model.pipeline import layer_range
 
@@ -31,15 +32,22 @@ def _prompts(seed: int, count: int) -> list[list[int]]:
 @pytest.mark.parametrize("tp,pp", [(1, 2), (2, 2)])
 def test_stories_greedy_and_logprobs_match_transformers(stories_path: str, tp: int, pp: int):
     # stories260K has 5 layers: 3 on the first stage, 2 on the second.
-    llm = LLM(stories_path, tensor_parallel_size=tp, pipeline_parallel_size=pp, max_num_seqs=16, max_model_len=128,
-              max_num_batched_tokens=16)  # prompts longer than 16 tokens are chunked
+    llm = LLM(
+        stories_path,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        max_num_seqs=16,
+        max_model_len=128,
+        max_num_batched_tokens=16,
+    )  # prompts longer than 16 tokens are chunked
     try:
         assert llm.llm_engine.engine_core.executor.world_size == tp * pp
         outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=48), use_tqdm=False)
         for out in outs:
             assert out.outputs[0].token_ids == hf_greedy(stories_path, out.prompt_token_ids, 48, STORIES_EOS)
-        out = llm.generate("Tom and his dog", SamplingParams(temperature=0, max_tokens=12, logprobs=3),
-                           use_tqdm=False)[0]
+        out = llm.generate("Tom and his dog", SamplingParams(temperature=0, max_tokens=12, logprobs=3), use_tqdm=False)[
+            0
+        ]
         comp = out.outputs[0]
         ref = hf_logprobs(stories_path, out.prompt_token_ids + comp.token_ids)
         p = len(out.prompt_token_ids)
@@ -53,14 +61,23 @@ def test_stories_greedy_and_logprobs_match_transformers(stories_path: str, tp: i
 
 def test_preemption_chunking_and_seeded_sampling_match_one_rank(stories_path: str):
     prompts = [{"prompt_token_ids": p} for p in _prompts(5, 8)]
-    params = [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
-              SamplingParams(temperature=0.9, top_p=0.95, seed=3, max_tokens=40, ignore_eos=True)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
+        SamplingParams(temperature=0.9, top_p=0.95, seed=3, max_tokens=40, ignore_eos=True),
+    ]
     one = LLM(stories_path, max_num_seqs=8, max_model_len=128)
     expected = [[o.outputs[0].token_ids for o in one.generate(prompts, sp, use_tqdm=False)] for sp in params]
     # 12 blocks of 16 tokens for 8 requests of up to ~100 tokens: preemption and recompute, whose
     # resumed requests must bring their earlier tokens to the first stage.
-    llm = LLM(stories_path, pipeline_parallel_size=2, max_num_seqs=8, max_model_len=128, num_gpu_blocks_override=12,
-              max_num_batched_tokens=24, enable_prefix_caching=False)
+    llm = LLM(
+        stories_path,
+        pipeline_parallel_size=2,
+        max_num_seqs=8,
+        max_model_len=128,
+        num_gpu_blocks_override=12,
+        max_num_batched_tokens=24,
+        enable_prefix_caching=False,
+    )
     core = llm.llm_engine.engine_core
     assert core.step_fn == core.step_with_batch_queue
     submit, in_flight = core.executor.submit_model, []
@@ -87,8 +104,11 @@ def test_random_models_greedy_match_transformers(tmp_path, kind: str):
     prompts = [[rng.randrange(3, 500) for _ in range(rng.randrange(4, 40))] for _ in range(3)]
     llm = LLM(path, pipeline_parallel_size=2, max_num_seqs=8, max_num_batched_tokens=32, max_model_len=128)
     try:
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                            SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts],
+            SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+            use_tqdm=False,
+        )
         for prompt, out in zip(prompts, outs):
             assert out.outputs[0].token_ids == hf_greedy(path, prompt, 16, None), f"{kind}: {prompt}"
         assert_no_leak(llm.llm_engine)

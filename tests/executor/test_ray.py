@@ -3,6 +3,7 @@
 two Ray nodes on one machine, each in its own network namespace joined by a veth pair, with one
 rank per namespace (TP=2, then PP=2). Greedy output must equal transformers'. Skips, saying why,
 where Ray, root or network namespaces are missing."""
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from conftest import STORIES, STORIES_EOS, assert_no_leak, hf_greedy, hf_logprobs
 from server_utils import RemoteServer, assert_idle, pid_alive
 
@@ -44,12 +44,14 @@ def local_ray() -> Iterator[None]:
 
 
 def test_tensor_parallel_on_local_ray_matches_transformers(local_ray, stories_path: str):
-    llm = LLM(stories_path, tensor_parallel_size=2, distributed_executor_backend="ray", max_num_seqs=8,
-              max_model_len=128)
+    llm = LLM(
+        stories_path, tensor_parallel_size=2, distributed_executor_backend="ray", max_num_seqs=8, max_model_len=128
+    )
     executor = llm.llm_engine.engine_core.executor
     try:
-        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPT_IDS], SamplingParams(temperature=0, max_tokens=24),
-                            use_tqdm=False)
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in PROMPT_IDS], SamplingParams(temperature=0, max_tokens=24), use_tqdm=False
+        )
         for p, out in zip(PROMPT_IDS, outs):
             assert out.outputs[0].token_ids == hf_greedy(stories_path, p, 24, STORIES_EOS)
         assert_no_leak(llm.llm_engine)
@@ -65,17 +67,26 @@ def test_tensor_parallel_on_local_ray_matches_transformers(local_ray, stories_pa
 
 
 def test_tensor_and_pipeline_parallel_on_four_ray_actors(local_ray, stories_path: str):
-    llm = LLM(stories_path, tensor_parallel_size=2, pipeline_parallel_size=2, distributed_executor_backend="ray",
-              max_num_seqs=8, max_model_len=128, max_num_batched_tokens=16)  # longer prompts are chunked
+    llm = LLM(
+        stories_path,
+        tensor_parallel_size=2,
+        pipeline_parallel_size=2,
+        distributed_executor_backend="ray",
+        max_num_seqs=8,
+        max_model_len=128,
+        max_num_batched_tokens=16,
+    )  # longer prompts are chunked
     try:
         assert len(llm.llm_engine.engine_core.executor._actors) == 4
         prompts = [p * 4 for p in PROMPT_IDS]  # 24 and 16 tokens: chunked at 16
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=24),
-                            use_tqdm=False)
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=24), use_tqdm=False
+        )
         for p, out in zip(prompts, outs):
             assert out.outputs[0].token_ids == hf_greedy(stories_path, p, 24, STORIES_EOS)
-        out = llm.generate({"prompt_token_ids": PROMPT_IDS[0]}, SamplingParams(temperature=0, max_tokens=8, logprobs=3),
-                           use_tqdm=False)[0]
+        out = llm.generate(
+            {"prompt_token_ids": PROMPT_IDS[0]}, SamplingParams(temperature=0, max_tokens=8, logprobs=3), use_tqdm=False
+        )[0]
         ref = hf_logprobs(stories_path, PROMPT_IDS[0] + out.outputs[0].token_ids)
         for i, row in enumerate(out.outputs[0].logprobs):
             for tid, lp in row.items():
@@ -94,19 +105,25 @@ def test_serving_two_replicas_on_one_ray_cluster(stories_path: str):
     """No RAY_ADDRESS: the API server starts one local Ray cluster and both replicas place their
     rank there (racing replicas would otherwise each start their own); SIGTERM stops all of it."""
     prompts = [[1, 403, 407, 263], [1, 320, 330, 340], [1, 263, 931 % 512, 29], [1, 407, 29, 340]]
-    reference = LLM(stories_path, max_num_seqs=8).generate([{"prompt_token_ids": p} for p in prompts],
-                                                           SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)
+    reference = LLM(stories_path, max_num_seqs=8).generate(
+        [{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=16), use_tqdm=False
+    )
     for p, out in zip(prompts, reference):
         assert out.outputs[0].token_ids == hf_greedy(stories_path, p, 16, STORIES_EOS)
     # "local": a new cluster even where an earlier `ray start` left its address behind on this machine.
-    s = RemoteServer(str(STORIES), ["--data-parallel-size", "2", "--distributed-executor-backend", "ray",
-                                    "--max-num-seqs", "8"], timeout=180, env={**RAY_ENV, "RAY_ADDRESS": "local"})
+    s = RemoteServer(
+        str(STORIES),
+        ["--data-parallel-size", "2", "--distributed-executor-backend", "ray", "--max-num-seqs", "8"],
+        timeout=180,
+        env={**RAY_ENV, "RAY_ADDRESS": "local"},
+    )
     family = _descendants(s.proc.pid)
     assert any(b"raylet" in Path(f"/proc/{p}/cmdline").read_bytes() for p in family if pid_alive(p))
     try:
         for p, out in zip(prompts, reference):  # one at a time: each goes to the idler replica
-            r = httpx.post(s.url + "/v1/completions", json={"prompt": p, "max_tokens": 16, "temperature": 0},
-                           timeout=60)
+            r = httpx.post(
+                s.url + "/v1/completions", json={"prompt": p, "max_tokens": 16, "temperature": 0}, timeout=60
+            )
             assert r.json()["choices"][0]["text"] == out.outputs[0].text
         log = s.log()
         assert log.count("Started 1 Ray actors") == 2, log[-3000:]  # one rank per replica, on Ray
@@ -137,14 +154,19 @@ def _make_namespaces() -> str | None:
         return "iproute2 (ip) is not installed"
     _delete_namespaces()
     steps = [
-        ("ip", "netns", "add", NS[0]), ("ip", "netns", "add", NS[1]),
+        ("ip", "netns", "add", NS[0]),
+        ("ip", "netns", "add", NS[1]),
         ("ip", "link", "add", "tramv0", "type", "veth", "peer", "name", "tramv1"),
-        ("ip", "link", "set", "tramv0", "netns", NS[0]), ("ip", "link", "set", "tramv1", "netns", NS[1]),
+        ("ip", "link", "set", "tramv0", "netns", NS[0]),
+        ("ip", "link", "set", "tramv1", "netns", NS[1]),
     ]
     for i, ns in enumerate(NS):
-        steps += [("ip", "-n", ns, "link", "set", f"tramv{i}", "name", IFACE),
-                  ("ip", "-n", ns, "addr", "add", f"{IPS[i]}/24", "dev", IFACE),
-                  ("ip", "-n", ns, "link", "set", IFACE, "up"), ("ip", "-n", ns, "link", "set", "lo", "up")]
+        steps += [
+            ("ip", "-n", ns, "link", "set", f"tramv{i}", "name", IFACE),
+            ("ip", "-n", ns, "addr", "add", f"{IPS[i]}/24", "dev", IFACE),
+            ("ip", "-n", ns, "link", "set", IFACE, "up"),
+            ("ip", "-n", ns, "link", "set", "lo", "up"),
+        ]
     for step in steps:
         done = _run(*step)
         if done.returncode != 0:
@@ -159,23 +181,43 @@ def _delete_namespaces() -> None:
 
 
 def _ray_node(ns: str, ip: str, head: bool, temp_dir: str) -> subprocess.Popen:
-    role = ["--head", f"--port={HEAD_PORT}", "--include-dashboard=false", f"--temp-dir={temp_dir}"] if head \
+    role = (
+        ["--head", f"--port={HEAD_PORT}", "--include-dashboard=false", f"--temp-dir={temp_dir}"]
+        if head
         else [f"--address={IPS[0]}:{HEAD_PORT}"]
+    )
     env = {**os.environ, **RAY_ENV, "GLOO_SOCKET_IFNAME": IFACE}
-    cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "ray.scripts.scripts", "start", *role,
-           f"--node-ip-address={ip}", "--num-cpus=1", "--num-gpus=0", "--object-store-memory=80000000",
-           "--disable-usage-stats", "--block"]
+    cmd = [
+        "ip",
+        "netns",
+        "exec",
+        ns,
+        sys.executable,
+        "-m",
+        "ray.scripts.scripts",
+        "start",
+        *role,
+        f"--node-ip-address={ip}",
+        "--num-cpus=1",
+        "--num-gpus=0",
+        "--object-store-memory=80000000",
+        "--disable-usage-stats",
+        "--block",
+    ]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _wait_for_nodes(count: int, timeout: float = 90.0) -> None:
-    script = ("import ray; ray.init(address='auto', log_to_driver=False); "
-              "print(sum(n['Alive'] for n in ray.nodes()))")
+    script = "import ray; ray.init(address='auto', log_to_driver=False); print(sum(n['Alive'] for n in ray.nodes()))"
     deadline = time.time() + timeout
     while time.time() < deadline:
-        done = subprocess.run(["ip", "netns", "exec", NS[0], sys.executable, "-c", script], capture_output=True,
-                              text=True, timeout=60, env={**os.environ, **RAY_ENV,
-                                                          "RAY_ADDRESS": f"{IPS[0]}:{HEAD_PORT}"})
+        done = subprocess.run(
+            ["ip", "netns", "exec", NS[0], sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, **RAY_ENV, "RAY_ADDRESS": f"{IPS[0]}:{HEAD_PORT}"},
+        )
         if done.returncode == 0 and done.stdout.strip().splitlines()[-1:] == [str(count)]:
             return
         time.sleep(2)
@@ -209,8 +251,24 @@ def two_node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
 def test_one_rank_per_node_matches_transformers(two_node_cluster, stories_path: str, tp: int, pp: int):
     driver = Path(__file__).with_name("ray_driver.py")
     env = {**os.environ, **RAY_ENV, "RAY_ADDRESS": f"{IPS[0]}:{HEAD_PORT}", "GLOO_SOCKET_IFNAME": IFACE}
-    done = subprocess.run(["ip", "netns", "exec", NS[0], sys.executable, str(driver), stories_path, str(tp), str(pp),
-                           json.dumps(PROMPT_IDS)], capture_output=True, text=True, timeout=240, env=env)
+    done = subprocess.run(
+        [
+            "ip",
+            "netns",
+            "exec",
+            NS[0],
+            sys.executable,
+            str(driver),
+            stories_path,
+            str(tp),
+            str(pp),
+            json.dumps(PROMPT_IDS),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert sorted(result["nodes"]) == sorted(IPS)  # one rank in each namespace

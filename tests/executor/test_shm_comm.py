@@ -1,6 +1,7 @@
 """The shared-memory collectives against the sums and concatenations they must equal: every rank
 gets bitwise the same result, back-to-back collectives reuse the two banks safely, tensors larger
 than a slot fall back to gloo, and nothing is left in /dev/shm."""
+
 from __future__ import annotations
 
 import glob
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 
-def _rank_main(rank: int, size: int, port: int, slot_bytes: int, results: "multiprocessing.Queue") -> None:
+def _rank_main(rank: int, size: int, port: int, slot_bytes: int, results: multiprocessing.Queue) -> None:
     try:
         import torch.distributed as dist
 

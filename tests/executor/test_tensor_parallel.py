@@ -1,14 +1,15 @@
 """Tensor parallelism on CPU, for real: a worker process per rank (the `mp` executor), gloo
 collectives, greedy output identical to transformers and logprobs within float tolerance; chunked
 prefill, prefix caching, preemption and n > 1 unchanged; KV accounting clean after each workload."""
+
 from __future__ import annotations
 
 import random
 
 import pytest
-
 from conftest import STORIES_EOS, assert_no_leak, hf_greedy, hf_logprobs
 from hf_models import make_hf_model_dir
+
 from tram import LLM, SamplingParams
 
 PROMPTS = ["Once upon a time", "Tom and his dog", "The little bird", "Lily wanted to", "One day, a big"]
@@ -18,8 +19,7 @@ MAX_LEN = 128
 @pytest.fixture(scope="module")
 def tp_llm(stories_path: str) -> LLM:
     # A 16-token budget chunks every prompt longer than that over several steps.
-    llm = LLM(stories_path, tensor_parallel_size=2, max_num_seqs=16, max_model_len=MAX_LEN,
-              max_num_batched_tokens=16)
+    llm = LLM(stories_path, tensor_parallel_size=2, max_num_seqs=16, max_model_len=MAX_LEN, max_num_batched_tokens=16)
     yield llm
     procs = list(llm.llm_engine.engine_core.executor._procs)
     llm.llm_engine.engine_core.shutdown()
@@ -75,8 +75,10 @@ def _prompts(seed: int, count: int) -> list[list[int]]:
 
 def test_batching_chunking_and_seeded_sampling_match_one_rank(tp: LLM, one_rank: LLM):
     prompts = [{"prompt_token_ids": p} for p in _prompts(0, 8)]
-    params = [SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
-              SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_tokens=30, ignore_eos=True)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
+        SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_tokens=30, ignore_eos=True),
+    ]
     for sp in params:
         ours = [o.outputs[0].token_ids for o in tp.generate(prompts, sp, use_tqdm=False)]
         alone = [o.outputs[0].token_ids for o in one_rank.generate(prompts, sp, use_tqdm=False)]
@@ -103,8 +105,14 @@ def test_prefix_cache_hit_keeps_output(tp: LLM):
 
 def test_preemption_keeps_outputs(stories_path: str, one_rank: LLM):
     # 12 blocks of 16 tokens for 8 requests of up to ~90 tokens: requests get preempted and recomputed.
-    llm = LLM(stories_path, tensor_parallel_size=2, max_num_seqs=8, max_model_len=MAX_LEN,
-              num_gpu_blocks_override=12, enable_prefix_caching=False)
+    llm = LLM(
+        stories_path,
+        tensor_parallel_size=2,
+        max_num_seqs=8,
+        max_model_len=MAX_LEN,
+        num_gpu_blocks_override=12,
+        enable_prefix_caching=False,
+    )
     try:
         prompts = [{"prompt_token_ids": p} for p in _prompts(5, 8)]
         sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
@@ -117,13 +125,16 @@ def test_preemption_keeps_outputs(stories_path: str, one_rank: LLM):
         llm.llm_engine.engine_core.shutdown()
 
 
-@pytest.mark.parametrize("kind,tp_size,overrides", [
-    ("llama_untied", 2, {}),  # biases on q/k/v, o_proj and the MLP; an untied LM head
-    ("qwen3", 2, {}),  # per-head q/k norms
-    ("gemma3_softcap", 2, {}),  # scaled embeddings, soft-capped logits
-    # 4 ranks over 2 KV heads (each replicated twice), and a vocabulary of 510 in shards of 128.
-    ("llama_gqa", 4, {"vocab_size": 510}),
-])
+@pytest.mark.parametrize(
+    "kind,tp_size,overrides",
+    [
+        ("llama_untied", 2, {}),  # biases on q/k/v, o_proj and the MLP; an untied LM head
+        ("qwen3", 2, {}),  # per-head q/k norms
+        ("gemma3_softcap", 2, {}),  # scaled embeddings, soft-capped logits
+        # 4 ranks over 2 KV heads (each replicated twice), and a vocabulary of 510 in shards of 128.
+        ("llama_gqa", 4, {"vocab_size": 510}),
+    ],
+)
 def test_random_models_greedy_match_transformers(tmp_path, kind: str, tp_size: int, overrides: dict):
     path = make_hf_model_dir(tmp_path, kind, **overrides)
     rng = random.Random(kind)

@@ -1,5 +1,6 @@
 """`tram serve --tensor-parallel-size 2`: it answers the OpenAI SDK as one rank does; a killed worker
 rank fails the requests in flight and turns /health 503 within seconds; SIGTERM leaves no process."""
+
 from __future__ import annotations
 
 import json
@@ -8,10 +9,10 @@ import signal
 import time
 
 import httpx
-
 from conftest import STORIES
 from server_pool import POOL, ServerSpec
 from server_utils import RemoteServer, child_pids, openai_client, pid_alive
+
 from tram import LLM, SamplingParams
 
 SERVING = ServerSpec(STORIES, ("--tensor-parallel-size", "2", "--max-num-seqs", "16"))
@@ -34,8 +35,12 @@ def _family(server: RemoteServer) -> list[int]:
 
 
 def test_serves_the_openai_sdk_and_exits_clean_on_sigterm() -> None:
-    expected = LLM(str(STORIES), max_num_seqs=4).generate(
-        "Once upon a time", SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)[0].outputs[0].text
+    expected = (
+        LLM(str(STORIES), max_num_seqs=4)
+        .generate("Once upon a time", SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)[0]
+        .outputs[0]
+        .text
+    )
     s = POOL.take(SERVING)
     try:
         workers = _worker_pids(s)
@@ -44,8 +49,9 @@ def test_serves_the_openai_sdk_and_exits_clean_on_sigterm() -> None:
         client = openai_client(s)
         done = client.completions.create(model=str(STORIES), prompt="Once upon a time", max_tokens=24, temperature=0)
         assert done.choices[0].text == expected
-        chat = client.chat.completions.create(model=str(STORIES), max_tokens=8,
-                                              messages=[{"role": "user", "content": "Hello"}])
+        chat = client.chat.completions.create(
+            model=str(STORIES), max_tokens=8, messages=[{"role": "user", "content": "Hello"}]
+        )
         assert chat.choices[0].finish_reason in ("length", "stop")
         assert s.kv_state()["blocks"]["in_use"] == 0
     finally:

@@ -10,6 +10,7 @@ It builds a whole environment (about a minute with a warm pip cache) and the ker
 45 s each on 2 cores), so it carries the `install` marker: the default test run leaves it out and
 `.ci/run` runs it after the suite.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from conftest import STORIES
 from server_utils import free_port
 
@@ -78,8 +78,13 @@ def _serve_until_healthy(venv: Path, cwd: Path, env: dict[str, str], timeout: fl
     log_path = cwd / "serve.log"
     with open(log_path, "w") as log:
         start = time.monotonic()
-        server = subprocess.Popen([str(venv / "bin" / "tram"), "serve", STORIES, "--port", str(port)],
-                                  cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        server = subprocess.Popen(
+            [str(venv / "bin" / "tram"), "serve", STORIES, "--port", str(port)],
+            cwd=cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
         try:
             while time.monotonic() - start < timeout:
                 assert server.poll() is None, log_path.read_text()

@@ -8,6 +8,7 @@ the suite's own -march=native build never compiles it. This test builds the kern
 `isa_build` marker: the default run leaves it out and `.ci/run` runs it after the suite. On a CPU
 without AVX-512 the suite's own build is the AVX2 one, and the test skips.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,10 +22,14 @@ import pytest
 pytestmark = pytest.mark.isa_build
 REPO = Path(__file__).resolve().parents[2]
 KERNEL_TESTS = [
-    "tests/model/test_cpu_linear_kernel.py", "tests/model/test_cpu_packed_linear.py",
-    "tests/model/test_cpu_attention_kernel.py", "tests/model/test_cpu_prefill_kernel.py",
-    "tests/model/test_fp8_kv_cache.py", "tests/model/test_cpu_norm_rope_kernels.py",
-    "tests/model/test_cpu_logits_kernels.py", "tests/quant",
+    "tests/model/test_cpu_linear_kernel.py",
+    "tests/model/test_cpu_packed_linear.py",
+    "tests/model/test_cpu_attention_kernel.py",
+    "tests/model/test_cpu_prefill_kernel.py",
+    "tests/model/test_fp8_kv_cache.py",
+    "tests/model/test_cpu_norm_rope_kernels.py",
+    "tests/model/test_cpu_logits_kernels.py",
+    "tests/quant",
 ]
 
 
@@ -49,11 +54,26 @@ def test_kernel_tests_pass_on_an_avx2_only_build() -> None:
         pytest.skip("without AVX-512 the suite's own (native) build is the AVX2 one")
     env = {**os.environ, "TRAM_CPU_MARCH": "x86-64-v3"}
     probe = subprocess.run(
-        [sys.executable, "-c", "from tram.model.kernels.cpu_kernels import build_cpu_kernels; print(build_cpu_kernels().vector_bits())"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+        [
+            sys.executable,
+            "-c",
+            "from tram.model.kernels.cpu_kernels import build_cpu_kernels; print(build_cpu_kernels().vector_bits())",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert probe.returncode == 0, probe.stderr[-4000:]
     assert probe.stdout.split()[-1] == "256", f"the x86-64-v3 build targets {probe.stdout.split()[-1]}-bit vectors"
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *KERNEL_TESTS],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *KERNEL_TESTS],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     assert " passed" in run.stdout.splitlines()[-1], run.stdout[-2000:]

@@ -5,6 +5,7 @@ Every cache slot a request may not read (past its seq_len, before its sliding wi
 table lists but does not use, in blocks nobody owns) holds NaN or a huge value, so reading any of
 them would show in the output. The kernel must build here: a failed build fails these tests.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,9 +31,18 @@ def context_slots(table: torch.Tensor, start: int, end: int, block_size: int) ->
     return table[t // block_size].long(), t % block_size
 
 
-def make_case(seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
-              dtype: torch.dtype, sliding_window: int | None = None, seed: int = 0, poison: float = math.nan,
-              spare_table_cols: int = 2):
+def make_case(
+    seq_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    sliding_window: int | None = None,
+    seed: int = 0,
+    poison: float = math.nan,
+    spare_table_cols: int = 2,
+):
     """Random query/cache/tables; every slot outside a request's attended span is `poison`."""
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
@@ -41,12 +51,12 @@ def make_case(seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: 
     num_blocks = sum(blocks_needed) + 8  # 8 blocks nobody owns
     ids = list(range(num_blocks))
     rng.shuffle(ids)
-    owned, garbage = ids[:sum(blocks_needed)], ids[sum(blocks_needed):]
+    owned, garbage = ids[: sum(blocks_needed)], ids[sum(blocks_needed) :]
     cache = torch.full((2, num_blocks, block_size, num_kv_heads, head_dim), poison, dtype=dtype)
     tables = torch.empty(len(seq_lens), width, dtype=torch.int32)
     pos = 0
     for i, (n, nb) in enumerate(zip(seq_lens, blocks_needed)):
-        row = owned[pos:pos + nb] + [rng.choice(garbage) for _ in range(width - nb)]
+        row = owned[pos : pos + nb] + [rng.choice(garbage) for _ in range(width - nb)]
         pos += nb
         tables[i] = torch.tensor(row, dtype=torch.int32)
         start = max(0, n - sliding_window) if sliding_window else 0
@@ -56,8 +66,14 @@ def make_case(seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: 
     return query, cache, tables, torch.tensor(seq_lens, dtype=torch.int32)
 
 
-def reference(query: torch.Tensor, cache: torch.Tensor, tables: torch.Tensor, seq_lens: torch.Tensor,
-              scale: float, sliding_window: int | None) -> torch.Tensor:
+def reference(
+    query: torch.Tensor,
+    cache: torch.Tensor,
+    tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
     """Float64, one request at a time, context gathered token by token."""
     num_heads, head_dim = query.shape[1:]
     block_size, num_kv_heads = cache.shape[2], cache.shape[3]
@@ -102,14 +118,14 @@ def test_matches_reference(dtype, heads, head_dim, threads) -> None:
     num_heads, num_kv_heads = heads
     lens = batch_lens(37, seed=head_dim)
     case = make_case(lens, num_heads, num_kv_heads, head_dim, BLOCK, dtype, seed=head_dim + num_heads)
-    check(*case, scale=head_dim ** -0.5)
+    check(*case, scale=head_dim**-0.5)
 
 
 @pytest.mark.parametrize("seq_len", [1, BLOCK - 1, BLOCK, BLOCK + 1, 451])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_single_request(seq_len, dtype, threads) -> None:
     case = make_case([seq_len], 8, 2, 48, BLOCK, dtype, seed=seq_len, poison=1e30)
-    check(*case, scale=48 ** -0.5)
+    check(*case, scale=48**-0.5)
 
 
 @pytest.mark.parametrize("window", [1, 5, BLOCK, BLOCK + 3, 100, 10_000])
@@ -117,13 +133,13 @@ def test_single_request(seq_len, dtype, threads) -> None:
 def test_sliding_window(window, heads, threads) -> None:
     lens = batch_lens(37, seed=window)
     case = make_case(lens, *heads, 32, BLOCK, torch.float32, sliding_window=window, seed=window)
-    check(*case, scale=32 ** -0.5, sliding_window=window)
+    check(*case, scale=32**-0.5, sliding_window=window)
 
 
 def test_sliding_window_bf16_long() -> None:
     lens = [700, 1, 33, 129, 512]
     case = make_case(lens, 8, 2, 64, BLOCK, torch.bfloat16, sliding_window=128, seed=3)
-    check(*case, scale=64 ** -0.5, sliding_window=128)
+    check(*case, scale=64**-0.5, sliding_window=128)
 
 
 @pytest.mark.parametrize("block_size", [1, 3, 32])
@@ -135,7 +151,7 @@ def test_other_block_sizes(block_size, threads) -> None:
 
 def test_float16() -> None:
     case = make_case(batch_lens(12, seed=5), 8, 2, 64, BLOCK, torch.float16, seed=5)
-    check(*case, scale=64 ** -0.5)
+    check(*case, scale=64**-0.5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
@@ -143,7 +159,7 @@ def test_float16() -> None:
 def test_other_head_dims(head_dim, dtype) -> None:
     """Compiled-in sizes (32, 80, 96), run-time multiples of 8 (40, 256) and the scalar path (4, 12)."""
     case = make_case([1, 9, BLOCK + 1, 70], 4, 2, head_dim, BLOCK, dtype, seed=head_dim)
-    check(*case, scale=head_dim ** -0.5)
+    check(*case, scale=head_dim**-0.5)
 
 
 def test_large_scores_are_stable() -> None:
@@ -161,7 +177,7 @@ def test_strided_inputs(threads) -> None:
     wide[:, 1] = query
     strided_query = wide[:, 1]  # rows 3 * 8 * 32 apart
     assert not strided_query.is_contiguous()
-    narrow = tables[:, :-(-max(lens) // BLOCK)]  # like meta.block_tables[rows, :num_blocks]
+    narrow = tables[:, : -(-max(lens) // BLOCK)]  # like meta.block_tables[rows, :num_blocks]
     assert not narrow.is_contiguous()
     out = check(strided_query, cache, narrow, seq_lens.long(), scale=0.2)
     out2 = paged_decode_attention(query, cache, narrow.long(), seq_lens, 0.2)

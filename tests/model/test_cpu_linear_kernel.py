@@ -1,9 +1,11 @@
-"""The C++ skinny linear kernel (tram/model/kernels/csrc/skinny_linear.cpp) and the routing in tram/model/layers/linear.py.
+"""The C++ skinny linear kernel (tram/model/kernels/csrc/skinny_linear.cpp) and the routing in
+tram/model/layers/linear.py.
 
 Against a float64 reference: shapes whose K and N are not multiples of the kernel's chunks (16 or 32
 columns, four rows of x per tile), with and without bias. Each row's result must be bitwise the same
 alone or in any batch, and with one or two threads. The kernel must build here.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -15,8 +17,18 @@ from tram.model.kernels.cpu_kernels import load_cpu_kernels, skinny_linear
 from tram.model.layers.linear import SKINNY_MAX_ROWS, Linear, linear, linear_n
 
 TOLERANCES = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # relative to |ref| + 1
-SHAPES = [(1, 1, 1), (1, 7, 5), (2, 3, 16), (3, 65, 33), (4, 64, 32), (5, 130, 100), (7, 97, 64),
-          (8, 288, 288), (9, 33, 95), (16, 40, 768)]
+SHAPES = [
+    (1, 1, 1),
+    (1, 7, 5),
+    (2, 3, 16),
+    (3, 65, 33),
+    (4, 64, 32),
+    (5, 130, 100),
+    (7, 97, 64),
+    (8, 288, 288),
+    (9, 33, 95),
+    (16, 40, 768),
+]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -57,7 +69,7 @@ def test_rows_independent_of_batch_and_threads(dtype: torch.dtype) -> None:
     finally:
         torch.set_num_threads(old)
     for i in range(x.shape[0]):
-        assert torch.equal(skinny_linear(x[i:i + 1], w, b)[0], batched[i])
+        assert torch.equal(skinny_linear(x[i : i + 1], w, b)[0], batched[i])
     # The same rows in another order and another company.
     perm = torch.tensor([5, 0, 10, 3])
     assert torch.equal(skinny_linear(x[perm], w, b), batched[perm])
@@ -139,7 +151,9 @@ def test_several_weights_in_one_call_equal_separate_calls(dtype: torch.dtype) ->
         assert all(torch.equal(f, layer(x)) for f, layer in zip(fused, layers))
     big = torch.randn(SKINNY_MAX_ROWS[dtype] + 1, 40).to(dtype)  # past the limit: one F.linear each
     with torch.inference_mode():
-        assert all(torch.equal(f, F.linear(big, layer.weight, layer.bias)) for f, layer in zip(linear_n(big, layers), layers))
+        assert all(
+            torch.equal(f, F.linear(big, layer.weight, layer.bias)) for f, layer in zip(linear_n(big, layers), layers)
+        )
     with pytest.raises(RuntimeError, match="one bias"):
         kernels.skinny_linear_n(x, weights, biases[:2])
 

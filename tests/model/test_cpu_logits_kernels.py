@@ -4,6 +4,7 @@ argmax_rows (csrc/argmax.cpp) must answer as torch.argmax(dim=-1): the first ind
 the first NaN where a row holds one, index 0 for an all -inf row; greedy decoding and the
 exponential-race draw both take their token from it. widen_to_float (csrc/widen.cpp) must equal
 .float() bit for bit: the LM head's 16-bit logits become the sampler's float32 logits through it."""
+
 from __future__ import annotations
 
 import pytest

@@ -4,6 +4,7 @@ code they replace on CPU, which follows transformers' roundings.
 Rotary must be bitwise equal (each product and sum rounded as PyTorch rounds them). RMSNorm may differ
 only by the order of its sum of squares: within a couple of float32 ulps, and usually equal in 16 bits.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -55,12 +56,14 @@ def test_rms_norm_rows_independent_of_batch(kernels) -> None:
     x, weight = torch.randn(9, 288), torch.randn(288)
     batched = kernels.rms_norm(x, weight, 1e-6)
     for i in range(9):
-        assert torch.equal(kernels.rms_norm(x[i:i + 1], weight, 1e-6)[0], batched[i])
+        assert torch.equal(kernels.rms_norm(x[i : i + 1], weight, 1e-6)[0], batched[i])
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("heads,kv_heads,head_dim,rotary_dim", [(6, 6, 48, 48), (8, 2, 64, 32), (4, 4, 8, 8),
-                                                               (2, 1, 128, 128), (3, 1, 40, 24)])
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim,rotary_dim",
+    [(6, 6, 48, 48), (8, 2, 64, 32), (4, 4, 8, 8), (2, 1, 128, 128), (3, 1, 40, 24)],
+)
 def test_rotary_bitwise_equal_to_pytorch(kernels, dtype, heads, kv_heads, head_dim, rotary_dim) -> None:
     tokens = 7
     g = torch.Generator().manual_seed(heads * 100 + head_dim)

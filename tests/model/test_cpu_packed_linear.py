@@ -5,6 +5,7 @@ the 2-3 rows where routing switches from the skinny kernel), with bias, on Linea
 head tied or untied; a model loaded for the CPU must come back with its weights packed, and
 TRAM_CPU_PACKED_LINEAR=0 must leave them plain.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -22,8 +23,11 @@ pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason
 
 def make(m: int, n: int, k: int, dtype: torch.dtype, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(m, k, generator=g).to(dtype), torch.randn(n, k, generator=g).to(dtype),
-            torch.randn(n, generator=g).to(dtype))
+    return (
+        torch.randn(m, k, generator=g).to(dtype),
+        torch.randn(n, k, generator=g).to(dtype),
+        torch.randn(n, generator=g).to(dtype),
+    )
 
 
 def packable(dtype: torch.dtype) -> bool:
@@ -63,8 +67,10 @@ def test_bf16_without_bf16_gemms_packs_float32(rows: int, monkeypatch: pytest.Mo
         y = linear(x, w, b, packed)
     assert y.dtype == torch.bfloat16
     exact = x.double() @ w.double().T + b.double()
-    assert torch.equal(y, exact.float().to(torch.bfloat16)) or \
-        ((y.double() - exact).abs() / (exact.abs() + 1)).max().item() < TOLERANCES[torch.bfloat16]
+    assert (
+        torch.equal(y, exact.float().to(torch.bfloat16))
+        or ((y.double() - exact).abs() / (exact.abs() + 1)).max().item() < TOLERANCES[torch.bfloat16]
+    )
 
 
 def test_routing_by_rows() -> None:
@@ -108,8 +114,10 @@ def tiny_model(tied: bool) -> torch.nn.Module:
 def test_pack_cpu_linears_packs_layers_and_lm_head(tied: bool) -> None:
     model = tiny_model(tied)
     assert pack_cpu_linears(model) == 4
-    assert all(m.packed_weight is not None and m.packed_weight.is_mkldnn
-               for m in (model.model.proj, *model.model.projs, model.lm_head))
+    assert all(
+        m.packed_weight is not None and m.packed_weight.is_mkldnn
+        for m in (model.model.proj, *model.model.projs, model.lm_head)
+    )
     assert "packed_weight" not in "".join(model.state_dict())  # loading and saving never see it
     hidden = torch.randn(6, 16)
     with torch.inference_mode():

@@ -1,6 +1,7 @@
 """The C++ CPU prefill attention kernel (tram/model/kernels/csrc/paged_prefill.cpp) against a float64
 reference, its invariances (chunking, cached prefix, batch, threads), its checks, and its routing
 in the PyTorch attention backend."""
+
 from __future__ import annotations
 
 import random
@@ -24,8 +25,16 @@ def kernels() -> None:
 class Case:
     """Requests (query_len, seq_len) over a shuffled paged cache; rows packed in request order."""
 
-    def __init__(self, reqs: list[tuple[int, int]], heads: int, kv_heads: int, head_dim: int, block_size: int,
-                 dtype: torch.dtype, seed: int = 0) -> None:
+    def __init__(
+        self,
+        reqs: list[tuple[int, int]],
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        dtype: torch.dtype,
+        seed: int = 0,
+    ) -> None:
         gen = torch.Generator().manual_seed(seed)
         self.reqs, self.block_size = reqs, block_size
         self.cache = torch.randn(2, NUM_BLOCKS, block_size, kv_heads, head_dim, generator=gen).to(dtype)
@@ -36,28 +45,37 @@ class Case:
         used = 0
         for r, (_, seq_len) in enumerate(reqs):
             n = -(-seq_len // block_size)
-            self.tables[r, :n] = perm[used:used + n]
+            self.tables[r, :n] = perm[used : used + n]
             used += n
         assert used <= NUM_BLOCKS
         self.starts = [sum(q for q, _ in reqs[:r]) for r in range(len(reqs))]
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim**-0.5
 
     def run(self, window: int = 0, query: torch.Tensor | None = None) -> torch.Tensor:
         query = self.query if query is None else query
         out = torch.full(query.shape, float("nan"), dtype=query.dtype)
-        paged_prefill_attention_(out, query, self.cache, self.tables, self.starts, [q for q, _ in self.reqs],
-                                 [s for _, s in self.reqs], self.scale, window)
+        paged_prefill_attention_(
+            out,
+            query,
+            self.cache,
+            self.tables,
+            self.starts,
+            [q for q, _ in self.reqs],
+            [s for _, s in self.reqs],
+            self.scale,
+            window,
+        )
         return out
 
     def context(self, r: int) -> tuple[torch.Tensor, torch.Tensor]:
         seq_len = self.reqs[r][1]
-        blocks = self.tables[r, :-(-seq_len // self.block_size)].long()
+        blocks = self.tables[r, : -(-seq_len // self.block_size)].long()
         kv = self.cache[:, blocks].flatten(1, 2)[:, :seq_len]  # [2, seq_len, Hkv, D]
         return kv[0], kv[1]
 
     def reference(self, r: int, window: int = 0) -> torch.Tensor:
         q_len, seq_len = self.reqs[r]
-        q = self.query[self.starts[r]:self.starts[r] + q_len].double().transpose(0, 1)  # [H, L, D]
+        q = self.query[self.starts[r] : self.starts[r] + q_len].double().transpose(0, 1)  # [H, L, D]
         k, v = (t.double().transpose(0, 1) for t in self.context(r))  # [Hkv, S, D]
         groups = q.shape[0] // k.shape[0]
         k, v = k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0)
@@ -73,7 +91,7 @@ class Case:
         out = self.run(window)
         atol, rtol = TOLERANCES[self.query.dtype]
         for r, (q_len, _) in enumerate(self.reqs):
-            got = out[self.starts[r]:self.starts[r] + q_len]
+            got = out[self.starts[r] : self.starts[r] + q_len]
             torch.testing.assert_close(got.double(), self.reference(r, window), atol=atol, rtol=rtol)
         return out
 
@@ -113,8 +131,8 @@ def test_long_context_crosses_segments() -> None:
 def test_strided_query_and_untouched_rows() -> None:
     case = Case([(30, 30), (9, 40)], 4, 2, 16, 16, torch.float32, seed=5)
     wide = torch.randn(case.query.shape[0] + 7, 4, 48)
-    wide[:case.query.shape[0], :, 8:24] = case.query
-    strided = wide[:case.query.shape[0], :, 8:24]  # strides (192, 48, 1), not contiguous
+    wide[: case.query.shape[0], :, 8:24] = case.query
+    strided = wide[: case.query.shape[0], :, 8:24]  # strides (192, 48, 1), not contiguous
     torch.testing.assert_close(case.run(query=strided), case.run(), atol=0, rtol=0)
     # Rows that belong to no request (decodes, padding) are left as they were.
     out = torch.full((50, 4, 16), 7.0)
@@ -134,8 +152,9 @@ def test_chunking_and_cached_prefix_do_not_change_a_row(dtype, window) -> None:
         bounds = [0, *cuts, seq_len]
         for a, b in zip(bounds, bounds[1:]):
             out = torch.empty(b - a, 6, 48, dtype=dtype)
-            paged_prefill_attention_(out, whole.query[a:b], whole.cache, whole.tables, [0], [b - a], [b],
-                                     whole.scale, window)
+            paged_prefill_attention_(
+                out, whole.query[a:b], whole.cache, whole.tables, [0], [b - a], [b], whole.scale, window
+            )
             torch.testing.assert_close(out, full[a:b], atol=0, rtol=0, msg=f"rows {a}:{b} of cuts {cuts}")
 
 
@@ -154,8 +173,9 @@ def test_batch_and_thread_invariant() -> None:
     q_len, seq_len = case.reqs[r]
     rows = slice(case.starts[r], case.starts[r] + q_len)
     alone = torch.empty(q_len, 8, 64, dtype=torch.bfloat16)
-    paged_prefill_attention_(alone, case.query[rows], case.cache, case.tables[r:r + 1], [0], [q_len], [seq_len],
-                             case.scale)
+    paged_prefill_attention_(
+        alone, case.query[rows], case.cache, case.tables[r : r + 1], [0], [q_len], [seq_len], case.scale
+    )
     torch.testing.assert_close(alone, two[rows], atol=0, rtol=0)
 
 

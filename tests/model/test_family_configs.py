@@ -1,5 +1,6 @@
 """How Qwen3 and Gemma 3 read their configs: attention_bias, old and new RoPE styles, settings that
 Tram refuses, and one cos/sin computation per RoPE and step."""
+
 from __future__ import annotations
 
 import json
@@ -9,18 +10,25 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from hf_models import PagedRunner, hf_logits, make_hf_model_dir
+
 from tram.config import ModelConfig
-from tram.model.loader import get_hf_config, load_model
 from tram.model.layers.rope import RotaryEmbedding, rope_parameters
+from tram.model.loader import get_hf_config, load_model
 
 TOKENS = [1, 37, 250, 12, 99, 401, 7, 7, 300, 45, 88, 123, 511, 2, 64, 65, 66, 200]
 
 
 def _load(path: str) -> torch.nn.Module:
-    return load_model(ModelConfig(model=path, hf_config=get_hf_config(path), dtype=torch.float32,
-                                  device=torch.device("cpu"), max_model_len=512))
+    return load_model(
+        ModelConfig(
+            model=path,
+            hf_config=get_hf_config(path),
+            dtype=torch.float32,
+            device=torch.device("cpu"),
+            max_model_len=512,
+        )
+    )
 
 
 def _prefill_logits(path: str, tokens: list[int] = TOKENS) -> torch.Tensor:
@@ -53,8 +61,11 @@ def test_gemma3_old_style_rope_config_matches_transformers(gemma3_dir: str, tmp_
     shutil.copytree(gemma3_dir, folder)
     config = json.loads((folder / "config.json").read_text())
     ropes = config.pop("rope_parameters")
-    config.update(rope_theta=ropes["full_attention"]["rope_theta"], rope_scaling={"rope_type": "linear", "factor": 2.0},
-                  rope_local_base_freq=ropes["sliding_attention"]["rope_theta"])
+    config.update(
+        rope_theta=ropes["full_attention"]["rope_theta"],
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+        rope_local_base_freq=ropes["sliding_attention"]["rope_theta"],
+    )
     (folder / "config.json").write_text(json.dumps(config))
     ours = _prefill_logits(str(folder))
     _assert_close(ours, hf_logits(str(folder), TOKENS))
@@ -62,8 +73,12 @@ def test_gemma3_old_style_rope_config_matches_transformers(gemma3_dir: str, tmp_
 
 
 def test_rope_parameters_per_layer_type_in_both_styles() -> None:
-    new = SimpleNamespace(rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-                                           "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+    new = SimpleNamespace(
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        }
+    )
     assert rope_parameters(new, "full_attention") == {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}
     assert rope_parameters(new, "sliding_attention") == {"rope_type": "default", "rope_theta": 1e4}
     old = SimpleNamespace(rope_theta=1e6, rope_local_base_freq=1e4, rope_scaling={"rope_type": "linear", "factor": 8.0})
@@ -75,8 +90,13 @@ def test_rope_parameters_per_layer_type_in_both_styles() -> None:
 
 @pytest.mark.parametrize("setting,value", [("attn_logit_softcapping", 50.0), ("use_bidirectional_attention", True)])
 def test_gemma3_rejects_what_the_kernels_cannot_compute(gemma3_dir: str, setting: str, value: object) -> None:
-    config = ModelConfig(model=gemma3_dir, hf_config=get_hf_config(gemma3_dir), dtype=torch.float32,
-                         device=torch.device("cpu"), max_model_len=512)
+    config = ModelConfig(
+        model=gemma3_dir,
+        hf_config=get_hf_config(gemma3_dir),
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        max_model_len=512,
+    )
     setattr(config.hf_config, setting, value)
     with pytest.raises(ValueError, match=setting):
         load_model(config)

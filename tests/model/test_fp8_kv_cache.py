@@ -9,6 +9,7 @@ through fp8 first (same kernels, same float32 arithmetic): that pins the plumbin
 auto engine it is close but not equal; the bounds below come from measurements on this random model.
 The same memory must hold 4x the blocks of a float32 cache and 2x those of a bfloat16 one.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,6 +40,7 @@ def kernels() -> None:
 
 # ---------------------------------------------------------------------------------------- kernels
 
+
 def every_byte(fmt: torch.dtype, n: int) -> torch.Tensor:
     """The first n of the 256 bytes (all of them when n = 256) as fp8 values."""
     return torch.arange(n, dtype=torch.int32).to(torch.uint8).view(fmt)
@@ -65,8 +67,9 @@ def test_every_byte_reads_back_exactly(fmt, head_dim) -> None:
         assert same_values(prefilled[0, 0], expected)
 
 
-def fp8_cache(num_blocks: int, heads_kv: int, head_dim: int, fmt: torch.dtype, scales: tuple[float, float],
-              gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def fp8_cache(
+    num_blocks: int, heads_kv: int, head_dim: int, fmt: torch.dtype, scales: tuple[float, float], gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A random cache stored as fp8 (k / k_scale, v / v_scale) and its float64 dequantization."""
     raw = 2 * torch.randn(2, num_blocks, BLOCK, heads_kv, head_dim, generator=gen)
     cache = torch.stack([quantize_kv(raw[i], fmt, scales[i]) for i in (0, 1)])
@@ -80,7 +83,7 @@ def shuffled_tables(seq_lens: list[int], num_blocks: int, gen: torch.Generator) 
     tables, used = torch.zeros(len(seq_lens), width, dtype=torch.int32), 0
     for i, n in enumerate(seq_lens):
         nb = -(-n // BLOCK)
-        tables[i, :nb] = perm[used:used + nb]
+        tables[i, :nb] = perm[used : used + nb]
         used += nb
     return tables
 
@@ -88,7 +91,7 @@ def shuffled_tables(seq_lens: list[int], num_blocks: int, gen: torch.Generator) 
 def reference(query: torch.Tensor, kv: torch.Tensor, table: torch.Tensor, seq_len: int, scale: float) -> torch.Tensor:
     """Float64 causal attention of query [L, H, D] (the last L positions) over a request's context."""
     q_len, heads, head_dim = query.shape
-    blocks = table[:-(-seq_len // BLOCK)].long()
+    blocks = table[: -(-seq_len // BLOCK)].long()
     k, v = (kv[i][blocks].reshape(-1, kv.shape[-2], head_dim)[:seq_len].transpose(0, 1) for i in (0, 1))
     groups = heads // k.shape[0]
     k, v = k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0)  # [H, S, D]
@@ -106,11 +109,10 @@ def test_decode_matches_dequantized_reference(fmt, scales, head_dim, threads) ->
     cache, kv = fp8_cache(40, 2, head_dim, fmt, scales, gen)
     tables = shuffled_tables(seq_lens, 40, gen)
     query = torch.randn(len(seq_lens), 8, head_dim, generator=gen)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     out = paged_decode_attention(query, cache, tables, torch.tensor(seq_lens), scale, None, *scales)
     for i, n in enumerate(seq_lens):
-        torch.testing.assert_close(out[i].double(), reference(query[i:i + 1], kv, tables[i], n, scale)[0],
-                                   **F32_TOL)
+        torch.testing.assert_close(out[i].double(), reference(query[i : i + 1], kv, tables[i], n, scale)[0], **F32_TOL)
 
 
 def test_decode_bfloat16_query_over_fp8() -> None:
@@ -121,8 +123,9 @@ def test_decode_bfloat16_query_over_fp8() -> None:
     out = paged_decode_attention(query, cache, tables, torch.tensor([50, 97]), 0.125)
     assert out.dtype == torch.bfloat16
     for i, n in enumerate([50, 97]):
-        torch.testing.assert_close(out[i].double(), reference(query[i:i + 1], kv, tables[i], n, 0.125)[0],
-                                   atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(
+            out[i].double(), reference(query[i : i + 1], kv, tables[i], n, 0.125)[0], atol=2e-2, rtol=2e-2
+        )
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -135,8 +138,9 @@ def test_prefill_matches_dequantized_reference(fmt, scales, threads) -> None:
     query = torch.randn(sum(q for q, _ in reqs), 6, 32, generator=gen)
     starts = [sum(q for q, _ in reqs[:r]) for r in range(len(reqs))]
     out = torch.full(query.shape, float("nan"))
-    paged_prefill_attention_(out, query, cache, tables, starts, [q for q, _ in reqs], [s for _, s in reqs],
-                             0.2, None, *scales)
+    paged_prefill_attention_(
+        out, query, cache, tables, starts, [q for q, _ in reqs], [s for _, s in reqs], 0.2, None, *scales
+    )
     for r, (q_len, seq_len) in enumerate(reqs):
         rows = slice(starts[r], starts[r] + q_len)
         torch.testing.assert_close(out[rows].double(), reference(query[rows], kv, tables[r], seq_len, 0.2), **F32_TOL)
@@ -152,6 +156,7 @@ def test_quantize_saturates_and_scales() -> None:
 
 # ------------------------------------------------------------------------------- PyTorch backend
 
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("kernels_on", [True, False], ids=["cpp", "sdpa"])
 def test_backend_writes_fp8_and_attends_over_it(monkeypatch, fmt, kernels_on) -> None:
@@ -163,13 +168,18 @@ def test_backend_writes_fp8_and_attends_over_it(monkeypatch, fmt, kernels_on) ->
     gen = torch.Generator().manual_seed(11)
     scales = (0.5, 2.0)
     cache, kv = fp8_cache(30, 2, 32, fmt, scales, gen)
-    steps = [StepRequest([3, 9], 0, 20), StepRequest([4, 5, 6], 30, 4), StepRequest([7, 8], 17, 1),
-             StepRequest([12], 5, 1)]
+    steps = [
+        StepRequest([3, 9], 0, 20),
+        StepRequest([4, 5, 6], 30, 4),
+        StepRequest([7, 8], 17, 1),
+        StepRequest([12], 5, 1),
+    ]
     meta = build_meta(steps, BLOCK)
     key, value = (2 * torch.randn(meta.num_tokens, 2, 32, generator=gen) for _ in range(2))
     query = torch.randn(meta.num_tokens, 4, 32, generator=gen)
-    out = torch_backend.TorchAttentionBackend().forward(query, key, value, cache, meta, 0.3, k_scale=scales[0],
-                                                        v_scale=scales[1])
+    out = torch_backend.TorchAttentionBackend().forward(
+        query, key, value, cache, meta, 0.3, k_scale=scales[0], v_scale=scales[1]
+    )
     slots = meta.slot_mapping
     stored = [quantize_kv(x, fmt, s) for x, s in ((key, scales[0]), (value, scales[1]))]
     for i in (0, 1):
@@ -185,6 +195,7 @@ def test_backend_writes_fp8_and_attends_over_it(monkeypatch, fmt, kernels_on) ->
 
 
 # ----------------------------------------------------------------------------------------- config
+
 
 def test_kv_cache_dtype_values(tmp_path) -> None:
     for bad in ("int8", "fp16", "FP8"):
@@ -223,9 +234,14 @@ def engines(model_dir):
 
     def get(kv_cache_dtype: str, dtype: str = "float32") -> LLM:
         if (kv_cache_dtype, dtype) not in made:
-            made[kv_cache_dtype, dtype] = LLM(model_dir, kv_cache_dtype=kv_cache_dtype, dtype=dtype,
-                                              kv_cache_memory_bytes=KV_BYTES, max_num_seqs=8,
-                                              enable_prefix_caching=False)
+            made[kv_cache_dtype, dtype] = LLM(
+                model_dir,
+                kv_cache_dtype=kv_cache_dtype,
+                dtype=dtype,
+                kv_cache_memory_bytes=KV_BYTES,
+                max_num_seqs=8,
+                enable_prefix_caching=False,
+            )
         return made[kv_cache_dtype, dtype]
 
     return get
@@ -245,8 +261,10 @@ def greedy(llm: LLM) -> list[tuple[list[int], list[float]]]:
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, logprobs=0, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts()], params, use_tqdm=False)
     assert_no_leak(llm.llm_engine)
-    return [(list(o.outputs[0].token_ids), [lp[t].logprob for lp, t in zip(o.outputs[0].logprobs,
-                                                                           o.outputs[0].token_ids)]) for o in outs]
+    return [
+        (list(o.outputs[0].token_ids), [lp[t].logprob for lp, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)])
+        for o in outs
+    ]
 
 
 def test_same_memory_holds_more_blocks(engines) -> None:
@@ -266,8 +284,7 @@ def test_fp8_engine_equals_auto_engine_on_fp8_rounded_kv(monkeypatch, engines, k
     write = torch_backend.write_kv_cache
 
     def write_fp8_rounded(key, value, kv_cache, slot_mapping, scales=(1.0, 1.0)):
-        rounded = [dequantize_kv(quantize_kv(x, fmt, s), x.dtype, s) for x, s in ((key, scales[0]),
-                                                                                 (value, scales[1]))]
+        rounded = [dequantize_kv(quantize_kv(x, fmt, s), x.dtype, s) for x, s in ((key, scales[0]), (value, scales[1]))]
         write(*rounded, kv_cache, slot_mapping, scales)
 
     monkeypatch.setattr(torch_backend, "write_kv_cache", write_fp8_rounded)
@@ -298,5 +315,7 @@ def test_fp8_engine_is_close_to_auto_engine(engines, kv_cache_dtype) -> None:
     bounds = CLOSE[kv_cache_dtype]
     assert max(diffs) > 0  # fp8 rounding shows
     assert top1 >= bounds["agree"] * len(diffs), (top1, len(diffs))
-    assert sum(diffs) / len(diffs) <= bounds["mean"] and max(diffs) <= bounds["max"], (sum(diffs) / len(diffs),
-                                                                                        max(diffs))
+    assert sum(diffs) / len(diffs) <= bounds["mean"] and max(diffs) <= bounds["max"], (
+        sum(diffs) / len(diffs),
+        max(diffs),
+    )

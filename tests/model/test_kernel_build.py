@@ -1,5 +1,6 @@
 """A C++ kernel build says what it does: before (where, about how long), during (a heartbeat), after
 (how long); missing tools are named; `tram build-kernels` exits non-zero with a clear message."""
+
 from __future__ import annotations
 
 import logging
@@ -11,8 +12,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-
 from server_utils import REPO
+
 from tram.model.kernels import build as kernel_build
 
 
@@ -41,8 +42,9 @@ def _fake_build(seconds: float, path: str) -> ModuleType:
     return module
 
 
-def test_a_build_logs_before_during_and_after(fresh_cache: Path, monkeypatch: pytest.MonkeyPatch,
-                                              build_log: list[str]) -> None:
+def test_a_build_logs_before_during_and_after(
+    fresh_cache: Path, monkeypatch: pytest.MonkeyPatch, build_log: list[str]
+) -> None:
     monkeypatch.setattr(kernel_build, "HEARTBEAT_SECONDS", 0.1)
     kernel_build.build_with_progress("fake_kernels", lambda: _fake_build(0.45, "/x/fake_kernels.so"))
     messages = build_log
@@ -72,8 +74,9 @@ def test_missing_compiler_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
         kernel_build.ensure_build_tools()
 
 
-def test_ninja_beside_this_python_is_found_without_an_activated_venv(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ninja_beside_this_python_is_found_without_an_activated_venv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     here = os.path.dirname(sys.executable)
     if not os.path.exists(os.path.join(here, "ninja")):
         pytest.skip("this Python has no ninja beside it")
@@ -87,8 +90,9 @@ def test_ninja_beside_this_python_is_found_without_an_activated_venv(tmp_path: P
 def test_build_kernels_command_fails_clearly_without_a_compiler() -> None:
     env = {**os.environ, "CXX": "/no/such/g++"}
     env.pop("TRAM_CPU_KERNELS", None)
-    result = subprocess.run([sys.executable, "-m", "tram", "build-kernels"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "tram", "build-kernels"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert "missing a C++ compiler" in lines[0] and "Traceback" not in result.stderr
@@ -97,8 +101,9 @@ def test_build_kernels_command_fails_clearly_without_a_compiler() -> None:
 
 def test_build_kernels_command_reports_the_cached_build() -> None:
     # The suite's kernels are built by now (or this builds them, as set-up does).
-    result = subprocess.run([sys.executable, "-m", "tram", "build-kernels"], cwd=REPO, capture_output=True,
-                            text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "tram", "build-kernels"], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("C++ CPU kernels ") and result.stdout.strip().endswith(".so")
     assert os.path.exists(result.stdout.strip().rsplit(": ", 1)[1])

@@ -1,5 +1,6 @@
 """The model layer against transformers: full prefill, chunked prefill + decode through the paged
 cache, mixed batches, loading (safetensors single/sharded, bfloat16, dummy) and error paths."""
+
 from __future__ import annotations
 
 import json
@@ -10,20 +11,48 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from hf_models import KINDS, STORIES_DIR, PagedRunner, StepRequest, build_meta, hf_logits, make_hf_model_dir
+
 from tram.config import ModelConfig
 from tram.model.attention import get_attention_backend
+from tram.model.layers.rope import rope_parameters
 from tram.model.loader import get_hf_config, load_model
 from tram.model.registry import get_model_class
-from tram.model.layers.rope import rope_parameters
 
 ALL_KINDS = [*KINDS, "stories260K", "qwen2_window"]
 # Qwen2 with sliding windows on some layers only (layers >= max_window_layers), shorter than the prompts.
 _QWEN2_WINDOW = dict(use_sliding_window=True, sliding_window=6, max_window_layers=1)
 # A fixed token sequence: 20 prompt tokens, then 8 "generated" ones fed back one at a time.
-TOKENS = [1, 37, 250, 12, 99, 401, 7, 7, 300, 45, 88, 123, 511, 2, 64, 65, 66, 200, 150, 17,
-          42, 9, 310, 77, 8, 480, 33, 5]
+TOKENS = [
+    1,
+    37,
+    250,
+    12,
+    99,
+    401,
+    7,
+    7,
+    300,
+    45,
+    88,
+    123,
+    511,
+    2,
+    64,
+    65,
+    66,
+    200,
+    150,
+    17,
+    42,
+    9,
+    310,
+    77,
+    8,
+    480,
+    33,
+    5,
+]
 PROMPT_LEN = 20
 
 
@@ -43,8 +72,9 @@ def references(model_dirs: dict[str, str]) -> dict[str, torch.Tensor]:
 
 
 def _config(path: str, dtype: torch.dtype = torch.float32, **kwargs) -> ModelConfig:
-    return ModelConfig(model=path, hf_config=get_hf_config(path), dtype=dtype, device=torch.device("cpu"),
-                       max_model_len=512, **kwargs)
+    return ModelConfig(
+        model=path, hf_config=get_hf_config(path), dtype=dtype, device=torch.device("cpu"), max_model_len=512, **kwargs
+    )
 
 
 def _assert_logits_close(ours: torch.Tensor, ref: torch.Tensor, rel: float = 1e-4) -> None:
@@ -53,8 +83,9 @@ def _assert_logits_close(ours: torch.Tensor, ref: torch.Tensor, rel: float = 1e-
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS)
-def test_full_prefill_matches_transformers(kind: str, model_dirs: dict[str, str],
-                                           references: dict[str, torch.Tensor]) -> None:
+def test_full_prefill_matches_transformers(
+    kind: str, model_dirs: dict[str, str], references: dict[str, torch.Tensor]
+) -> None:
     path = model_dirs[kind]
     model = load_model(_config(path))
     runner = PagedRunner(model, get_hf_config(path), block_size=16)
@@ -65,20 +96,21 @@ def test_full_prefill_matches_transformers(kind: str, model_dirs: dict[str, str]
 
 @pytest.mark.parametrize("block_size", [16, 4])
 @pytest.mark.parametrize("kind", ALL_KINDS)
-def test_chunked_prefill_then_decode_matches_full_forward(kind: str, block_size: int, model_dirs: dict[str, str],
-                                                          references: dict[str, torch.Tensor]) -> None:
+def test_chunked_prefill_then_decode_matches_full_forward(
+    kind: str, block_size: int, model_dirs: dict[str, str], references: dict[str, torch.Tensor]
+) -> None:
     path = model_dirs[kind]
     model = load_model(_config(path))
     runner = PagedRunner(model, get_hf_config(path), block_size=block_size)
     ref = references[kind]
     pos = 0
     for chunk in (7, 6, 7):  # chunks straddle block boundaries for both block sizes
-        (logits,) = runner.step([("a", TOKENS[pos:pos + chunk])])
-        _assert_logits_close(logits, ref[pos:pos + chunk])
+        (logits,) = runner.step([("a", TOKENS[pos : pos + chunk])])
+        _assert_logits_close(logits, ref[pos : pos + chunk])
         pos += chunk
     for pos in range(PROMPT_LEN, len(TOKENS)):
         (logits,) = runner.step([("a", [TOKENS[pos]])])
-        _assert_logits_close(logits, ref[pos:pos + 1])
+        _assert_logits_close(logits, ref[pos : pos + 1])
 
 
 @pytest.mark.parametrize("block_size", [16, 4])
@@ -92,9 +124,9 @@ def test_mixed_batches_of_prefills_and_decodes(kind: str, block_size: int, model
     done = dict.fromkeys(seqs, 0)
 
     def step(plan: list[tuple[str, int]]) -> None:
-        chunks = [(rid, seqs[rid][done[rid]:done[rid] + n]) for rid, n in plan]
+        chunks = [(rid, seqs[rid][done[rid] : done[rid] + n]) for rid, n in plan]
         for (rid, n), logits in zip(plan, runner.step(chunks)):
-            _assert_logits_close(logits, refs[rid][done[rid]:done[rid] + n])
+            _assert_logits_close(logits, refs[rid][done[rid] : done[rid] + n])
             done[rid] += n
 
     step([("a", 20), ("b", 11)])  # two fresh prefills in one batch
@@ -122,8 +154,8 @@ def test_attention_backend_matches_naive_attention() -> None:
             cache[1, r.block_table[p // block_size], p % block_size] = v[p]
     meta = build_meta(reqs, block_size)
     query = torch.randn(meta.num_tokens, heads, dim)
-    key = torch.cat([k[r.num_computed:] for r, k in zip(reqs, full_k)])
-    value = torch.cat([v[r.num_computed:] for r, v in zip(reqs, full_v)])
+    key = torch.cat([k[r.num_computed :] for r, k in zip(reqs, full_k)])
+    value = torch.cat([v[r.num_computed :] for r, v in zip(reqs, full_v)])
     for sliding_window in (None, window):
         out = backend.forward(query, key, value, cache.clone(), meta, 0.3, sliding_window)
         expected = _naive_attention(query, full_k, full_v, reqs, 0.3, sliding_window)
@@ -135,15 +167,21 @@ def test_attention_backend_matches_naive_attention() -> None:
     meta.slot_mapping = torch.cat((meta.slot_mapping, torch.tensor([-1, -1])))
     meta.num_tokens = n + 2
     pad_q, pad_kv = torch.randn(2, heads, dim), torch.randn(2, kv_heads, dim)
-    out = backend.forward(torch.cat((query, pad_q)), torch.cat((key, pad_kv)), torch.cat((value, pad_kv)),
-                          padded_cache, meta, 0.3)
-    torch.testing.assert_close(out[:n], _naive_attention(query, full_k, full_v, reqs, 0.3, None),
-                               atol=1e-5, rtol=1e-5)
+    out = backend.forward(
+        torch.cat((query, pad_q)), torch.cat((key, pad_kv)), torch.cat((value, pad_kv)), padded_cache, meta, 0.3
+    )
+    torch.testing.assert_close(out[:n], _naive_attention(query, full_k, full_v, reqs, 0.3, None), atol=1e-5, rtol=1e-5)
     assert torch.equal(padded_cache, unpadded_cache)
 
 
-def _naive_attention(query: torch.Tensor, full_k: list[torch.Tensor], full_v: list[torch.Tensor],
-                     reqs: list[StepRequest], scale: float, window: int | None) -> torch.Tensor:
+def _naive_attention(
+    query: torch.Tensor,
+    full_k: list[torch.Tensor],
+    full_v: list[torch.Tensor],
+    reqs: list[StepRequest],
+    scale: float,
+    window: int | None,
+) -> torch.Tensor:
     rows = []
     groups = query.shape[1] // full_k[0].shape[1]
     t = 0
@@ -151,8 +189,8 @@ def _naive_attention(query: torch.Tensor, full_k: list[torch.Tensor], full_v: li
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # [S, H, D]
         for pos in range(r.num_computed, r.num_computed + r.query_len):
             lo = 0 if window is None else max(0, pos - window + 1)
-            scores = torch.einsum("hd,shd->hs", query[t], k[lo:pos + 1]) * scale
-            rows.append(torch.einsum("hs,shd->hd", scores.softmax(-1), v[lo:pos + 1]))
+            scores = torch.einsum("hd,shd->hs", query[t], k[lo : pos + 1]) * scale
+            rows.append(torch.einsum("hs,shd->hd", scores.softmax(-1), v[lo : pos + 1]))
             t += 1
     return torch.stack(rows)
 
@@ -175,8 +213,9 @@ def test_dummy_load_is_deterministic(model_dirs: dict[str, str]) -> None:
     other = load_model(_config(path, load_format="dummy", seed=4)).state_dict()
     assert first.keys() == second.keys()
     assert all(torch.equal(first[k], second[k]) for k in first)
-    assert not torch.equal(first["model.layers.0.self_attn.q_proj.weight"],
-                           other["model.layers.0.self_attn.q_proj.weight"])
+    assert not torch.equal(
+        first["model.layers.0.self_attn.q_proj.weight"], other["model.layers.0.self_attn.q_proj.weight"]
+    )
     assert torch.equal(first["model.norm.weight"], torch.ones(64))
     model = load_model(_config(path, load_format="dummy"))
     (logits,) = PagedRunner(model, get_hf_config(path), block_size=16).step([("a", TOKENS)])

@@ -2,15 +2,16 @@
 greedy tokens identical, under chunked prefill, with prefix-cache hits and with staggered arrivals,
 and sampled-token logprobs within float tolerance. Gemma 3's sliding window (5) is far shorter than
 the prompts plus generations, so its sliding and global layers both matter."""
+
 from __future__ import annotations
 
 import random
 
 import pytest
-
 from api_helpers import assert_no_leak, run_staggered
 from conftest import hf_greedy, hf_logprobs
 from hf_models import make_hf_model_dir
+
 from tram import LLM, SamplingParams
 
 KINDS = ["qwen3", "gemma3"]

@@ -1,11 +1,12 @@
 """The whole engine on the Triton backend, run by Triton's interpreter on CPU (conftest sets
 TRITON_INTERPRET=1): greedy tokens must equal transformers', with chunked prefill, prefix caching
 and the padded CUDA-graph decode path."""
+
 from __future__ import annotations
 
 import pytest
-
 from conftest import STORIES, STORIES_EOS, assert_no_leak, hf_greedy
+
 from tram import LLM, SamplingParams
 
 PROMPTS = ["Once upon a time", "Tom and his dog went to the park. They", "The sun"]

@@ -7,6 +7,7 @@ triton before (tests/triton_interp.py says why that is needed).
 Cache entries that no request may read (unused blocks, table padding, slots past seq_len and, in
 the sliding-window tests, tiles wholly before the window) hold NaN: reading one poisons the output.
 """
+
 import os
 import sys
 from pathlib import Path
@@ -36,6 +37,7 @@ def test_kernels_run_in_the_interpreter():
 
 # ------------------------------------------------------------------------------------- helpers
 
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -43,8 +45,17 @@ def cdiv(a: int, b: int) -> int:
 class Batch:
     """A paged cache holding each request's context at random (non-contiguous) blocks, NaN elsewhere."""
 
-    def __init__(self, reqs: list[tuple[int, int]], *, num_kv_heads: int, group: int, head_dim: int,
-                 block_size: int, dtype: torch.dtype, poison_before: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        reqs: list[tuple[int, int]],
+        *,
+        num_kv_heads: int,
+        group: int,
+        head_dim: int,
+        block_size: int,
+        dtype: torch.dtype,
+        poison_before: list[int] | None = None,
+    ) -> None:
         self.query_lens = [q for q, _ in reqs]
         self.seq_lens_list = [s for _, s in reqs]
         self.num_tokens = sum(self.query_lens)
@@ -58,38 +69,61 @@ class Batch:
         self.block_tables = torch.full((len(reqs), max(blocks + [0]) + 2), spare, dtype=torch.int32)
         used = 0
         for i, (seq_len, n) in enumerate(zip(self.seq_lens_list, blocks)):
-            ids = perm[used:used + n]
+            ids = perm[used : used + n]
             used += n
             self.block_tables[i, :n] = ids.to(torch.int32)
             kv = torch.full((2, n * block_size, num_kv_heads, head_dim), float("nan"))
             kv[:, :seq_len] = torch.randn(2, seq_len, num_kv_heads, head_dim)
             if poison_before is not None:
-                kv[:, :poison_before[i]] = float("nan")
+                kv[:, : poison_before[i]] = float("nan")
             self.kv_cache[:, ids] = kv.view(2, n, block_size, num_kv_heads, head_dim).to(dtype)
         self.query_start_loc = torch.tensor([0] + self.query_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
         self.seq_lens = torch.tensor(self.seq_lens_list, dtype=torch.int32)
         # query and out are strided views, as when q/k/v are split out of one projection.
         qkv = torch.randn(self.num_tokens, (self.num_heads + 2 * num_kv_heads) * head_dim).to(dtype)
-        qkv[:, self.num_heads * head_dim:] = float("nan")  # past the query heads: never to be read
-        self.query = qkv[:, :self.num_heads * head_dim].view(self.num_tokens, self.num_heads, head_dim)
+        qkv[:, self.num_heads * head_dim :] = float("nan")  # past the query heads: never to be read
+        self.query = qkv[:, : self.num_heads * head_dim].view(self.num_tokens, self.num_heads, head_dim)
         self.out = torch.full((self.num_tokens, self.num_heads + 1, head_dim), float("nan"), dtype=dtype)[:, 1:]
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim**-0.5
 
     def run(self, sliding_window: int | None = None, num_splits: int = 1, **overrides) -> torch.Tensor:
         tk.paged_attention(
-            self.query, self.kv_cache, self.out, self.query_start_loc, self.seq_lens, self.block_tables,
-            self.scale, num_reqs=len(self.query_lens), max_query_len=max(self.query_lens),
-            sliding_window=sliding_window, num_splits=num_splits, **overrides,
+            self.query,
+            self.kv_cache,
+            self.out,
+            self.query_start_loc,
+            self.seq_lens,
+            self.block_tables,
+            self.scale,
+            num_reqs=len(self.query_lens),
+            max_query_len=max(self.query_lens),
+            sliding_window=sliding_window,
+            num_splits=num_splits,
+            **overrides,
         )
         return self.out
 
     def reference(self, sliding_window: int | None = None) -> torch.Tensor:
-        return reference_attention(self.query, self.kv_cache, self.query_lens, self.seq_lens_list,
-                                   self.block_tables, self.scale, sliding_window)
+        return reference_attention(
+            self.query,
+            self.kv_cache,
+            self.query_lens,
+            self.seq_lens_list,
+            self.block_tables,
+            self.scale,
+            sliding_window,
+        )
 
 
-def reference_attention(query: torch.Tensor, kv_cache: torch.Tensor, query_lens: list[int], seq_lens: list[int],
-                        block_tables: torch.Tensor, scale: float, sliding_window: int | None) -> torch.Tensor:
+def reference_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    query_lens: list[int],
+    seq_lens: list[int],
+    block_tables: torch.Tensor,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
     """Dense float64 attention: each request's context gathered through its table, offset-causal mask."""
     _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
     group = query.shape[1] // num_kv_heads
@@ -97,12 +131,13 @@ def reference_attention(query: torch.Tensor, kv_cache: torch.Tensor, query_lens:
     start = 0
     for i, (q_len, seq_len) in enumerate(zip(query_lens, seq_lens)):
         if seq_len > 0:
-            ids = block_tables[i, :cdiv(seq_len, block_size)].long()
+            ids = block_tables[i, : cdiv(seq_len, block_size)].long()
             # nan_to_num: poisoned positions outside every window weigh 0 here (and NaN in the kernel).
-            k, v = (kv_cache[j][ids].reshape(-1, num_kv_heads, head_dim)[:seq_len].double().nan_to_num()
-                    for j in (0, 1))
+            k, v = (
+                kv_cache[j][ids].reshape(-1, num_kv_heads, head_dim)[:seq_len].double().nan_to_num() for j in (0, 1)
+            )
             k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)  # [S, Hq, D]
-            q = query[start:start + q_len].double()
+            q = query[start : start + q_len].double()
             scores = torch.einsum("qhd,khd->hqk", q, k) * scale
             q_pos = torch.arange(seq_len - q_len, seq_len).view(-1, 1)
             k_pos = torch.arange(seq_len).view(1, -1)
@@ -110,7 +145,7 @@ def reference_attention(query: torch.Tensor, kv_cache: torch.Tensor, query_lens:
             if sliding_window is not None:
                 seen &= k_pos > q_pos - sliding_window
             probs = scores.masked_fill(~seen, float("-inf")).softmax(-1)
-            out[start:start + q_len] = torch.einsum("hqk,khd->qhd", probs, v)
+            out[start : start + q_len] = torch.einsum("hqk,khd->qhd", probs, v)
         start += q_len
     return out
 
@@ -122,6 +157,7 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
 
 # ------------------------------------------------------------------------------------ KV write
 
+
 @pytest.mark.parametrize("dtype", [FP32, BF16])
 @pytest.mark.parametrize("block_size,num_kv_heads,head_dim", [(16, 2, 16), (32, 3, 32), (16, 1, 64), (16, 2, 24)])
 def test_write_kv_cache(dtype, block_size, num_kv_heads, head_dim):
@@ -132,8 +168,8 @@ def test_write_kv_cache(dtype, block_size, num_kv_heads, head_dim):
     slots[[0, 7, 18]] = -1  # padding tokens
     # Strided views, as when k and v are split out of one projection.
     kv = torch.randn(num_tokens, 3 * num_kv_heads * head_dim).to(dtype)
-    key = kv[:, :num_kv_heads * head_dim].view(num_tokens, num_kv_heads, head_dim)
-    value = kv[:, 2 * num_kv_heads * head_dim:].view(num_tokens, num_kv_heads, head_dim)
+    key = kv[:, : num_kv_heads * head_dim].view(num_tokens, num_kv_heads, head_dim)
+    value = kv[:, 2 * num_kv_heads * head_dim :].view(num_tokens, num_kv_heads, head_dim)
     expected = cache.clone()
     real = slots >= 0
     expected[0].view(-1, num_kv_heads, head_dim)[slots[real]] = key[real]
@@ -150,17 +186,20 @@ MIXED = [(7, 7), (5, 21), (1, 18), (1, 33), (1, 1), (3, 40), (1, 32)]
 
 
 @pytest.mark.parametrize("num_splits", [1, 4])
-@pytest.mark.parametrize("dtype,group,block_size,head_dim", [
-    (FP32, 1, 16, 16),
-    (FP32, 2, 32, 32),
-    (FP32, 4, 16, 16),
-    (BF16, 2, 16, 32),
-    (FP16, 4, 32, 16),
-    (FP16, 1, 16, 64),
-    (FP32, 3, 16, 32),
-    (FP32, 2, 16, 8),  # head_dims below 16 or not a power of two run in padded, masked tiles
-    (BF16, 1, 32, 24),
-])
+@pytest.mark.parametrize(
+    "dtype,group,block_size,head_dim",
+    [
+        (FP32, 1, 16, 16),
+        (FP32, 2, 32, 32),
+        (FP32, 4, 16, 16),
+        (BF16, 2, 16, 32),
+        (FP16, 4, 32, 16),
+        (FP16, 1, 16, 64),
+        (FP32, 3, 16, 32),
+        (FP32, 2, 16, 8),  # head_dims below 16 or not a power of two run in padded, masked tiles
+        (BF16, 1, 32, 24),
+    ],
+)
 def test_mixed_batch(num_splits, dtype, group, block_size, head_dim):
     torch.manual_seed(1)
     batch = Batch(MIXED, num_kv_heads=2, group=group, head_dim=head_dim, block_size=block_size, dtype=dtype)
@@ -284,10 +323,10 @@ def test_write_then_attend():
     tk.write_kv_cache(key, value, batch.kv_cache, slot_mapping)
     expected[0].view(-1, num_kv_heads, head_dim)[slot_mapping[:-1]] = key[:-1]
     expected[1].view(-1, num_kv_heads, head_dim)[slot_mapping[:-1]] = value[:-1]
-    ref = reference_attention(batch.query, expected, batch.query_lens, batch.seq_lens_list,
-                              batch.block_tables, batch.scale, None)
+    ref = reference_attention(
+        batch.query, expected, batch.query_lens, batch.seq_lens_list, batch.block_tables, batch.scale, None
+    )
     assert_close(batch.run(), ref, FP32)
-
 
 
 # --------------------------------------------------------------------------------------- fp8 cache
@@ -319,8 +358,9 @@ def test_write_kv_cache_fp8_rounds_like_torch(fmt, dtype):
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])
-@pytest.mark.parametrize("fmt,dtype", [(torch.float8_e4m3fn, FP32), (torch.float8_e5m2, FP32),
-                                       (torch.float8_e4m3fn, BF16)])
+@pytest.mark.parametrize(
+    "fmt,dtype", [(torch.float8_e4m3fn, FP32), (torch.float8_e5m2, FP32), (torch.float8_e4m3fn, BF16)]
+)
 def test_attention_over_fp8_cache(num_splits, fmt, dtype):
     """Reads of an fp8 cache equal attention over the dequantized cache (stored * scale)."""
     from tram.model.attention.kv_quant import quantize_kv
@@ -328,13 +368,16 @@ def test_attention_over_fp8_cache(num_splits, fmt, dtype):
     torch.manual_seed(13)
     batch = Batch(MIXED, num_kv_heads=2, group=2, head_dim=16, block_size=16, dtype=dtype)
     k_scale, v_scale = 0.5, 2.0
-    batch.kv_cache = torch.stack([quantize_kv(batch.kv_cache[0], fmt, k_scale),
-                                  quantize_kv(batch.kv_cache[1], fmt, v_scale)])  # NaN poison stays NaN
+    batch.kv_cache = torch.stack(
+        [quantize_kv(batch.kv_cache[0], fmt, k_scale), quantize_kv(batch.kv_cache[1], fmt, v_scale)]
+    )  # NaN poison stays NaN
     dequantized = torch.stack([batch.kv_cache[0].float() * k_scale, batch.kv_cache[1].float() * v_scale])
     out = batch.run(num_splits=num_splits, k_scale=k_scale, v_scale=v_scale)
-    ref = reference_attention(batch.query, dequantized, batch.query_lens, batch.seq_lens_list, batch.block_tables,
-                              batch.scale, None)
+    ref = reference_attention(
+        batch.query, dequantized, batch.query_lens, batch.seq_lens_list, batch.block_tables, batch.scale, None
+    )
     assert_close(out, ref, dtype)
+
 
 # The interpreter cannot see what only the compiler checks (types of loop-carried values, constexpr
 # branches, dot shapes...): compile, without running, every kernel launch of a few configurations
@@ -412,7 +455,8 @@ def test_kernels_compile_for_sm90():
         pytest.skip("this triton has no ASTSource/GPUTarget")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[2]
-    result = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], cwd=root, env=env, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", _COMPILE_SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "compiled 20" in result.stdout

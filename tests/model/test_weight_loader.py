@@ -1,4 +1,5 @@
 """The per-parameter weight_loader seam (tram/model/weight_utils.py) and the loading loop around it."""
+
 from __future__ import annotations
 
 import shutil
@@ -6,13 +7,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_models import make_hf_model_dir
 from safetensors.torch import load_file, save_file
 
-from hf_models import make_hf_model_dir
 from tram.model.loader import get_hf_config, load_safetensors_weights, safetensors_files
 from tram.model.registry import get_model_class
-from tram.model.weight_utils import (WeightShapeError, default_weight_loader, get_weight_loader, materialize,
-                                     set_weight_loader)
+from tram.model.weight_utils import (
+    WeightShapeError,
+    default_weight_loader,
+    get_weight_loader,
+    materialize,
+    set_weight_loader,
+)
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +92,9 @@ def test_loader_errors_name_the_weight_and_file(llama_dir: str, tmp_path: Path) 
     tensors = load_file(folder / "model.safetensors")
     tensors["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(7, 64)
     save_file(tensors, folder / "model.safetensors")
-    with pytest.raises(ValueError, match=r"Weight model\.layers\.0\.self_attn\.k_proj\.weight has shape \(7, 64\) "
-                                         r"in .*model\.safetensors, the model expects \(32, 64\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"Weight model\.layers\.0\.self_attn\.k_proj\.weight has shape \(7, 64\) "
+        r"in .*model\.safetensors, the model expects \(32, 64\)",
+    ):
         load_safetensors_weights(_empty_model(str(folder)), safetensors_files(str(folder)), tied=False)

@@ -3,6 +3,7 @@
 not from Tram's reader. Each writer also returns the dequantized float weights, (q - z) * s in
 float32 from the stored scales: what the quantized checkpoint means, and what Tram must compute.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,15 @@ class Quantized:
         return (self.q.float() - self.zero.float()[:, cols]) * self.scale.float()[:, cols]
 
 
-def quantize(w: torch.Tensor, group: int, sym: bool, act_order: bool, bits: int = 4, seed: int = 0,
-             scale_dtype: torch.dtype = torch.float16) -> Quantized:
+def quantize(
+    w: torch.Tensor,
+    group: int,
+    sym: bool,
+    act_order: bool,
+    bits: int = 4,
+    seed: int = 0,
+    scale_dtype: torch.dtype = torch.float16,
+) -> Quantized:
     """Round-to-nearest min-max quantization per group of input columns (GPTQ's `Quantizer` grid: sym
     puts the zero at 2^(bits-1)); act_order assigns columns to groups in a random order, as GPTQ's
     desc_act does by Hessian diagonal."""
@@ -42,7 +50,7 @@ def quantize(w: torch.Tensor, group: int, sym: bool, act_order: bool, bits: int 
     order = torch.randperm(k, generator=torch.Generator().manual_seed(seed)) if act_order else torch.arange(k)
     g_idx = torch.empty(k, dtype=torch.int32)
     g_idx[order] = (torch.arange(k) // group).to(torch.int32)
-    groups, maxq = (k + group - 1) // group, 2 ** bits - 1
+    groups, maxq = (k + group - 1) // group, 2**bits - 1
     q = torch.empty(n, k, dtype=torch.int64)
     zero = torch.empty(n, groups, dtype=torch.int64)
     scale = torch.empty(n, groups)
@@ -63,7 +71,7 @@ def quantize(w: torch.Tensor, group: int, sym: bool, act_order: bool, bits: int 
 
 def _int32(words: torch.Tensor) -> torch.Tensor:
     """uint32 values held in int64 -> the int32 with the same bits."""
-    return torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
 def pack_rows(values: torch.Tensor, order: list[int] | None = None, bits: int = 4) -> torch.Tensor:
@@ -85,15 +93,22 @@ def gptq_tensors(qw: Quantized, v2: bool = False) -> dict[str, torch.Tensor]:
     """AutoGPTQ's QuantLinear.pack: qweight [K / 8, N] packed along K; qzeros [G, N / 8] holding z - 1
     (v1; v2 holds z); scales [G, N]; g_idx [K]."""
     stored_zero = qw.zero if v2 else (qw.zero - 1) & 15
-    return {"qweight": pack_rows(qw.q).t().contiguous(), "qzeros": pack_rows(stored_zero.t()),
-            "scales": qw.scale.t().contiguous(), "g_idx": qw.g_idx}
+    return {
+        "qweight": pack_rows(qw.q).t().contiguous(),
+        "qzeros": pack_rows(stored_zero.t()),
+        "scales": qw.scale.t().contiguous(),
+        "g_idx": qw.g_idx,
+    }
 
 
 def awq_tensors(qw: Quantized) -> dict[str, torch.Tensor]:
     """AutoAWQ's WQLinear_GEMM.from_linear: qweight [K, N / 8] and qzeros [G, N / 8] packed along N in
     the order 0, 2, 4, 6, 1, 3, 5, 7; scales [G, N]."""
-    return {"qweight": pack_rows(qw.q.t(), AWQ_ORDER), "qzeros": pack_rows(qw.zero.t(), AWQ_ORDER),
-            "scales": qw.scale.t().contiguous()}
+    return {
+        "qweight": pack_rows(qw.q.t(), AWQ_ORDER),
+        "qzeros": pack_rows(qw.zero.t(), AWQ_ORDER),
+        "scales": qw.scale.t().contiguous(),
+    }
 
 
 def compressed_tensors(qw: Quantized, bits: int, sym: bool, act_order: bool = False) -> dict[str, torch.Tensor]:

@@ -1,5 +1,6 @@
 """What the quantized-model tests share: the random Llama they quantize, and the check of an engine's
 greedy tokens and logprobs against transformers running the dequantized weights as a float model."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,9 +8,9 @@ from typing import Any
 
 import pytest
 import torch
-
 from hf_models import make_hf_model_dir
 from hf_quant_packers import write_quantized
+
 from tram import LLM, SamplingParams
 
 
@@ -29,21 +30,30 @@ def hf_oracle(folder: str) -> torch.nn.Module:
 def write_checkpoints(float_dir: str, root: Path, schemes: dict[str, tuple[dict, Any]]) -> dict[str, tuple[str, str]]:
     """scheme -> (quantized folder, float folder of its dequantized weights), each written by
     write_quantized with its scheme's (quantization_config, writer)."""
-    return {name: (str(root / name), write_quantized(float_dir, str(root / name), config, writer))
-            for name, (config, writer) in schemes.items()}
+    return {
+        name: (str(root / name), write_quantized(float_dir, str(root / name), config, writer))
+        for name, (config, writer) in schemes.items()
+    }
 
 
-def assert_matches_oracle(llm: LLM, oracle: torch.nn.Module, prompts: list[list[int]], max_tokens: int,
-                          ignore_eos: bool = False) -> None:
+def assert_matches_oracle(
+    llm: LLM, oracle: torch.nn.Module, prompts: list[list[int]], max_tokens: int, ignore_eos: bool = False
+) -> None:
     """Greedy tokens equal the oracle's, chosen-token logprobs within 1e-3 of its log-softmax."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=1, ignore_eos=ignore_eos)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     for p, out in zip(prompts, outs):
         comp = out.outputs[0]
         with torch.no_grad():
-            want = oracle.generate(torch.tensor([p]), max_new_tokens=max_tokens, do_sample=False, eos_token_id=None,
-                                   pad_token_id=0, attention_mask=torch.ones(1, len(p), dtype=torch.long))
+            want = oracle.generate(
+                torch.tensor([p]),
+                max_new_tokens=max_tokens,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+                attention_mask=torch.ones(1, len(p), dtype=torch.long),
+            )
             ref = torch.log_softmax(oracle(torch.tensor([p + comp.token_ids])).logits[0].float(), dim=-1)
-        assert comp.token_ids == want[0, len(p):].tolist(), p
+        assert comp.token_ids == want[0, len(p) :].tolist(), p
         for i, (tid, row) in enumerate(zip(comp.token_ids, comp.logprobs)):
             assert row[tid].logprob == pytest.approx(ref[len(p) - 1 + i, tid].item(), abs=1e-3)

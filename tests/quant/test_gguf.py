@@ -3,6 +3,7 @@ the same file (`gguf_file=`, which dequantizes every tensor to float32: the orac
 means). Tram keeps Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K weights in their block
 layouts, so the greedy tokens must be the oracle's and logprobs within 1e-3 (float32 summation order
 only: both sides use the same dequantized values, which test_gguf_weights.py checks bit for bit)."""
+
 from __future__ import annotations
 
 import logging
@@ -11,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import assert_no_leak
 from gguf_tools import convert, quantize
 from hf_models import STORIES_DIR, make_hf_model_dir
 from quant_oracle import assert_matches_oracle as assert_matches_dequantized
+
 from tram import LLM, SamplingParams
 
 PROMPTS = [[1, 17, 300, 45, 9], [1, 200, 201, 202, 203, 204, 205, 206], [1, 5], [1, 99, 98, 97, 96, 95, 94]]
@@ -36,16 +37,24 @@ def stories_q8_0(workdir: Path) -> Path:
 def llama_256_f32(workdir: Path) -> Path:
     """A random Llama whose rows are 256 wide (K-quants need multiples of 256) and whose LM head is
     its own (a quantized `output.weight`), as float32 GGUF."""
-    folder = make_hf_model_dir(workdir, "llama_gqa", hidden_size=256, intermediate_size=512,
-                               num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    folder = make_hf_model_dir(
+        workdir,
+        "llama_gqa",
+        hidden_size=256,
+        intermediate_size=512,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
     return convert(folder, workdir / "llama256-f32.gguf", "f32")
 
 
 def _oracle(gguf: Path) -> torch.nn.Module:
     import transformers
 
-    return transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                             dtype=torch.float32).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    ).eval()
 
 
 def _kept_types(llm: LLM) -> dict[str, int]:
@@ -106,16 +115,26 @@ def test_stories_q8_0_from_convert_hf_to_gguf(stories_q8_0: Path):
 # One file per llama-quantize preset would start an engine and an oracle per type; per-tensor
 # overrides put every kept type in one file instead: the K-quants, and the 32-wide types that
 # llama-quantize falls back to where rows are not a multiple of 256 (Qwen2.5-0.5B's 896).
-MIXED = {"attn_q": "q5_0", "attn_k": "q5_1", "attn_v": "q4_1", "attn_output": "q4_0", "ffn_gate": "q5_k",
-         "ffn_up": "q8_0"}
+MIXED = {
+    "attn_q": "q5_0",
+    "attn_k": "q5_1",
+    "attn_v": "q4_1",
+    "attn_output": "q4_0",
+    "ffn_gate": "q5_k",
+    "ffn_up": "q8_0",
+}
 
 
-@pytest.mark.parametrize("qtype,overrides,kept", [
-    ("Q4_K_M", {}, {"Q4_K", "Q6_K"}),  # as users make them; the untied head is Q6_K
-    ("Q4_K_M", MIXED, {"Q5_0", "Q5_1", "Q4_1", "Q4_0", "Q5_K", "Q8_0", "Q4_K", "Q6_K"}),
-])
-def test_llama_quantize_types(workdir: Path, llama_256_f32: Path, qtype: str, overrides: dict[str, str],
-                              kept: set[str]):
+@pytest.mark.parametrize(
+    "qtype,overrides,kept",
+    [
+        ("Q4_K_M", {}, {"Q4_K", "Q6_K"}),  # as users make them; the untied head is Q6_K
+        ("Q4_K_M", MIXED, {"Q5_0", "Q5_1", "Q4_1", "Q4_0", "Q5_K", "Q8_0", "Q4_K", "Q6_K"}),
+    ],
+)
+def test_llama_quantize_types(
+    workdir: Path, llama_256_f32: Path, qtype: str, overrides: dict[str, str], kept: set[str]
+):
     gguf = quantize(llama_256_f32, workdir / f"llama256-{qtype}-{len(overrides)}.gguf", qtype, overrides)
     llm = _llm(gguf, tokenizer=STORIES_DIR)
     assert kept == set(_kept_types(llm)), _kept_types(llm)
@@ -124,19 +143,29 @@ def test_llama_quantize_types(workdir: Path, llama_256_f32: Path, qtype: str, ov
 
 def _greedy_and_logprob_gaps(llm: LLM, oracle: torch.nn.Module) -> tuple[int, list[float]]:
     """(prompts whose greedy tokens are the oracle's, |logprob - oracle's| of every chosen token)."""
-    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
-                        SamplingParams(temperature=0, max_tokens=MAX_TOKENS, logprobs=1, ignore_eos=True),
-                        use_tqdm=False)
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in PROMPTS],
+        SamplingParams(temperature=0, max_tokens=MAX_TOKENS, logprobs=1, ignore_eos=True),
+        use_tqdm=False,
+    )
     same, gaps = 0, []
     for p, out in zip(PROMPTS, outs):
         ids = out.outputs[0].token_ids
         with torch.no_grad():
-            want = oracle.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None,
-                                   pad_token_id=0, attention_mask=torch.ones(1, len(p), dtype=torch.long))
+            want = oracle.generate(
+                torch.tensor([p]),
+                max_new_tokens=MAX_TOKENS,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+                attention_mask=torch.ones(1, len(p), dtype=torch.long),
+            )
             ref = torch.log_softmax(oracle(torch.tensor([p + ids])).logits[0].float(), dim=-1)
-        same += ids == want[0, len(p):].tolist()
-        gaps += [abs(row[t].logprob - ref[len(p) - 1 + i, t].item()) for i, (t, row) in
-                 enumerate(zip(ids, out.outputs[0].logprobs))]
+        same += ids == want[0, len(p) :].tolist()
+        gaps += [
+            abs(row[t].logprob - ref[len(p) - 1 + i, t].item())
+            for i, (t, row) in enumerate(zip(ids, out.outputs[0].logprobs))
+        ]
     return same, gaps
 
 
@@ -146,7 +175,8 @@ def test_int8_activations_are_the_oracle_s_with_quantized_inputs(workdir: Path, 
     to ~1e-6 until a float32 summation-order difference moves one activation across a rounding
     boundary of its int8 grid (one step: 1/127 of its block's largest value); from there the KV cache
     carries a ~1e-2 difference (measured: 4/4 prompts' greedy tokens equal, 23 of 48 logprobs within
-    1e-5, the largest gap 0.031: a wrong scale or quant would leave none that close). The plain float32 oracle is further away (2/4 prompts, 0.072)."""
+    1e-5, the largest gap 0.031: a wrong scale or quant would leave none that close). The plain float32
+    oracle is further away (2/4 prompts, 0.072)."""
     gguf = quantize(llama_256_f32, workdir / f"llama256-Q4_K_M-{len(MIXED)}.gguf", "Q4_K_M", MIXED)
     llm = _llm(gguf, tokenizer=STORIES_DIR, gguf_activations="int8")
     assert len(_kept_types(llm)) == 8
@@ -163,8 +193,8 @@ def test_bfloat16_is_as_near_the_oracle_as_its_own_bf16(monkeypatch, workdir: Pa
     this file: 3/4 prompts' greedy tokens equal, logprob gaps median 0.014, largest 0.046; transformers'
     own bf16 against its float32 differs as much (2/4 prompts, median 0.012, largest 0.053). A wrong
     slab or weight is off by the weights' scale, not by a rounding."""
-    from tram.model.quant import slab_gemm
     from tram.model.gguf import weight as gguf_weight
+    from tram.model.quant import slab_gemm
 
     gguf = quantize(llama_256_f32, workdir / f"llama256-Q4_K_M-{len(MIXED)}.gguf", "Q4_K_M", MIXED)
     rows = []
@@ -184,8 +214,8 @@ def test_float32_slabs_keep_the_oracle_s_greedy_tokens(monkeypatch, workdir: Pat
     """Where the kernels are built without AVX-512, float32 prefill rows past MIN_ROWS go to MKL on
     float32 slabs of the decoded weights (slab_gemm.py), forced on here for all eight kept types: the
     oracle's own computation (F.linear on the dequantized weights), so its greedy tokens hold."""
-    from tram.model.quant import slab_gemm
     from tram.model.gguf import weight as gguf_weight
+    from tram.model.quant import slab_gemm
 
     gguf = quantize(llama_256_f32, workdir / f"llama256-Q4_K_M-{len(MIXED)}.gguf", "Q4_K_M", MIXED)
     rows = []
@@ -251,9 +281,9 @@ def test_unknown_tensor_type_fails_at_start(workdir: Path, stories_q8_0: Path):
     data = bytearray(stories_q8_0.read_bytes())
     name = b"blk.0.attn_q.weight"
     at = data.index(name) + len(name)  # then: n_dims (u32), dims (u64 each), type (u32)
-    n_dims = int.from_bytes(data[at:at + 4], "little")
+    n_dims = int.from_bytes(data[at : at + 4], "little")
     type_at = at + 4 + 8 * n_dims
-    data[type_at:type_at + 4] = (99).to_bytes(4, "little")
+    data[type_at : type_at + 4] = (99).to_bytes(4, "little")
     bad = workdir / "unknown-type.gguf"
     bad.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="unknown tensor type"):
@@ -279,7 +309,6 @@ def test_tram_serve_gguf_file(stories_q8_0: Path):
     """`tram serve model.gguf`: the tokenizer and chat template come from the file, the completion is
     the offline engine's, and the API process still never loads torch (the config is read with gguf)."""
     import httpx
-
     from server_utils import RemoteServer, assert_idle
 
     llm = _llm(stories_q8_0)

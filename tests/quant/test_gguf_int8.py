@@ -2,17 +2,17 @@
 values, integer dot products with the weights' quants. Checked against the PyTorch reference (the same
 int8 activations, dequantized, times the dequantized weight) on every kept type, shape and row count,
 and for what serving needs: one numerics whatever the batch, the threads or the number of rows."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from kernel_checks import assert_batch_and_thread_invariant, assert_close_to_reference
 from test_gguf_weights import NAMES, TYPES, _blocks, _ks
+
+from tram.model.gguf.weight import Q4_K, Q8_0, GGUFWeight, quantize_activations, reference_linear, reference_linear_int8
 from tram.model.kernels.cpu_kernels import cpu_kernels_available, load_cpu_kernels
 from tram.model.quant import weights
-from tram.model.gguf.weight import (Q4_K, Q8_0, GGUFWeight, quantize_activations, reference_linear,
-                                          reference_linear_int8)
 
 needs_kernels = pytest.mark.skipif(not cpu_kernels_available(), reason="the C++ kernels are not available")
 
@@ -93,7 +93,9 @@ def test_the_setting_is_for_gguf_files_only():
 
     parser = argparse.ArgumentParser()
     EngineArgs.add_cli_args(parser)
-    assert EngineArgs.from_cli_args(parser.parse_args(["m.gguf", "--gguf-activations", "int8"])).gguf_activations == "int8"
+    assert (
+        EngineArgs.from_cli_args(parser.parse_args(["m.gguf", "--gguf-activations", "int8"])).gguf_activations == "int8"
+    )
     assert EngineArgs.from_cli_args(parser.parse_args(["m.gguf"])).gguf_activations == "float32"
     with pytest.raises(ValueError, match="gguf_activations 'int8' applies to GGUF files"):
         EngineArgs(model="some/float-model", gguf_activations="int8").validate()

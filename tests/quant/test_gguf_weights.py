@@ -1,6 +1,7 @@
 """GGUF weights kept in their block layouts (tram/model/gguf/weight.py, csrc/gguf_linear.cpp):
 the PyTorch dequantizer bit for bit against the gguf package's, and the C++ kernels against
 dequantize-then-matmul on random but valid blocks."""
+
 from __future__ import annotations
 
 import gguf
@@ -9,19 +10,37 @@ import pytest
 import torch
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
+from kernel_checks import assert_batch_and_thread_invariant, assert_close_to_reference, assert_slabs_match
 
-from kernel_checks import assert_batch_and_thread_invariant, assert_slabs_match, assert_close_to_reference
+from tram.model.gguf.weight import (
+    BLOCK_SIZES,
+    GGUF_KEPT_TYPES,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    Q5_0,
+    Q5_1,
+    Q5_K,
+    Q6_K,
+    Q8_0,
+    GGUFWeight,
+    dequantize_gguf,
+)
 from tram.model.kernels.cpu_kernels import cpu_kernels_available
 from tram.model.quant import weights
-from tram.model.gguf.weight import (BLOCK_SIZES, GGUF_KEPT_TYPES, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
-                                          GGUFWeight, dequantize_gguf)
 from tram.model.quant.weights import SKINNY_MAX_ROWS, reference_linear
 
 TYPES = [Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K]
-NAMES = {Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q4_K: "Q4_K", Q5_K: "Q5_K",
-         Q6_K: "Q6_K"}
+NAMES = {Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
 FP16_OFFSETS = {  # d (and m or dmin) in a block
-    Q8_0: (0,), Q4_0: (0,), Q4_1: (0, 2), Q5_0: (0,), Q5_1: (0, 2), Q4_K: (0, 2), Q5_K: (0, 2), Q6_K: (208,),
+    Q8_0: (0,),
+    Q4_0: (0,),
+    Q4_1: (0, 2),
+    Q5_0: (0,),
+    Q5_1: (0, 2),
+    Q4_K: (0, 2),
+    Q5_K: (0, 2),
+    Q6_K: (208,),
 }
 
 
@@ -37,7 +56,7 @@ def _blocks(ggml_type: int, n: int, k: int, seed: int) -> torch.Tensor:
     scale = 0.05 / block if block == 256 else 0.05 / 8  # K-quants' scales multiply 6-bit sub-scales
     for off in FP16_OFFSETS[ggml_type]:
         d = (g.standard_normal((n, k // block, 1)) * scale).astype(np.float16)
-        raw[..., off:off + 2] = d.view(np.uint8)
+        raw[..., off : off + 2] = d.view(np.uint8)
     return torch.from_numpy(raw.reshape(n, -1))
 
 
@@ -122,7 +141,7 @@ def test_gemm_is_invariant_to_batch_and_threads(ggml_type: int):
     x = torch.randn(100, 256)
     with torch.inference_mode():
         together = qw.apply(x, None)
-        assert torch.equal(qw.apply(x[5:5 + SKINNY_MAX_ROWS + 3], None), together[5:5 + SKINNY_MAX_ROWS + 3])
+        assert torch.equal(qw.apply(x[5 : 5 + SKINNY_MAX_ROWS + 3], None), together[5 : 5 + SKINNY_MAX_ROWS + 3])
         for n in (1, 2):
             torch.set_num_threads(n)
             try:
@@ -148,7 +167,7 @@ def test_passes_over_long_rows_change_no_bit(monkeypatch, ggml_type: int):
     block, size = BLOCK_SIZES[ggml_type]
     data = _blocks(ggml_type, 70, k, 7)
     qw = GGUFWeight(data, ggml_type, k)
-    head = GGUFWeight(data[:, :short // block * size].contiguous(), ggml_type, short)
+    head = GGUFWeight(data[:, : short // block * size].contiguous(), ggml_type, short)
     assert_batch_and_thread_invariant(lambda x: qw.apply(x, None), torch.randn(SKINNY_MAX_ROWS, k))
     x = torch.randn(40, short)
     padded = torch.cat([x, torch.zeros(40, k - short)], dim=1)

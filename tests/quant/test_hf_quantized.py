@@ -2,6 +2,7 @@
 by the formats' own rules (hf_quant_packers.py), read by Tram. Each layer must dequantize to exactly
 the checkpoint's weight, and the whole model must match transformers running those dequantized
 weights as a float checkpoint; unsupported schemes fail at start naming themselves."""
+
 from __future__ import annotations
 
 import json
@@ -10,11 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from conftest import assert_no_leak
-from quant_oracle import assert_matches_oracle, float_model_dir, hf_oracle, write_checkpoints
-from kernel_checks import assert_slabs_match
 from hf_quant_packers import AWQ_ORDER, awq_tensors, compressed_tensors, gptq_tensors, pack_rows, quantize
+from kernel_checks import assert_slabs_match
+from quant_oracle import assert_matches_oracle, float_model_dir, hf_oracle, write_checkpoints
+
 from tram import LLM, SamplingParams
 from tram.config import ModelConfig
 from tram.model.kernels.cpu_kernels import cpu_kernels_available
@@ -27,39 +28,76 @@ from tram.model.quant.weights import SKINNY_MAX_ROWS, reference_linear
 
 
 def _gptq(group: int, sym: bool, desc_act: bool, v2: bool = False):
-    config = {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": desc_act, "sym": sym,
-              "checkpoint_format": "gptq_v2" if v2 else "gptq", "lm_head": False, "static_groups": False}
+    config = {
+        "quant_method": "gptq",
+        "bits": 4,
+        "group_size": group,
+        "desc_act": desc_act,
+        "sym": sym,
+        "checkpoint_format": "gptq_v2" if v2 else "gptq",
+        "lm_head": False,
+        "static_groups": False,
+    }
 
     def writer(w: torch.Tensor, i: int):
         qw = quantize(w, group, sym, desc_act, seed=i)
         return gptq_tensors(qw, v2), qw.dequantize()
+
     return config, writer
 
 
 def _awq(group: int):
-    config = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm",
-              "modules_to_not_convert": None}
+    config = {
+        "quant_method": "awq",
+        "bits": 4,
+        "group_size": group,
+        "zero_point": True,
+        "version": "gemm",
+        "modules_to_not_convert": None,
+    }
 
     def writer(w: torch.Tensor, i: int):
         qw = quantize(w, group, sym=False, act_order=False)
         return awq_tensors(qw), qw.dequantize()
+
     return config, writer
 
 
 def _compressed(bits: int, group: int, sym: bool, act_order: bool = False):
     strategy = "group" if group > 0 else "channel"
-    weights = {"num_bits": bits, "type": "int", "symmetric": sym, "strategy": strategy,
-               "group_size": group if group > 0 else None, "dynamic": False,
-               "actorder": "group" if act_order else None, "observer": "minmax"}
+    weights = {
+        "num_bits": bits,
+        "type": "int",
+        "symmetric": sym,
+        "strategy": strategy,
+        "group_size": group if group > 0 else None,
+        "dynamic": False,
+        "actorder": "group" if act_order else None,
+        "observer": "minmax",
+    }
     fmt = "pack-quantized" if bits == 4 else "int-quantized"
-    config = {"quant_method": "compressed-tensors", "format": fmt, "quantization_status": "compressed",
-              "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
-                                            "output_activations": None, "format": fmt}},
-              "ignore": ["lm_head"], "kv_cache_scheme": None, "global_compression_ratio": None}
+    config = {
+        "quant_method": "compressed-tensors",
+        "format": fmt,
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": weights,
+                "input_activations": None,
+                "output_activations": None,
+                "format": fmt,
+            }
+        },
+        "ignore": ["lm_head"],
+        "kv_cache_scheme": None,
+        "global_compression_ratio": None,
+    }
 
     def writer(w: torch.Tensor, i: int):
         qw = quantize(w, group, sym, act_order, bits=bits, seed=i, scale_dtype=torch.bfloat16)
         return compressed_tensors(qw, bits, sym, act_order), qw.dequantize()
+
     return config, writer
 
 
@@ -145,7 +183,7 @@ def test_zero_point_kernel_is_invariant_to_batch_and_threads():
     with torch.inference_mode():
         together = qw.apply(x, None)
         for i in range(x.shape[0]):
-            assert torch.equal(qw.apply(x[i:i + 1], None), together[i:i + 1])
+            assert torch.equal(qw.apply(x[i : i + 1], None), together[i : i + 1])
         torch.set_num_threads(1)
         try:
             assert torch.equal(qw.apply(x, None), together)
@@ -174,8 +212,13 @@ def test_partial_and_unequal_groups_run_in_runs_of_32_and_the_rest_dequantized()
     x = torch.randn(5, 172, generator=torch.Generator().manual_seed(3))
     for group, act_order, width in ((128, False, 128 + 64), (32, True, None), (-1, True, None)):
         qw = quantize(w, group, sym=False, act_order=act_order)
-        parts = Int4Parts(qw.q.to(torch.uint8), qw.scale.float(), qw.zero.to(torch.uint8),
-                          172 if group < 0 else group, qw.g_idx.long())
+        parts = Int4Parts(
+            qw.q.to(torch.uint8),
+            qw.scale.float(),
+            qw.zero.to(torch.uint8),
+            172 if group < 0 else group,
+            qw.g_idx.long(),
+        )
         weight = int4_weight(parts)
         if group < 0:
             assert isinstance(weight, torch.Tensor) and torch.equal(weight, qw.dequantize())
@@ -219,10 +262,18 @@ def test_greedy_and_logprobs_match_transformers_on_the_dequantized_checkpoint(ch
 
 # ---- what is refused, at start -----------------------------------------------------------------
 def _ct(weights: dict, acts: dict | None = None, fmt: str = "pack-quantized") -> dict:
-    return {"quant_method": "compressed-tensors", "format": fmt, "quantization_status": "compressed",
-            "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"type": "int", "symmetric": True,
-                                                                             "dynamic": False, **weights},
-                                          "input_activations": acts}}}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": fmt,
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"type": "int", "symmetric": True, "dynamic": False, **weights},
+                "input_activations": acts,
+            }
+        },
+    }
 
 
 UNSUPPORTED = [
@@ -232,11 +283,17 @@ UNSUPPORTED = [
     ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "AWQ GEMV"),
     ({"quant_method": "awq", "bits": 3, "version": "gemm"}, "AWQ 3-bit"),
     ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quant_method 'bitsandbytes'"),
-    (_ct({"num_bits": 8, "type": "float", "strategy": "channel"}, fmt="float-quantized"),
-     "compressed-tensors float8 weights"),
-    (_ct({"num_bits": 4, "strategy": "group", "group_size": 128},
-         {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True, "symmetric": True}),
-     "compressed-tensors W4A8"),
+    (
+        _ct({"num_bits": 8, "type": "float", "strategy": "channel"}, fmt="float-quantized"),
+        "compressed-tensors float8 weights",
+    ),
+    (
+        _ct(
+            {"num_bits": 4, "strategy": "group", "group_size": 128},
+            {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True, "symmetric": True},
+        ),
+        "compressed-tensors W4A8",
+    ),
     (_ct({"num_bits": 8, "strategy": "group", "group_size": 128}, fmt="int-quantized"), "W8A16 group"),
     (_ct({"num_bits": 2, "strategy": "group", "group_size": 128}), "compressed-tensors 2-bit"),
 ]
@@ -267,24 +324,29 @@ def test_refusals_happen_at_start_with_clear_messages(checkpoints, float_dir: st
     (bad / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="GPTQ 3-bit is not supported"):
         LLM(str(bad))
-    assert LLM(gptq, quantization="gptq", max_model_len=64).generate(
-        [{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids
+    assert (
+        LLM(gptq, quantization="gptq", max_model_len=64)
+        .generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=2), use_tqdm=False)[0]
+        .outputs[0]
+        .token_ids
+    )
 
 
 def test_quantized_layers_never_allocate_their_float_weight(checkpoints):
     # A GPU holds the packed weights only: `plan` drops the float weights on the meta-device model,
     # before anything is allocated, and the layers that the checkpoint does not quantize keep theirs.
+    from tram.model.attention import get_attention_backend
     from tram.model.loader import safetensors_files
     from tram.model.quant.checkpoints import checkpoint_loader
     from tram.model.registry import get_model_class
-    from tram.model.attention import get_attention_backend
 
     path, _ = checkpoints["awq-g128"]
     config = ModelConfig(path, device="cpu")
     config.resolve()
     with torch.device("meta"):
-        model = get_model_class(config.architecture)(config.hf_config, config.torch_dtype,
-                                                     get_attention_backend(config.attention_backend))
+        model = get_model_class(config.architecture)(
+            config.hf_config, config.torch_dtype, get_attention_backend(config.attention_backend)
+        )
     quant = checkpoint_loader(config.quantization, config.hf_config, torch.device("cpu"), model)
     quant.plan(safetensors_files(path))
     emptied = {name for name, p in model.named_parameters() if p.numel() == 0}

@@ -1,20 +1,29 @@
 """On-the-fly weight-only quantization (`quantization="int8"` / `"int4"`): torch's CPU kernels
 against dequantize-then-matmul on random shapes, and whole models against transformers running
 the same dequantized weights (the oracle: what the quantized model means)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import assert_no_leak
-from kernel_checks import assert_batch_and_thread_invariant, assert_slabs_match, assert_close_to_reference
+from kernel_checks import assert_batch_and_thread_invariant, assert_close_to_reference, assert_slabs_match
 from quant_oracle import assert_matches_oracle, float_model_dir
+
 from tram import LLM, SamplingParams
 from tram.model.kernels.cpu_kernels import cpu_kernels_available
 from tram.model.quant import weights
 from tram.model.quant.apply import quantize_weight
-from tram.model.quant.weights import (SKINNY_MAX_ROWS, Int4Weight, Int8Weight, QuantizedWeight, int4_group_size,
-                                      pack_int4, reference_linear, unpack_int4)
+from tram.model.quant.weights import (
+    SKINNY_MAX_ROWS,
+    Int4Weight,
+    Int8Weight,
+    QuantizedWeight,
+    int4_group_size,
+    pack_int4,
+    reference_linear,
+    unpack_int4,
+)
 
 SHAPES = [(16, 32), (50, 100), (64, 256), (33, 384)]  # [N, K]: odd row counts, K not a multiple of 16
 GEMM_ROWS = (SKINNY_MAX_ROWS + 1, 40, 100)  # past the skinny kernel: quant_gemm
@@ -86,7 +95,7 @@ def test_gemm_is_invariant_to_batch_and_threads(method: str):
     threads = torch.get_num_threads()
     with torch.inference_mode():
         together = qw.apply(x, None)
-        assert torch.equal(qw.apply(x[3:3 + SKINNY_MAX_ROWS + 2], None), together[3:3 + SKINNY_MAX_ROWS + 2])
+        assert torch.equal(qw.apply(x[3 : 3 + SKINNY_MAX_ROWS + 2], None), together[3 : 3 + SKINNY_MAX_ROWS + 2])
         torch.set_num_threads(1)
         try:
             assert torch.equal(qw.apply(x, None), together)
@@ -168,6 +177,8 @@ def test_quantized_model_is_smaller_and_unknown_methods_are_refused(stories_path
     layers = [m for m in runner.model.modules() if getattr(m, "quant", None) is not None]
     assert len(layers) == 5 * 7  # q, k, v, o, gate, up, down in each of the 5 layers
     assert all(m.weight.numel() == 0 for m in layers)  # the float weights are gone
-    assert llm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)[0].outputs[0].text
+    assert (
+        llm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)[0].outputs[0].text
+    )
     with pytest.raises(ValueError, match="quantization 'fp6' is not supported: choose int8 or int4"):
         LLM(stories_path, quantization="fp6")

@@ -6,6 +6,7 @@ match transformers on the checkpoint's dequantized weights. On-the-fly int8 / in
 rank's float shard; they match transformers on those shards quantized one by one. A rank's share of
 groups that act-order scatters or the rank boundary cuts is stored as runs of 32 columns. Each TP
 engine starts once, is checked for leaked KV blocks and is shut down with its workers."""
+
 from __future__ import annotations
 
 import contextlib
@@ -16,16 +17,16 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 from conftest import assert_no_leak
 from hf_quant_packers import LINEARS, awq_tensors, compressed_tensors, gptq_tensors, quantize
 from quant_oracle import assert_matches_oracle, float_model_dir, hf_oracle, write_checkpoints
+from safetensors.torch import load_file, save_file
+
 from tram import LLM
 from tram.config import ModelConfig
 from tram.distributed import parallel_state
-from tram.model.loader import load_model
 from tram.model.layers.parallel_linear import Shard
+from tram.model.loader import load_model
 from tram.model.quant.apply import quantize_weight
 from tram.model.quant.checkpoint_shards import shard_weight
 from tram.model.quant.checkpoint_weight import CheckpointInt4Weight, int8_weight
@@ -33,20 +34,33 @@ from tram.model.quant.unpacked import Int4Parts, int4_weight
 
 COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # the rest of LINEARS: o_proj, down_proj
 TP = 2
-PROMPTS = [[1, 17, 300, 45, 9], [1, 200, 201, 202, 203, 204, 205, 206], [1, 5],
-           [1] + list(range(60, 83))]  # 24 tokens: prefill past the skinny kernel's rows (the int4 GEMM)
+PROMPTS = [
+    [1, 17, 300, 45, 9],
+    [1, 200, 201, 202, 203, 204, 205, 206],
+    [1, 5],
+    [1] + list(range(60, 83)),
+]  # 24 tokens: prefill past the skinny kernel's rows (the int4 GEMM)
 
 Writer = Callable[[str, torch.Tensor, int], tuple[dict[str, torch.Tensor], torch.Tensor]]
 
 
 # ---- checkpoints -------------------------------------------------------------------------------
 def _gptq(group: int, sym: bool, act_order: bool = False) -> tuple[dict, Writer]:
-    config = {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": act_order, "sym": sym,
-              "checkpoint_format": "gptq", "lm_head": False, "static_groups": False}
+    config = {
+        "quant_method": "gptq",
+        "bits": 4,
+        "group_size": group,
+        "desc_act": act_order,
+        "sym": sym,
+        "checkpoint_format": "gptq",
+        "lm_head": False,
+        "static_groups": False,
+    }
 
     def writer(name: str, w: torch.Tensor, i: int):
         qw = quantize(w, group, sym, act_order=act_order, seed=i)
         return gptq_tensors(qw), qw.dequantize()
+
     return config, writer
 
 
@@ -56,6 +70,7 @@ def _awq(group: int) -> tuple[dict, Writer]:
     def writer(name: str, w: torch.Tensor, i: int):
         qw = quantize(w, group, sym=False, act_order=False)
         return awq_tensors(qw), qw.dequantize()
+
     return config, writer
 
 
@@ -72,23 +87,36 @@ def _ct_mixed() -> tuple[dict, Writer]:
     groups = {}
     for i, (target, (bits, group, sym)) in enumerate(CT_GROUPS.items()):
         fmt = "pack-quantized" if bits == 4 else "int-quantized"
-        weights = {"num_bits": bits, "type": "int", "symmetric": sym, "strategy": "group" if group > 0 else "channel",
-                   "group_size": group if group > 0 else None, "dynamic": False, "actorder": None}
+        weights = {
+            "num_bits": bits,
+            "type": "int",
+            "symmetric": sym,
+            "strategy": "group" if group > 0 else "channel",
+            "group_size": group if group > 0 else None,
+            "dynamic": False,
+            "actorder": None,
+        }
         groups[f"group_{i}"] = {"targets": [target], "weights": weights, "input_activations": None, "format": fmt}
-    config = {"quant_method": "compressed-tensors", "format": "mixed-precision", "quantization_status": "compressed",
-              "config_groups": groups, "ignore": ["lm_head"], "kv_cache_scheme": None}
+    config = {
+        "quant_method": "compressed-tensors",
+        "format": "mixed-precision",
+        "quantization_status": "compressed",
+        "config_groups": groups,
+        "ignore": ["lm_head"],
+        "kv_cache_scheme": None,
+    }
 
     def writer(name: str, w: torch.Tensor, i: int):
         bits, group, sym = next(s for t, s in CT_GROUPS.items() if re.match(t[3:], name.removesuffix(".weight")))
         qw = quantize(w, group, sym, act_order=False, bits=bits, seed=i, scale_dtype=torch.bfloat16)
         return compressed_tensors(qw, bits, sym), qw.dequantize()
+
     return config, writer
 
 
 # Act-order GPTQ: each rank holds parts of every group of o_proj and down_proj, in runs of 32 columns.
 # Symmetric int4 slices as the asymmetric does (ct-mixed has it per channel).
-SCHEMES = {"gptq-g64-asym-actorder": _gptq(64, False, act_order=True), "awq-g128": _awq(128),
-           "ct-mixed": _ct_mixed()}
+SCHEMES = {"gptq-g64-asym-actorder": _gptq(64, False, act_order=True), "awq-g128": _awq(128), "ct-mixed": _ct_mixed()}
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +129,10 @@ def float_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 def checkpoints(float_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]:
     """scheme -> (quantized folder, float folder of its dequantized weights)."""
     names = sorted(load_file(os.path.join(float_dir, "model.safetensors")))  # write_quantized's order
-    named = {scheme: (config, lambda w, i, writer=writer: writer(names[i], w, i))
-             for scheme, (config, writer) in SCHEMES.items()}
+    named = {
+        scheme: (config, lambda w, i, writer=writer: writer(names[i], w, i))
+        for scheme, (config, writer) in SCHEMES.items()
+    }
     return write_checkpoints(float_dir, tmp_path_factory.mktemp("quantized"), named)
 
 

@@ -4,6 +4,7 @@ tensors against reference_linear (dequantize in fp32, then F.linear in fp32, rou
 As for the attention kernels, a private copy of the kernel module runs under the interpreter
 (tests/triton_interp.py).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -11,9 +12,10 @@ import torch
 
 pytest.importorskip("triton")
 
+from triton_interp import interpreter_on, load_interpreted  # noqa: E402
+
 from tram.model.quant.checkpoint_weight import CheckpointInt4Weight  # noqa: E402
 from tram.model.quant.weights import Int4Weight, Int8Weight, QuantizedWeight, reference_linear  # noqa: E402
-from triton_interp import interpreter_on, load_interpreted  # noqa: E402
 
 tl_mod = load_interpreted("_tram_triton_linear_interpreted", "tram/model/quant/triton_linear.py")
 
@@ -51,10 +53,18 @@ def _check(qw: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None, conf
 
 # Rows: a decode, a few, and past the decode tile (17: a second config, one partial row tile).
 # N 40: a partial column tile. K 64/128 with groups 32/64/128 (1..4 groups, K tiles of 32..128).
-CASES = [(m, n, k, method) for m in (1, 3, 17) for n, k, method in [
-    (16, 64, "int8"), (40, 128, "int8"), (40, 64, "int4g32"), (16, 128, "int4g32"), (40, 128, "int4g64"),
-    (16, 128, "int4g128"),
-]]
+CASES = [
+    (m, n, k, method)
+    for m in (1, 3, 17)
+    for n, k, method in [
+        (16, 64, "int8"),
+        (40, 128, "int8"),
+        (40, 64, "int4g32"),
+        (16, 128, "int4g32"),
+        (40, 128, "int4g64"),
+        (16, 128, "int4g128"),
+    ]
+]
 
 
 @pytest.mark.parametrize("m,n,k,method", CASES)
@@ -127,8 +137,9 @@ def _checkpoint_int4(n: int, k: int, group: int, zero: bool, perm: bool, seed: i
 
 @pytest.mark.parametrize("zero,perm", [(True, False), (True, True), (False, True)])
 @pytest.mark.parametrize("dtype", [FP32, BF16])
-def test_checkpoint_zero_points_and_act_order_match_reference(zero: bool, perm: bool, dtype: torch.dtype,
-                                                              monkeypatch: pytest.MonkeyPatch):
+def test_checkpoint_zero_points_and_act_order_match_reference(
+    zero: bool, perm: bool, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+):
     # Through CheckpointInt4Weight.apply, as a GPU runs it (use_triton: on CPU tensors, interpreted).
     import tram.model.quant.triton_linear as triton_linear
 

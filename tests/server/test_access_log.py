@@ -1,6 +1,7 @@
 """The access log middleware in-process: a stream is logged when it ends (its latency is the whole
 stream's), tokens the engine counted for the request appear, and --disable-uvicorn-access-log
 turns the line off."""
+
 from __future__ import annotations
 
 import asyncio
@@ -41,6 +42,7 @@ def _app(server_args: ServerArgs) -> FastAPI:
                 await asyncio.sleep(0.1)
                 usage.output_tokens += 2
                 yield "data: x\n\n"
+
         return StreamingResponse(chunks(), media_type="text/event-stream")
 
     @app.get("/plain")
@@ -67,8 +69,9 @@ def test_a_stream_is_logged_when_it_ends_with_its_tokens(access_log: list[str]) 
     assert asyncio.run(_get(app, "/plain")).status_code == 200
     assert asyncio.run(_get(app, "/missing")).status_code == 404
     assert asyncio.run(_get(app, "/health")).status_code == 200  # a probe: not logged while it succeeds
-    stream = re.fullmatch(r'10\.0\.0\.1:4321 "GET /slow-stream" 200 (\d+\.\d) ms prompt_tokens=4 output_tokens=6',
-                          access_log[0])
+    stream = re.fullmatch(
+        r'10\.0\.0\.1:4321 "GET /slow-stream" 200 (\d+\.\d) ms prompt_tokens=4 output_tokens=6', access_log[0]
+    )
     assert stream and float(stream.group(1)) >= 300, access_log
     assert re.fullmatch(r'10\.0\.0\.1:4321 "GET /plain" 200 \d+\.\d ms', access_log[1])
     assert re.fullmatch(r'10\.0\.0\.1:4321 "GET /missing" 404 \d+\.\d ms', access_log[2])

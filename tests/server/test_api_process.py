@@ -1,13 +1,14 @@
 """The API server process never loads torch: it tokenizes, validates and streams, and reaches the
 model only through the message structs of tram/engine/messages.py. The engine core process does."""
+
 from __future__ import annotations
 
 import os
 
 import httpx
 import pytest
-
 from server_utils import RemoteServer, shared_server
+
 from tram.executor.cpu_threads import choose_cpu_threads, usable_cores
 
 

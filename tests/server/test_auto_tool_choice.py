@@ -1,20 +1,27 @@
 """tool_choice "auto" end to end: a server with --enable-auto-tool-choice --tool-call-parser hermes
 finds the calls the model writes in its text. stories260K never writes a call by itself, so a
 grammar (structured_outputs, which "auto" leaves free) makes it write Hermes' format."""
+
 from __future__ import annotations
 
 import json
 
 import openai
 import pytest
-
 from conftest import STORIES
 from server_pool import ServerSpec, pool_server
 from server_utils import RemoteServer, settled_kv
 
-TOOLS = [{"type": "function", "function": {
-    "name": "pet", "description": "Pet an animal",
-    "parameters": {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}}, "required": ["kind"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "pet",
+            "description": "Pet an animal",
+            "parameters": {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}}, "required": ["kind"]},
+        },
+    }
+]
 CALL = '<tool_call>\n{"name": "pet", "arguments": {"kind": "cat"}}\n</tool_call>'
 # Some words, then the call: the words are content, the call becomes message.tool_calls.
 GRAMMAR = 'root ::= "Sure." "\\n" ' + json.dumps(CALL)
@@ -35,8 +42,14 @@ def client(server: RemoteServer) -> openai.OpenAI:
 
 def ask(client: openai.OpenAI, **kwargs):
     return client.chat.completions.create(
-        model=str(STORIES), messages=MESSAGES, tools=TOOLS, max_tokens=80, temperature=0,
-        extra_body={"structured_outputs": {"grammar": GRAMMAR}}, **kwargs)
+        model=str(STORIES),
+        messages=MESSAGES,
+        tools=TOOLS,
+        max_tokens=80,
+        temperature=0,
+        extra_body={"structured_outputs": {"grammar": GRAMMAR}},
+        **kwargs,
+    )
 
 
 def test_auto_finds_the_call_in_the_text(client: openai.OpenAI, server: RemoteServer) -> None:
@@ -68,8 +81,9 @@ def test_auto_streams_content_then_the_call(client: openai.OpenAI) -> None:
 
 
 def test_plain_text_stays_content(client: openai.OpenAI) -> None:
-    choice = client.chat.completions.create(model=str(STORIES), messages=MESSAGES, tools=TOOLS, max_tokens=12,
-                                            temperature=0).choices[0]
+    choice = client.chat.completions.create(
+        model=str(STORIES), messages=MESSAGES, tools=TOOLS, max_tokens=12, temperature=0
+    ).choices[0]
     assert choice.message.tool_calls is None and choice.message.content
     assert choice.finish_reason in ("stop", "length")
 
@@ -77,8 +91,7 @@ def test_plain_text_stays_content(client: openai.OpenAI) -> None:
 def test_a_tool_result_continues_the_conversation(client: openai.OpenAI) -> None:
     first = ask(client).choices[0].message
     messages = MESSAGES + [
-        {"role": "assistant", "content": first.content,
-         "tool_calls": [c.model_dump() for c in first.tool_calls]},
+        {"role": "assistant", "content": first.content, "tool_calls": [c.model_dump() for c in first.tool_calls]},
         {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "The cat purrs."},
     ]
     reply = client.chat.completions.create(model=str(STORIES), messages=messages, tools=TOOLS, max_tokens=8)

@@ -19,6 +19,7 @@ Oracles:
 - For the EOS path, an independent reference written over the full vocabulary with HF logits and
   the vLLM admission rule, run with "." relabelled as the EOS so that beams do end early.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,11 +29,11 @@ from typing import Any
 
 import pytest
 import torch
-
 from conftest import STORIES, hf_model
+
 from tram.config import EngineArgs
-from tram.engine.engine_config import create_engine_config
 from tram.engine.async_llm import AsyncLLM
+from tram.engine.engine_config import create_engine_config
 from tram.sampling_params import SamplingParams
 from tram.server.handlers.beam_search import BeamSearchSequence, beam_score, beam_search
 
@@ -80,8 +81,9 @@ class EngineView:
     their (finished) output, so they are certainly still open when the search has to give up on them.
     """
 
-    def __init__(self, engine: AsyncLLM, eos: int | None = None, fail_on: str | None = None,
-                 stall_prefix: str | None = None) -> None:
+    def __init__(
+        self, engine: AsyncLLM, eos: int | None = None, fail_on: str | None = None, stall_prefix: str | None = None
+    ) -> None:
         self._engine = engine
         self.eos_token_ids = [eos] if eos is not None else engine.eos_token_ids
         self.fail_on, self.stall_prefix = fail_on, stall_prefix
@@ -132,28 +134,50 @@ def hf_beam_search(prompt_ids: list[int], k: int, n: int, length_penalty: float)
     model = hf_model(STORIES)
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-            num_beams=k, num_return_sequences=k, do_sample=False, length_penalty=length_penalty,
-            max_new_tokens=n, max_length=None, early_stopping="never", eos_token_id=2, pad_token_id=0,
-            output_scores=True, return_dict_in_generate=True,
+            torch.tensor([prompt_ids]),
+            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            num_beams=k,
+            num_return_sequences=k,
+            do_sample=False,
+            length_penalty=length_penalty,
+            max_new_tokens=n,
+            max_length=None,
+            early_stopping="never",
+            eos_token_id=2,
+            pad_token_id=0,
+            output_scores=True,
+            return_dict_in_generate=True,
         )
-    return [row[len(prompt_ids):].tolist() for row in out.sequences], out.sequences_scores.tolist()
+    return [row[len(prompt_ids) :].tolist() for row in out.sequences], out.sequences_scores.tolist()
 
 
 def hf_beam_search_with_eos(prompt_ids: list[int], k: int, n: int, length_penalty: float):
     model = hf_model(STORIES)
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-            num_beams=k, do_sample=False, length_penalty=length_penalty, max_new_tokens=n, max_length=None,
-            early_stopping="never", eos_token_id=PERIOD, pad_token_id=0,
-            output_scores=True, return_dict_in_generate=True,
+            torch.tensor([prompt_ids]),
+            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            num_beams=k,
+            do_sample=False,
+            length_penalty=length_penalty,
+            max_new_tokens=n,
+            max_length=None,
+            early_stopping="never",
+            eos_token_id=PERIOD,
+            pad_token_id=0,
+            output_scores=True,
+            return_dict_in_generate=True,
         )
-    return out.sequences[:, len(prompt_ids):].tolist(), out.sequences_scores.tolist()
+    return out.sequences[:, len(prompt_ids) :].tolist(), out.sequences_scores.tolist()
 
 
-def reference_beam_search(prompt_ids: list[int], k: int, n: int, length_penalty: float, eos: int,
-                          ) -> list[tuple[list[int], float, str]]:
+def reference_beam_search(
+    prompt_ids: list[int],
+    k: int,
+    n: int,
+    length_penalty: float,
+    eos: int,
+) -> list[tuple[list[int], float, str]]:
     """Beam search over the whole [beams, vocab] matrix of HF logprobs (no engine, no dicts).
 
     Same rules as vLLM: an EOS within its beam's top 2k ends that hypothesis; the k best non-EOS
@@ -167,7 +191,7 @@ def reference_beam_search(prompt_ids: list[int], k: int, n: int, length_penalty:
             logits = model(torch.tensor([prompt_ids + toks for toks, _ in live])).logits[:, -1].float()
         rows = torch.log_softmax(logits, dim=-1)
         cum = rows + torch.tensor([c for _, c in live], dtype=torch.float64)[:, None]
-        eos_rank = (rows > rows[:, eos:eos + 1]).sum(dim=-1)  # 0-based rank of EOS in its beam
+        eos_rank = (rows > rows[:, eos : eos + 1]).sum(dim=-1)  # 0-based rank of EOS in its beam
         for b in torch.nonzero(eos_rank < 2 * k).flatten().tolist():
             done.append((live[b][0] + [eos], cum[b, eos].item(), "stop"))
         cum[:, eos] = -math.inf
@@ -181,9 +205,9 @@ def reference_beam_search(prompt_ids: list[int], k: int, n: int, length_penalty:
 
 # ---------------------------------------------------------------------------------------- tests
 
+
 @pytest.mark.parametrize("text, leading_space", [("Once upon a time", False), ("Lily went to the park.", True)])
-def test_width_one_is_greedy(engine: AsyncLLM, loop: asyncio.AbstractEventLoop, text: str,
-                             leading_space: bool) -> None:
+def test_width_one_is_greedy(engine: AsyncLLM, loop: asyncio.AbstractEventLoop, text: str, leading_space: bool) -> None:
     ids = ids_of(engine, text)
     want = loop.run_until_complete(greedy(engine, ids, 16, f"greedy-{text}"))
     assert want.finish_reason == "length"  # stories260K runs long: no EOS inside 16 tokens
@@ -197,12 +221,14 @@ def test_width_one_is_greedy(engine: AsyncLLM, loop: asyncio.AbstractEventLoop, 
 
 @pytest.mark.parametrize("k", [2, 3, 4])
 @pytest.mark.parametrize("length_penalty", [1.0, 0.0, 2.0])
-def test_matches_transformers_beam_search(engine: AsyncLLM, loop: asyncio.AbstractEventLoop,
-                                          k: int, length_penalty: float) -> None:
+def test_matches_transformers_beam_search(
+    engine: AsyncLLM, loop: asyncio.AbstractEventLoop, k: int, length_penalty: float
+) -> None:
     text = "Once upon a time" if k % 2 else "One day"
     ids = ids_of(engine, text)
-    got = loop.run_until_complete(beam_search(
-        engine, ids, k, 8, length_penalty=length_penalty, request_id=f"hf-{k}-{length_penalty}"))
+    got = loop.run_until_complete(
+        beam_search(engine, ids, k, 8, length_penalty=length_penalty, request_id=f"hf-{k}-{length_penalty}")
+    )
     want_tokens, want_scores = hf_beam_search(ids, k, 8, length_penalty)
     assert all(s.finish_reason == "length" for s in got)  # the EOS never competed
     # Not just the top sequence: all k agree, in order, with HF's own scores.
@@ -210,18 +236,23 @@ def test_matches_transformers_beam_search(engine: AsyncLLM, loop: asyncio.Abstra
     assert [beam_score(s, length_penalty) for s in got] == pytest.approx(want_scores, abs=SCORE_TOL)
 
 
-@pytest.mark.parametrize("text, k, length_penalty", [
-    ("She was happy", 3, 0.0),  # ending at once on "." wins; HF's rule misses it (module docstring)
-    ("She was happy", 4, 1.0),
-    ("Tom had a big red ball", 4, -1.0),
-    ("Tom had a big red ball", 2, 1.0),
-])
-def test_eos_path_matches_reference(engine: AsyncLLM, loop: asyncio.AbstractEventLoop,
-                                    text: str, k: int, length_penalty: float) -> None:
+@pytest.mark.parametrize(
+    "text, k, length_penalty",
+    [
+        ("She was happy", 3, 0.0),  # ending at once on "." wins; HF's rule misses it (module docstring)
+        ("She was happy", 4, 1.0),
+        ("Tom had a big red ball", 4, -1.0),
+        ("Tom had a big red ball", 2, 1.0),
+    ],
+)
+def test_eos_path_matches_reference(
+    engine: AsyncLLM, loop: asyncio.AbstractEventLoop, text: str, k: int, length_penalty: float
+) -> None:
     view = EngineView(engine, eos=PERIOD)
     ids = ids_of(engine, text)
-    got = loop.run_until_complete(beam_search(
-        view, ids, k, 10, length_penalty=length_penalty, request_id=f"eos-{text}-{k}-{length_penalty}"))
+    got = loop.run_until_complete(
+        beam_search(view, ids, k, 10, length_penalty=length_penalty, request_id=f"eos-{text}-{k}-{length_penalty}")
+    )
     want = reference_beam_search(ids, k, 10, length_penalty, PERIOD)
     assert [(s.tokens, s.finish_reason) for s in got] == [(t, r) for t, _, r in want]
     assert [s.cum_logprob for s in got] == pytest.approx([c for _, c, _ in want], abs=SCORE_TOL)
@@ -246,14 +277,17 @@ def test_ignore_eos_continues_past_eos(engine: AsyncLLM, loop: asyncio.AbstractE
 
 
 @pytest.mark.parametrize("length_penalty", [1.0, 0.0])
-def test_sorted_distinct_and_not_worse_than_greedy(engine: AsyncLLM, loop: asyncio.AbstractEventLoop,
-                                                   length_penalty: float) -> None:
+def test_sorted_distinct_and_not_worse_than_greedy(
+    engine: AsyncLLM, loop: asyncio.AbstractEventLoop, length_penalty: float
+) -> None:
     ids = ids_of(engine, "The cat")
-    [g] = loop.run_until_complete(beam_search(engine, ids, 1, 10, length_penalty=length_penalty,
-                                              request_id=f"sort-g-{length_penalty}"))
+    [g] = loop.run_until_complete(
+        beam_search(engine, ids, 1, 10, length_penalty=length_penalty, request_id=f"sort-g-{length_penalty}")
+    )
     for k in (2, 5):
-        got = loop.run_until_complete(beam_search(engine, ids, k, 10, length_penalty=length_penalty,
-                                                  request_id=f"sort-{k}-{length_penalty}"))
+        got = loop.run_until_complete(
+            beam_search(engine, ids, k, 10, length_penalty=length_penalty, request_id=f"sort-{k}-{length_penalty}")
+        )
         scores = [beam_score(s, length_penalty) for s in got]
         assert len(got) == k and scores == sorted(scores, reverse=True)
         assert len({tuple(s.tokens) for s in got}) == k
@@ -300,12 +334,15 @@ def test_step_failure_propagates_and_closes_siblings(engine: AsyncLLM, loop: asy
     assert sorted(view.closed_early) == ["fail-beam-2-0", "fail-beam-2-2"]
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(beam_width=0, max_tokens=4), "beam_width"),
-    (dict(beam_width=2, max_tokens=0), "max_tokens"),
-    (dict(beam_width=11, max_tokens=4), "max_logprobs"),  # 22 logprobs per step > 20
-    (dict(beam_width=2, max_tokens=600), "maximum model length"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(beam_width=0, max_tokens=4), "beam_width"),
+        (dict(beam_width=2, max_tokens=0), "max_tokens"),
+        (dict(beam_width=11, max_tokens=4), "max_logprobs"),  # 22 logprobs per step > 20
+        (dict(beam_width=2, max_tokens=600), "maximum model length"),
+    ],
+)
 def test_invalid_arguments(engine: AsyncLLM, loop: asyncio.AbstractEventLoop, kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         loop.run_until_complete(beam_search(engine, [1, 2, 3], request_id="bad", **kwargs))

@@ -2,6 +2,7 @@
 bodies over --max-request-body-bytes are a 413 before they are read, a text whose length alone
 proves it cannot fit is refused before it is tokenized, and thousands of prompts in one request
 are submitted without holding the loop. /health answers within 100 ms meanwhile."""
+
 from __future__ import annotations
 
 import threading
@@ -10,7 +11,6 @@ from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
-
 from conftest import STORIES
 from server_pool import ServerSpec, pool_server
 from server_utils import RemoteServer, module_client
@@ -32,7 +32,8 @@ def client(server: RemoteServer):
 
 
 def _health_latencies_during(
-    server: RemoteServer, work: Callable[[], httpx.Response],
+    server: RemoteServer,
+    work: Callable[[], httpx.Response],
 ) -> tuple[httpx.Response, list[float]]:
     """Run `work` while another client polls /health; return its response and every poll's latency."""
     latencies: list[float] = []
@@ -67,7 +68,8 @@ def _assert_responsive(latencies: list[float]) -> None:
     assert len(latencies) >= 3, latencies  # polls ran before, during and after the request
     worst = sorted(latencies)[-2:]
     assert worst[0] < 0.1 and worst[-1] < 0.3, (
-        f"/health took {worst[-1] * 1000:.0f} and {worst[0] * 1000:.0f} ms (of {len(latencies)} polls)")
+        f"/health took {worst[-1] * 1000:.0f} and {worst[0] * 1000:.0f} ms (of {len(latencies)} polls)"
+    )
 
 
 def test_health_answers_while_a_long_prompt_is_tokenized(server, client) -> None:

@@ -3,13 +3,13 @@ concatenate to the choice's text (echoed prompt included) and `text_offset` inde
 one response and across streamed chunks; chat's `token`s concatenate to the content and their
 `bytes` to the content's UTF-8, byte-fallback pieces included (`tram.engine.logprob_text`).
 The server and its fixtures are test_server_openai's (one server for this module)."""
+
 from __future__ import annotations
 
 from collections import defaultdict
 
 import httpx
 import openai
-
 from conftest import STORIES
 from server_utils import RemoteServer
 from test_server_openai import client, no_kv_in_use, server, tokenize  # noqa: F401 (fixtures)
@@ -22,7 +22,7 @@ def assert_indexes(text: str, lp: dict) -> None:
     """tokens concatenate to the text and each text_offset points at its token."""
     assert "".join(lp["tokens"]) == text
     for offset, token in zip(lp["text_offset"], lp["tokens"], strict=True):
-        assert text[offset:offset + len(token)] == token
+        assert text[offset : offset + len(token)] == token
 
 
 def completion(server: RemoteServer, body: dict) -> dict:
@@ -79,8 +79,14 @@ def test_streamed_offsets_index_the_text_when_text_is_held_back(client):
     # A long stop string that never matches holds back the text's end in every chunk, while the
     # tokens go out at once: offsets must follow the tokens, not the text sent so far.
     for echo in (False, True):
-        kw = {"prompt": [PROMPTS[0], "Tom and his dog"], "max_tokens": 16, "temperature": 0, "logprobs": 1,
-              "echo": echo, "stop": ["never in a story like this"]}
+        kw = {
+            "prompt": [PROMPTS[0], "Tom and his dog"],
+            "max_tokens": 16,
+            "temperature": 0,
+            "logprobs": 1,
+            "echo": echo,
+            "stop": ["never in a story like this"],
+        }
         text, lps = streamed(client, **kw)
         full = client.completions.create(model=STORIES, **kw).choices
         for c in full:
@@ -91,27 +97,31 @@ def test_streamed_offsets_index_the_text_when_text_is_held_back(client):
 
 def test_token_id_prompt_echo_and_a_completed_character(server):
     ids = tokenize(server, prompt="Once upon a time")
-    (echo,) = completion(server, {"prompt": ids, "max_tokens": 4, "temperature": 0, "echo": True,
-                                  "logprobs": 0})["choices"]
+    (echo,) = completion(server, {"prompt": ids, "max_tokens": 4, "temperature": 0, "echo": True, "logprobs": 0})[
+        "choices"
+    ]
     assert_indexes(echo["text"], echo["logprobs"])  # the echoed text of ids shows the BOS: '<s> ...'
     # A prompt ending inside "→" (E2 86); the output's first byte (92) completes the character.
     ids = tokenize(server, prompt="Tom saw a") + [3 + 0xE2, 3 + 0x86]
-    (c,) = completion(server, {"prompt": ids, "max_tokens": 1, "temperature": 0, "logprobs": 2,
-                               "logit_bias": {str(3 + 0x92): 100}})["choices"]
+    (c,) = completion(
+        server, {"prompt": ids, "max_tokens": 1, "temperature": 0, "logprobs": 2, "logit_bias": {str(3 + 0x92): 100}}
+    )["choices"]
     assert c["text"] == "→" and c["logprobs"]["tokens"] == ["→"] and c["logprobs"]["text_offset"] == [0]
 
 
 def test_chat_tokens_and_bytes_add_up_to_the_content(client):
     messages = [{"role": "user", "content": "Tom saw a → and 🙂"}]
-    got = client.chat.completions.create(model=STORIES, messages=messages, max_tokens=16, temperature=0,
-                                         logprobs=True, top_logprobs=3).choices[0]
+    got = client.chat.completions.create(
+        model=STORIES, messages=messages, max_tokens=16, temperature=0, logprobs=True, top_logprobs=3
+    ).choices[0]
     content = got.logprobs.content
     assert "".join(e.token for e in content) == got.message.content
     assert sum((e.bytes for e in content), []) == list(got.message.content.encode("utf-8"))
     assert all(e.bytes for e in content) and all(t.bytes for e in content for t in e.top_logprobs if t.token)
     assert any(e.token.startswith(" ") for e in content)
-    stream = client.chat.completions.create(model=STORIES, messages=messages, max_tokens=16, temperature=0,
-                                            logprobs=True, top_logprobs=3, stream=True)
+    stream = client.chat.completions.create(
+        model=STORIES, messages=messages, max_tokens=16, temperature=0, logprobs=True, top_logprobs=3, stream=True
+    )
     chunks = [e for chunk in stream for c in chunk.choices if c.logprobs for e in c.logprobs.content]
     assert [(e.token, e.bytes) for e in chunks] == [(e.token, e.bytes) for e in content]
 
@@ -119,8 +129,13 @@ def test_chat_tokens_and_bytes_add_up_to_the_content(client):
 def test_chat_partial_character_bytes(client):
     # Forced lead bytes of "→" that never complete: no text, and each token still has its byte.
     got = client.chat.completions.create(
-        model=STORIES, messages=[{"role": "user", "content": "Tom saw a"}], max_tokens=2, temperature=0,
-        logprobs=True, top_logprobs=1, logit_bias={str(ARROW_LEAD): 100},
+        model=STORIES,
+        messages=[{"role": "user", "content": "Tom saw a"}],
+        max_tokens=2,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=1,
+        logit_bias={str(ARROW_LEAD): 100},
     ).choices[0]
     assert got.message.content == ""
     assert [(e.token, e.bytes) for e in got.logprobs.content] == [("", [0xE2]), ("", [0xE2])]

@@ -12,6 +12,7 @@ the plugin reaches into pytest's private attributes and broke on a pytest releas
 the Hypothesis test schemathesis itself builds for its CLI and its plugin (`create_test`), so the
 cases are the ones the plugin drew: the document's examples, the coverage phase's boundary and
 invalid values, and fuzzing in both generation modes."""
+
 from __future__ import annotations
 
 import os
@@ -20,25 +21,37 @@ from typing import Any
 
 import pytest
 import schemathesis
+from conftest import STORIES
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.failures import FailureGroup
 from schemathesis.core.result import Err
 from schemathesis.generation.hypothesis.builder import HypothesisTestConfig, HypothesisTestMode, create_test
 from schemathesis.specs.openapi.checks import (
-    content_type_conformance, negative_data_rejection, response_headers_conformance, response_schema_conformance,
+    content_type_conformance,
+    negative_data_rejection,
+    response_headers_conformance,
+    response_schema_conformance,
     status_code_conformance,
 )
-
-from conftest import STORIES
 from server_utils import RemoteServer, module_server
 
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
-          response_schema_conformance, negative_data_rejection]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    negative_data_rejection,
+]
 # The field that bounds each route's generation: schemathesis picks lengths up to 2**63, or none,
 # which means the rest of the context (times n samples).
-_LENGTH_FIELD = {"/v1/completions": "max_tokens", "/v1/chat/completions": "max_completion_tokens",
-                 "/v1/responses": "max_output_tokens", "/generate": "max_tokens"}
+_LENGTH_FIELD = {
+    "/v1/completions": "max_tokens",
+    "/v1/chat/completions": "max_completion_tokens",
+    "/v1/responses": "max_output_tokens",
+    "/generate": "max_tokens",
+}
 _MAX_LENGTH = 8
 
 
@@ -62,8 +75,12 @@ def _cap_generation(path: str, body: Any) -> None:
         body[field] = _MAX_LENGTH
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck),
-          derandomize=os.environ.get("TRAM_FUZZ_EXPLORE", "") != "1")
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    derandomize=os.environ.get("TRAM_FUZZ_EXPLORE", "") != "1",
+)
 def _call_and_validate(case: schemathesis.Case) -> None:
     _cap_generation(case.path, case.body)
     case.call_and_validate(checks=CHECKS, timeout=60)

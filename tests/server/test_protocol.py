@@ -1,5 +1,6 @@
 """The request models pass stop strings and logit_bias through to SamplingParams, the one place that
 normalises and validates them, and pick the output kind from `stream`."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,11 +19,14 @@ def test_stop_and_logit_bias_are_normalised_by_sampling_params():
     assert params(stop=None).stop == [] and params(stop=["a", "b"]).stop == ["a", "b"]
 
 
-@pytest.mark.parametrize("body,words", [
-    ({"logit_bias": {"abc": 1}}, "logit_bias keys"),
-    ({"logit_bias": {"-5": 1}}, "logit_bias keys"),
-    ({"stop": ["ok", ""]}, "empty string"),
-])
+@pytest.mark.parametrize(
+    "body,words",
+    [
+        ({"logit_bias": {"abc": 1}}, "logit_bias keys"),
+        ({"logit_bias": {"-5": 1}}, "logit_bias keys"),
+        ({"stop": ["ok", ""]}, "empty string"),
+    ],
+)
 def test_bad_values_are_rejected_by_sampling_params(body, words):
     with pytest.raises(ValueError, match=words):
         params(**body)

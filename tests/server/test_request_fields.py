@@ -2,6 +2,7 @@
 (allowed_token_ids, truncate_prompt_tokens, prompt_logprobs, echo-only scoring with max_tokens 0,
 beam search on /v1/completions) work; structured outputs and tools are refused until they land;
 neutral values clients send routinely are accepted."""
+
 from __future__ import annotations
 
 import math
@@ -9,10 +10,9 @@ import re
 
 import httpx
 import pytest
-from transformers import AutoTokenizer
-
 from conftest import STORIES, hf_logprobs
 from server_utils import RemoteServer, module_client, shared_server
+from transformers import AutoTokenizer
 
 PROMPT = "Once upon a time there was a little girl"
 CHAT = [{"role": "user", "content": "Tell me a story"}]
@@ -73,9 +73,19 @@ def test_unknown_fields_are_400s(client) -> None:
 
 
 def test_neutral_values_are_accepted(client) -> None:
-    body = {"messages": CHAT, "max_tokens": 3, "tools": [], "tool_choice": "none", "functions": None,
-            "response_format": {"type": "text"}, "parallel_tool_calls": True, "store": False,
-            "modalities": ["text"], "user": "u1", "stream_options": None}
+    body = {
+        "messages": CHAT,
+        "max_tokens": 3,
+        "tools": [],
+        "tool_choice": "none",
+        "functions": None,
+        "response_format": {"type": "text"},
+        "parallel_tool_calls": True,
+        "store": False,
+        "modalities": ["text"],
+        "user": "u1",
+        "stream_options": None,
+    }
     _ok(client.post("/v1/chat/completions", json=body))
 
 
@@ -100,8 +110,9 @@ def test_truncate_prompt_tokens(client, tok) -> None:
     assert cut["usage"]["prompt_tokens"] == 5
     assert cut["choices"][0]["text"] == direct["choices"][0]["text"]
     # A text over the context fits once truncated (its length alone is not refused).
-    long = _ok(client.post("/v1/completions", json={"prompt": "hi " * 2000, "truncate_prompt_tokens": 50,
-                                                    "max_tokens": 2}))
+    long = _ok(
+        client.post("/v1/completions", json={"prompt": "hi " * 2000, "truncate_prompt_tokens": 50, "max_tokens": 2})
+    )
     assert long["usage"]["prompt_tokens"] == 50
 
 
@@ -117,8 +128,9 @@ def test_prompt_logprobs_match_the_oracle(client, tok) -> None:
         assert len(rows[pos]) <= 3
     chat = _ok(client.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 1, "prompt_logprobs": 0}))
     assert chat["prompt_logprobs"][0] is None and len(chat["prompt_logprobs"]) > 1
-    _error(client.post("/v1/completions", json={"prompt": PROMPT, "prompt_logprobs": 1, "stream": True}),
-           "prompt_logprobs")
+    _error(
+        client.post("/v1/completions", json={"prompt": PROMPT, "prompt_logprobs": 1, "stream": True}), "prompt_logprobs"
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -132,6 +144,7 @@ def test_echo_with_max_tokens_zero_scores_the_prompt(client, tok, stream: bool) 
             events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
         assert events[-1] == "[DONE]"
         import json
+
         chunks = [json.loads(e) for e in events[:-1]]
         usage = chunks[-1]["usage"]
         choices = [c["choices"][0] for c in chunks if c["choices"]]

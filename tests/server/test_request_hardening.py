@@ -3,6 +3,7 @@
 roles, methods without an Allow header. And the property behind the leak fix: whatever mix of valid
 and invalid requests, aborts and disconnects, the front end's and the core's request counts return
 to zero and no KV block stays in use."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,10 +11,9 @@ import json
 
 import httpx
 import pytest
+from conftest import STORIES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from conftest import STORIES
 from server_pool import ServerSpec, pool_server
 from server_utils import RemoteServer, is_idle, module_client, settled_kv
 
@@ -55,8 +55,11 @@ OVERSIZED = [
     ("/generate", {"prompt": "f", "n": 1003811452}, "n"),
     ("/v1/completions", {"prompt": "Once upon", "n": 5}, "n"),  # more than --max-num-seqs 4
     # A schema crosses to the engine core as msgpack (64-bit integers): once a 500 from an OverflowError.
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
-                              "guided_json": {"type": "array", "items": [2**77]}}, "guided_json"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "guided_json": {"type": "array", "items": [2**77]}},
+        "guided_json",
+    ),
 ]
 
 
@@ -86,8 +89,10 @@ def test_deeply_nested_json_is_a_400_everywhere(client) -> None:
         _error(resp)
 
 
-@pytest.mark.parametrize("body", ["{not json", "[1, 2]", '"text"', "null", '{"prompt": 5}', '{"prompt": ""}',
-                                  '{"prompt": "hi", "bogus_field": 1}'])
+@pytest.mark.parametrize(
+    "body",
+    ["{not json", "[1, 2]", '"text"', "null", '{"prompt": 5}', '{"prompt": ""}', '{"prompt": "hi", "bogus_field": 1}'],
+)
 def test_generate_refuses_malformed_bodies(client, body: str) -> None:
     _error(client.post("/generate", content=body, headers={"content-type": "application/json"}))
 
@@ -113,8 +118,9 @@ def test_lone_surrogates_are_a_clear_400(client) -> None:
     err = _error(client.post("/v1/chat/completions", content=chat, headers={"content-type": "application/json"}))
     assert "surrogate" in err["message"], err
     # A message that quotes the client's bad value must still be valid UTF-8 JSON.
-    resp = client.post("/v1/completions", content='{"prompt": "x", "model": "\\ud800"}',
-                       headers={"content-type": "application/json"})
+    resp = client.post(
+        "/v1/completions", content='{"prompt": "x", "model": "\\ud800"}', headers={"content-type": "application/json"}
+    )
     assert resp.status_code == 404 and json.loads(resp.content)["error"]
 
 
@@ -174,8 +180,9 @@ async def _run(client: httpx.AsyncClient, action: tuple) -> None:
                     break
     else:
         try:
-            await client.post("/v1/completions", json={**VALID, "max_tokens": 200, "ignore_eos": True},
-                              timeout=action[1])
+            await client.post(
+                "/v1/completions", json={**VALID, "max_tokens": 200, "ignore_eos": True}, timeout=action[1]
+            )
         except httpx.TimeoutException:
             pass
 

@@ -3,6 +3,7 @@ SSE): the SDK parses our objects and events; greedy text and token counts equal 
 for the same conversation; streamed deltas add up to the final text; max_output_tokens ends a
 response as incomplete; what the server cannot do is a 400 naming the field; a client that leaves
 aborts its request. One server serves the module; every test must leave no KV block in use."""
+
 from __future__ import annotations
 
 import json
@@ -11,16 +12,19 @@ import uuid
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from conftest import STORIES
+from prometheus_client.parser import text_string_to_metric_families
 from server_utils import RemoteServer, settled_kv, shared_server
 
 STORY = "Tell me a story"  # greedy: ends on its own (EOS) after ~230 tokens
 LONG_STORY = "Tom and his dog"  # greedy: runs to the end of the 512-token context
 GREEDY = {"model": STORIES, "temperature": 0}
-EVENTS_BEFORE_TEXT = ["response.created", "response.in_progress", "response.output_item.added",
-                      "response.content_part.added"]
+EVENTS_BEFORE_TEXT = [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.content_part.added",
+]
 EVENTS_AFTER_TEXT = ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
 
 
@@ -75,19 +79,33 @@ def assert_same_as_chat(resp, chat) -> None:
 INPUTS = {
     "string": ({"input": STORY}, [{"role": "user", "content": STORY}]),
     "messages": (
-        {"input": [{"role": "system", "content": "You tell stories."},
-                   {"type": "message", "role": "user",
-                    "content": [{"type": "input_text", "text": "Tell me"},
-                                {"type": "input_text", "text": "a story"}]}]},
+        {
+            "input": [
+                {"role": "system", "content": "You tell stories."},
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "Tell me"}, {"type": "input_text", "text": "a story"}],
+                },
+            ]
+        },
         [{"role": "system", "content": "You tell stories."}, {"role": "user", "content": "Tell me\na story"}],
     ),
     "instructions": (
-        {"instructions": "Be kind.",
-         "input": [{"role": "user", "content": STORY},
-                   {"role": "assistant", "content": [{"type": "output_text", "text": "Once there was a cat."}]},
-                   {"role": "developer", "content": "Go on"}]},
-        [{"role": "system", "content": "Be kind."}, {"role": "user", "content": STORY},
-         {"role": "assistant", "content": "Once there was a cat."}, {"role": "developer", "content": "Go on"}],
+        {
+            "instructions": "Be kind.",
+            "input": [
+                {"role": "user", "content": STORY},
+                {"role": "assistant", "content": [{"type": "output_text", "text": "Once there was a cat."}]},
+                {"role": "developer", "content": "Go on"},
+            ],
+        },
+        [
+            {"role": "system", "content": "Be kind."},
+            {"role": "user", "content": STORY},
+            {"role": "assistant", "content": "Once there was a cat."},
+            {"role": "developer", "content": "Go on"},
+        ],
     ),
 }
 
@@ -122,8 +140,11 @@ def test_earlier_output_sent_back_as_input(client):
     first = client.responses.create(input=STORY, max_output_tokens=8, **GREEDY)
     follow_up = [{"role": "user", "content": STORY}, *first.output, {"role": "user", "content": "More"}]
     second = client.responses.create(input=follow_up, max_output_tokens=8, **GREEDY)
-    messages = [{"role": "user", "content": STORY}, {"role": "assistant", "content": first.output_text},
-                {"role": "user", "content": "More"}]
+    messages = [
+        {"role": "user", "content": STORY},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "More"},
+    ]
     assert_same_as_chat(second, chat_reference(client, messages, 8))
 
 
@@ -146,10 +167,10 @@ def sse_events(server: RemoteServer, body: dict) -> list[tuple[str, dict]]:
         name = None
         for line in r.iter_lines():
             if line.startswith("event: "):
-                name = line[len("event: "):]
+                name = line[len("event: ") :]
             elif line.startswith("data: "):
                 assert name is not None, f"data without an event line: {line}"
-                events.append((name, json.loads(line[len("data: "):])))
+                events.append((name, json.loads(line[len("data: ") :])))
                 name = None
     return events
 
@@ -197,7 +218,7 @@ UNSUPPORTED = [
     ({"reasoning": {"effort": "low"}}, "reasoning"),
     ({"include": ["message.output_text.logprobs"]}, "include"),
     ({"background": True}, "background"),
-    ({"text": {"format": {"type": "grammar", "grammar": "root ::= \"a\""}}}, "text.format"),
+    ({"text": {"format": {"type": "grammar", "grammar": 'root ::= "a"'}}}, "text.format"),
     # Supported, but this schema is not one the grammar engine takes: refused before any event too.
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "bogus"}}}}, "text.format"),
     ({"prompt_cache_key": "k"}, "prompt_cache_key"),  # a field this server does not know at all
@@ -215,12 +236,17 @@ def test_unsupported_field_is_400_naming_it(server, extra, field, stream):
     assert err["param"] == field and field in err["message"] and err["type"] == "invalid_request_error", err
 
 
-@pytest.mark.parametrize("item,words", [
-    ({"type": "function_call_output", "call_id": "c", "output": "x"}, ["input[0]", "function_call_output"]),
-    ({"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]},
-     ["input[0].content[0]", "input_image"]),
-    ({"role": "tool", "content": "x"}, ["input[0].role"]),
-])
+@pytest.mark.parametrize(
+    "item,words",
+    [
+        ({"type": "function_call_output", "call_id": "c", "output": "x"}, ["input[0]", "function_call_output"]),
+        (
+            {"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]},
+            ["input[0].content[0]", "input_image"],
+        ),
+        ({"role": "tool", "content": "x"}, ["input[0].role"]),
+    ],
+)
 def test_unsupported_input_is_400(client, item, words):
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model=STORIES, input=[item])
@@ -243,8 +269,12 @@ def test_bad_values_are_4xx(client):
 
 def metric(server: RemoteServer, name: str, **labels: str) -> float:
     text = httpx.get(server.url + "/metrics").text
-    found = [s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-             if s.name == name and set(labels.items()) <= set(s.labels.items())]
+    found = [
+        s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == name and set(labels.items()) <= set(s.labels.items())
+    ]
     assert len(found) == 1, (name, labels, found)
     return found[0]
 

@@ -1,6 +1,7 @@
 """Streaming with DELTA outputs on a server whose 16-token step budget splits every prompt's prefill
 (and so its prompt logprobs) over several steps: what a client assembles from the chunks equals
 the non-streamed response, prompt logprobs included, for n > 1 and several prompts."""
+
 from __future__ import annotations
 
 import json
@@ -8,7 +9,6 @@ from collections import defaultdict
 
 import httpx
 import pytest
-
 from conftest import STORIES
 from server_pool import ServerSpec, pool_server
 from server_utils import RemoteServer
@@ -29,13 +29,21 @@ def sse_chunks(server: RemoteServer, path: str, body: dict) -> list[dict]:
         assert resp.status_code == 200, resp.read()
         for line in resp.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
-                chunks.append(json.loads(line[len("data: "):]))
+                chunks.append(json.loads(line[len("data: ") :]))
     return chunks
 
 
 def test_echo_with_logprobs_streams_every_prompt_position(server):
-    body = {"model": STORIES, "prompt": [LONG_PROMPT, "Tom and his dog"], "max_tokens": 6, "n": 2,
-            "temperature": 1.0, "seed": 5, "echo": True, "logprobs": 2}
+    body = {
+        "model": STORIES,
+        "prompt": [LONG_PROMPT, "Tom and his dog"],
+        "max_tokens": 6,
+        "n": 2,
+        "temperature": 1.0,
+        "seed": 5,
+        "echo": True,
+        "logprobs": 2,
+    }
     full = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
     text, lps, offsets, tokens = defaultdict(str), defaultdict(list), defaultdict(list), defaultdict(list)
     usage = None
@@ -67,8 +75,17 @@ def test_echo_with_logprobs_streams_every_prompt_position(server):
 
 
 def test_chat_stream_with_stop_strings_and_n(server):
-    body = {"model": STORIES, "messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 40,
-            "n": 3, "temperature": 1.0, "seed": 11, "stop": [" the", "."], "logprobs": True, "top_logprobs": 1}
+    body = {
+        "model": STORIES,
+        "messages": [{"role": "user", "content": "Tell me a story"}],
+        "max_tokens": 40,
+        "n": 3,
+        "temperature": 1.0,
+        "seed": 11,
+        "stop": [" the", "."],
+        "logprobs": True,
+        "top_logprobs": 1,
+    }
     full = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()
     text, roles, n_lps, finish = defaultdict(str), defaultdict(list), defaultdict(int), {}
     chunks = sse_chunks(server, "/v1/chat/completions", {**body, "stream_options": {"include_usage": True}})

@@ -1,6 +1,7 @@
 """Bad requests against a real `tram serve`: each gets the right 4xx status and an OpenAI error body
 {"error": {"message", "type", "param", "code"}}, never a 500, and the server (and the client's
 keep-alive connection) goes on serving afterwards. Also auth (--api-key) and queue overload (429)."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,6 @@ from http.client import HTTPConnection
 import httpx
 import openai
 import pytest
-
 from conftest import STORIES
 from server_pool import ServerSpec, pool_server
 from server_utils import RemoteServer, is_idle, shared_server, wait_state
@@ -19,12 +19,14 @@ KEY = "sekret"
 TINY = "tiny"  # --served-model-name of the guarded server
 OOV = 100_000  # a token id far outside stories260K's 512-token vocabulary
 LONG_TEXT = "hi " * 600  # well over the 512-token context
-GUARDED = ServerSpec(STORIES, ("--api-key", KEY, "--max-num-seqs", "1", "--max-queued-requests", "1",
-                               "--served-model-name", TINY))
+GUARDED = ServerSpec(
+    STORIES, ("--api-key", KEY, "--max-num-seqs", "1", "--max-queued-requests", "1", "--served-model-name", TINY)
+)
 SERVERS = (GUARDED,)  # started a module ahead (server_pool.py); `server` is the session's
 
 
 # ---------------------------------------------------------------------------------------- helpers
+
 
 def assert_error(resp: httpx.Response, status: int, *words: str) -> dict:
     """`resp` is `status` with an OpenAI error body whose message contains each of `words`."""
@@ -45,8 +47,9 @@ def assert_sdk_error(exc: openai.APIStatusError, status: int, *words: str) -> di
     return assert_error(exc.response, status, *words)
 
 
-def same_connection(server: RemoteServer, requests: list[tuple[str, str, dict | bytes | None]],
-                    headers: dict[str, str] | None = None) -> list[tuple[int, dict]]:
+def same_connection(
+    server: RemoteServer, requests: list[tuple[str, str, dict | bytes | None]], headers: dict[str, str] | None = None
+) -> list[tuple[int, dict]]:
     """Send (method, path, json body or raw bytes) requests one after another on ONE keep-alive connection; return
     (status, json) of each. Unlike httpx's pool, http.client does not quietly reconnect when the server
     closed the connection after an error response: the next request fails with RemoteDisconnected."""
@@ -55,8 +58,7 @@ def same_connection(server: RemoteServer, requests: list[tuple[str, str, dict | 
     try:
         for method, path, body in requests:
             data = body if body is None or isinstance(body, bytes) else json.dumps(body)
-            conn.request(method, path, body=data,
-                         headers={"Content-Type": "application/json", **(headers or {})})
+            conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
             resp = conn.getresponse()
             raw = resp.read()
             assert (resp.getheader("connection") or "").lower() != "close", (path, body, resp.status, raw)
@@ -77,6 +79,7 @@ def assert_serving(http: httpx.Client, model: str | None = None) -> None:
 
 
 # --------------------------------------------------------------------------------------- fixtures
+
 
 @pytest.fixture(scope="module")
 def server(stories_server: RemoteServer) -> Iterator[RemoteServer]:
@@ -105,6 +108,7 @@ def client(server: RemoteServer) -> Iterator[openai.OpenAI]:
 
 # ------------------------------------------------------- errors keep the keep-alive connection
 
+
 def test_errors_keep_the_connection_open(server) -> None:
     # One of each way an error is raised: pydantic validation, SamplingParams/engine ValueError,
     # APIError from a handler, TypeError in /generate, unparsable JSON, unknown route.
@@ -113,7 +117,11 @@ def test_errors_keep_the_connection_open(server) -> None:
         ("POST", "/v1/completions", {"prompt": "Once", "temperature": -1}),
         ("POST", "/v1/completions", {"prompt": "Once", "logprobs": 100}),
         ("POST", "/v1/completions", {"prompt": "Once", "best_of": 3}),
-        ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {str(OOV): 1}}),
+        (
+            "POST",
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {str(OOV): 1}},
+        ),
         ("POST", "/v1/completions", {"prompt": "Once", "model": "no-such-model"}),
         ("POST", "/v1/completions", {"prompt": LONG_TEXT}),
         ("POST", "/generate", {"prompt": "Once", "bogus_field": 1}),
@@ -185,8 +193,13 @@ BAD_CHAT_PARAMS = [
 @pytest.mark.parametrize("extra,words", BAD_CHAT_PARAMS, ids=[str(c[0]) for c in BAD_CHAT_PARAMS])
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_chat_invalid_params_400(client, http, extra, words, stream) -> None:
-    kwargs = {"model": STORIES, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
-              "stream": stream, **extra}
+    kwargs = {
+        "model": STORIES,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 5,
+        "stream": stream,
+        **extra,
+    }
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(**kwargs)
     assert_sdk_error(e.value, 400, *words)
@@ -195,18 +208,26 @@ def test_chat_invalid_params_400(client, http, extra, words, stream) -> None:
 
 # -------------------------------------------------------------------------- context length: 400
 
-@pytest.mark.parametrize("path,body,param", [
-    ("/v1/completions", {"prompt": LONG_TEXT}, "prompt"),
-    ("/v1/completions", {"prompt": [5] * 513, "max_tokens": None}, "prompt"),
-    ("/v1/completions", {"prompt": "Once", "max_tokens": 600}, "max_tokens"),
-    ("/v1/completions", {"prompt": [5] * 500, "max_tokens": 13}, "max_tokens"),
-    ("/v1/completions", {"prompt": "Once", "max_tokens": 600, "stream": True}, "max_tokens"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG_TEXT}]}, "messages"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 600}, "max_tokens"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG_TEXT}], "stream": True}, "messages"),
-    ("/generate", {"prompt": LONG_TEXT}, "prompt"),
-    ("/generate", {"prompt": "Once", "max_tokens": 600}, "max_tokens"),
-])
+
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        ("/v1/completions", {"prompt": LONG_TEXT}, "prompt"),
+        ("/v1/completions", {"prompt": [5] * 513, "max_tokens": None}, "prompt"),
+        ("/v1/completions", {"prompt": "Once", "max_tokens": 600}, "max_tokens"),
+        ("/v1/completions", {"prompt": [5] * 500, "max_tokens": 13}, "max_tokens"),
+        ("/v1/completions", {"prompt": "Once", "max_tokens": 600, "stream": True}, "max_tokens"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG_TEXT}]}, "messages"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 600},
+            "max_tokens",
+        ),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG_TEXT}], "stream": True}, "messages"),
+        ("/generate", {"prompt": LONG_TEXT}, "prompt"),
+        ("/generate", {"prompt": "Once", "max_tokens": 600}, "max_tokens"),
+    ],
+)
 def test_context_length_400(http, path, body, param) -> None:
     err = assert_error(http.post(path, json=body), 400, "maximum context length", "512")
     assert err["code"] == "context_length_exceeded" and err["param"] == param, err
@@ -222,6 +243,7 @@ def test_prompt_that_exactly_fits_is_served(http) -> None:
 
 # ---------------------------------------------------------------------------- unknown model: 404
 
+
 def test_unknown_model_404(client, http) -> None:
     with pytest.raises(openai.NotFoundError) as e:
         client.completions.create(model="no-such-model", prompt="Once", max_tokens=2)
@@ -229,8 +251,9 @@ def test_unknown_model_404(client, http) -> None:
     assert err["code"] == "model_not_found" and err["param"] == "model"
     for stream in (False, True):
         with pytest.raises(openai.NotFoundError) as e:
-            client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}],
-                                           max_tokens=2, stream=stream)
+            client.chat.completions.create(
+                model="no-such-model", messages=[{"role": "user", "content": "hi"}], max_tokens=2, stream=stream
+            )
         assert_sdk_error(e.value, 404, "no-such-model")
     assert_error(http.post("/tokenize", json={"model": "no-such-model", "prompt": "x"}), 404)
     # The served name works with and without `model`.
@@ -276,21 +299,25 @@ def test_malformed_body_4xx(http, path, content, ctype) -> None:
 
 # -------------------------------------------------------------- /generate's SamplingParams: 400
 
-@pytest.mark.parametrize("body,words", [
-    ({"prompt": "Once", "bogus_field": 1}, ["bogus_field"]),
-    ({"prompt": "Once", "temperature": -1}, ["temperature"]),
-    ({"prompt": "Once", "temperature": -1, "stream": True}, ["temperature"]),
-    ({"prompt": "Once", "top_p": 0}, ["top_p"]),
-    ({"prompt": "Once", "max_tokens": 0}, ["max_tokens"]),
-    ({"prompt": "Once", "n": "two"}, ["n"]),
-    ({"prompt": "Once", "logprobs": 100}, ["logprobs"]),
-    ({"prompt": "Once", "stop_token_ids": [OOV]}, ["stop_token_ids"]),
-    ({"prompt": "Once", "logit_bias": [1]}, ["logit_bias"]),
-    ({"prompt": "Once", "use_beam_search": True, "n": 0}, ["n"]),
-    ({"prompt": "Once", "use_beam_search": True, "n": 0, "stream": True}, ["n"]),
-    ({"prompt": ""}, ["prompt"]),
-    ({"prompt": ["Once"]}, ["prompt"]),
-])
+
+@pytest.mark.parametrize(
+    "body,words",
+    [
+        ({"prompt": "Once", "bogus_field": 1}, ["bogus_field"]),
+        ({"prompt": "Once", "temperature": -1}, ["temperature"]),
+        ({"prompt": "Once", "temperature": -1, "stream": True}, ["temperature"]),
+        ({"prompt": "Once", "top_p": 0}, ["top_p"]),
+        ({"prompt": "Once", "max_tokens": 0}, ["max_tokens"]),
+        ({"prompt": "Once", "n": "two"}, ["n"]),
+        ({"prompt": "Once", "logprobs": 100}, ["logprobs"]),
+        ({"prompt": "Once", "stop_token_ids": [OOV]}, ["stop_token_ids"]),
+        ({"prompt": "Once", "logit_bias": [1]}, ["logit_bias"]),
+        ({"prompt": "Once", "use_beam_search": True, "n": 0}, ["n"]),
+        ({"prompt": "Once", "use_beam_search": True, "n": 0, "stream": True}, ["n"]),
+        ({"prompt": ""}, ["prompt"]),
+        ({"prompt": ["Once"]}, ["prompt"]),
+    ],
+)
 def test_generate_bad_sampling_params_400(http, body, words) -> None:
     assert_error(http.post("/generate", json=body), 400, *words)
     resp = http.post("/generate", json={"prompt": "Once", "max_tokens": 2})
@@ -298,6 +325,7 @@ def test_generate_bad_sampling_params_400(http, body, words) -> None:
 
 
 # -------------------------------------------------------------------------------- auth: 401
+
 
 def test_api_key(guarded) -> None:
     url = guarded.url + "/v1"
@@ -310,8 +338,13 @@ def test_api_key(guarded) -> None:
                 bad.chat.completions.create(model=TINY, messages=[{"role": "user", "content": "hi"}], stream=True)
     with httpx.Client(base_url=guarded.url, timeout=60) as http:
         body = {"model": TINY, "prompt": "Once", "max_tokens": 2}
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY},
-                        {"Authorization": f"Basic {KEY}"}, {"Authorization": f"Bearer {KEY}{KEY}"}):
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"Authorization": KEY},
+            {"Authorization": f"Basic {KEY}"},
+            {"Authorization": f"Bearer {KEY}{KEY}"},
+        ):
             assert_error(http.post("/v1/completions", json=body, headers=headers), 401)
             assert_error(http.get("/v1/models", headers=headers), 401)
         # Auth comes before body parsing: a malformed body without a key is still a 401.
@@ -332,16 +365,26 @@ def test_api_key(guarded) -> None:
 
 # ------------------------------------------------------------------------- queue overload: 429
 
+
 def test_queue_full_429(guarded) -> None:
     """max-num-seqs 1, max-queued 1: one long request runs and one waits; the next gets a 429."""
     headers = {"Authorization": f"Bearer {KEY}"}
     long_cmpl = {"model": TINY, "prompt": "Once", "max_tokens": 480, "ignore_eos": True, "stream": True}
-    long_chat = {"model": TINY, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 480,
-                 "ignore_eos": True, "stream": True}
-    with openai.OpenAI(base_url=guarded.url + "/v1", api_key=KEY, max_retries=0, timeout=60) as sdk, \
-            httpx.Client(base_url=guarded.url, headers=headers, timeout=60) as http:
-        with http.stream("POST", "/v1/completions", json=long_cmpl) as running, \
-                http.stream("POST", "/v1/chat/completions", json=long_chat) as waiting:
+    long_chat = {
+        "model": TINY,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 480,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with (
+        openai.OpenAI(base_url=guarded.url + "/v1", api_key=KEY, max_retries=0, timeout=60) as sdk,
+        httpx.Client(base_url=guarded.url, headers=headers, timeout=60) as http,
+    ):
+        with (
+            http.stream("POST", "/v1/completions", json=long_cmpl) as running,
+            http.stream("POST", "/v1/chat/completions", json=long_chat) as waiting,
+        ):
             assert running.status_code == 200 and waiting.status_code == 200
             busy = lambda s: s["num_running_reqs"] == 1 and s["num_waiting_reqs"] == 1  # noqa: E731
             state = wait_state(guarded, busy, timeout=15)

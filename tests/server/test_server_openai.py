@@ -2,6 +2,7 @@
 streamed == non-streamed, greedy == the offline `LLM`, n>1, logprobs, stops, token-id prompts,
 length controls, the utility endpoints, metrics, the legacy /generate, and client disconnects.
 One real server serves the whole module; every test must leave no KV block in use."""
+
 from __future__ import annotations
 
 import json
@@ -11,10 +12,10 @@ import httpx
 import openai
 import pytest
 import torch
-from prometheus_client.parser import text_string_to_metric_families
-
 from conftest import STORIES
+from prometheus_client.parser import text_string_to_metric_families
 from server_utils import RemoteServer, settled_kv, shared_server
+
 from tram import LLM, SamplingParams
 
 PROMPT = "Once upon a time"
@@ -64,8 +65,14 @@ def tokenize(server: RemoteServer, **body) -> list[int]:
 
 def stream_completion(client: openai.OpenAI, **kw) -> dict:
     """Assemble a streamed completion per choice index; usage chunks are kept apart."""
-    out: dict = {"text": defaultdict(str), "finish": {}, "stop_reason": {}, "lp": defaultdict(list),
-                 "offsets": defaultdict(list), "usage": []}
+    out: dict = {
+        "text": defaultdict(str),
+        "finish": {},
+        "stop_reason": {},
+        "lp": defaultdict(list),
+        "offsets": defaultdict(list),
+        "usage": [],
+    }
     for chunk in client.completions.create(model=STORIES, stream=True, **kw):
         if not chunk.choices:
             out["usage"].append(chunk.usage)
@@ -84,8 +91,13 @@ def stream_completion(client: openai.OpenAI, **kw) -> dict:
 
 
 def stream_chat(client: openai.OpenAI, **kw) -> dict:
-    out: dict = {"text": defaultdict(str), "finish": {}, "roles": defaultdict(list), "lp": defaultdict(list),
-                 "usage": []}
+    out: dict = {
+        "text": defaultdict(str),
+        "finish": {},
+        "roles": defaultdict(list),
+        "lp": defaultdict(list),
+        "usage": [],
+    }
     for chunk in client.chat.completions.create(model=STORIES, messages=MESSAGES, stream=True, **kw):
         if not chunk.choices:
             out["usage"].append(chunk.usage)
@@ -161,8 +173,9 @@ def test_n_choices_stream_equals_non_stream(server, client):
 def test_several_prompts_with_n(server, client):
     full = client.completions.create(model=STORIES, prompt=[PROMPT, "Tom and his dog"], max_tokens=6, n=2, **SEEDED)
     assert [c.index for c in full.choices] == [0, 1, 2, 3]
-    s = stream_completion(client, prompt=[PROMPT, "Tom and his dog"], max_tokens=6, n=2,
-                          stream_options={"include_usage": True}, **SEEDED)
+    s = stream_completion(
+        client, prompt=[PROMPT, "Tom and his dog"], max_tokens=6, n=2, stream_options={"include_usage": True}, **SEEDED
+    )
     assert dict(s["text"]) == {c.index: c.text for c in full.choices}
     num_prompt = len(tokenize(server, prompt=PROMPT)) + len(tokenize(server, prompt="Tom and his dog"))
     assert s["usage"][0].prompt_tokens == full.usage.prompt_tokens == num_prompt
@@ -184,16 +197,18 @@ def test_completion_logprobs_match_offline(client, llm):
     # Each streamed chunk's first text_offset is the text streamed before it. Eight tokens of this tiny
     # model (a cached prompt) can all land in one chunk when the server's loop is a few ms late, so
     # the chunking is checked on a stream long enough to be split.
-    long = stream_completion(client, prompt=PROMPT, max_tokens=64, temperature=0, logprobs=1,
-                            extra_body={"ignore_eos": True})
+    long = stream_completion(
+        client, prompt=PROMPT, max_tokens=64, temperature=0, logprobs=1, extra_body={"ignore_eos": True}
+    )
     starts = long["offsets"][0]
     assert len(starts) > 1 and all(a == b for a, b in starts), f"(offset, chars streamed before): {starts}"
 
 
 def test_chat_logprobs(client, llm):
     ref = llm.chat(MESSAGES, SamplingParams(temperature=0, max_tokens=6, logprobs=2), use_tqdm=False)[0].outputs[0]
-    got = client.chat.completions.create(model=STORIES, messages=MESSAGES, max_tokens=6, temperature=0,
-                                         logprobs=True, top_logprobs=2)
+    got = client.chat.completions.create(
+        model=STORIES, messages=MESSAGES, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2
+    )
     content = got.choices[0].logprobs.content
     assert len(content) == 6
     for entry, tok, row in zip(content, ref.token_ids, ref.logprobs):
@@ -206,8 +221,9 @@ def test_chat_logprobs(client, llm):
 
 def test_echo(server, client):
     plain = client.completions.create(model=STORIES, prompt=PROMPT, max_tokens=5, temperature=0).choices[0]
-    echo = client.completions.create(model=STORIES, prompt=PROMPT, max_tokens=5, temperature=0, echo=True,
-                                     logprobs=1).choices[0]
+    echo = client.completions.create(
+        model=STORIES, prompt=PROMPT, max_tokens=5, temperature=0, echo=True, logprobs=1
+    ).choices[0]
     assert echo.text == PROMPT + plain.text
     n_prompt = len(tokenize(server, prompt=PROMPT))
     assert echo.logprobs.token_logprobs[0] is None and len(echo.logprobs.token_logprobs) == n_prompt + 5
@@ -219,8 +235,13 @@ def test_echo(server, client):
 
 @pytest.mark.parametrize("include", [False, True])
 def test_stop_string(server, client, include):
-    kw = {"prompt": PROMPT, "max_tokens": 30, "temperature": 0, "stop": [" girl"],
-          "extra_body": {"include_stop_str_in_output": include}}
+    kw = {
+        "prompt": PROMPT,
+        "max_tokens": 30,
+        "temperature": 0,
+        "stop": [" girl"],
+        "extra_body": {"include_stop_str_in_output": include},
+    }
     full = client.completions.create(model=STORIES, **kw).choices[0]
     assert full.finish_reason == "stop" and full.stop_reason == " girl"
     assert full.text == ", there was a little girl"[: None if include else -len(" girl")]
@@ -228,11 +249,22 @@ def test_stop_string(server, client, include):
     assert s["text"][0] == full.text and s["finish"][0] == "stop" and s["stop_reason"][0] == " girl"
     assert s["usage"] == []  # no usage chunk unless stream_options asks for one
     there = tokenize(server, prompt=", there", add_special_tokens=False)[-1]
-    by_id = client.completions.create(model=STORIES, prompt=PROMPT, max_tokens=30, temperature=0,
-                                      extra_body={"stop_token_ids": [there], "include_stop_str_in_output": include})
+    by_id = client.completions.create(
+        model=STORIES,
+        prompt=PROMPT,
+        max_tokens=30,
+        temperature=0,
+        extra_body={"stop_token_ids": [there], "include_stop_str_in_output": include},
+    )
     assert by_id.choices[0].stop_reason == there and by_id.choices[0].text == (", there" if include else ",")
-    chat = client.chat.completions.create(model=STORIES, messages=MESSAGES, max_tokens=30, temperature=0,
-                                          stop=["friend"], extra_body={"include_stop_str_in_output": include})
+    chat = client.chat.completions.create(
+        model=STORIES,
+        messages=MESSAGES,
+        max_tokens=30,
+        temperature=0,
+        stop=["friend"],
+        extra_body={"include_stop_str_in_output": include},
+    )
     assert chat.choices[0].finish_reason == "stop"
     assert chat.choices[0].message.content.endswith("friend") == include
 
@@ -256,18 +288,28 @@ def test_ignore_eos_and_min_tokens(client):
     ended = client.completions.create(model=STORIES, prompt=PROMPT, max_tokens=8, temperature=0, **force_eos)
     assert ended.choices[0].finish_reason == "stop" and ended.usage.completion_tokens == 1
     assert ended.choices[0].stop_reason is None and ended.choices[0].text == ""  # EOS: no stop string/token
-    ignored = client.completions.create(model=STORIES, prompt=PROMPT, max_tokens=7, temperature=0, **force_eos,
-                                        extra_body={"ignore_eos": True})
+    ignored = client.completions.create(
+        model=STORIES, prompt=PROMPT, max_tokens=7, temperature=0, **force_eos, extra_body={"ignore_eos": True}
+    )
     assert ignored.choices[0].finish_reason == "length" and ignored.usage.completion_tokens == 7
-    s = stream_completion(client, prompt=PROMPT, max_tokens=7, temperature=0, **force_eos,
-                          extra_body={"ignore_eos": True}, stream_options={"include_usage": True})
+    s = stream_completion(
+        client,
+        prompt=PROMPT,
+        max_tokens=7,
+        temperature=0,
+        **force_eos,
+        extra_body={"ignore_eos": True},
+        stream_options={"include_usage": True},
+    )
     assert s["usage"][0].completion_tokens == 7 and s["finish"][0] == "length"
-    delayed = client.completions.create(model=STORIES, prompt=PROMPT, max_tokens=8, temperature=0, **force_eos,
-                                        extra_body={"min_tokens": 4})
+    delayed = client.completions.create(
+        model=STORIES, prompt=PROMPT, max_tokens=8, temperature=0, **force_eos, extra_body={"min_tokens": 4}
+    )
     # Four tokens that are not EOS, then the EOS (counted, as vLLM counts it).
     assert delayed.choices[0].finish_reason == "stop" and delayed.usage.completion_tokens == 5
-    chat = client.chat.completions.create(model=STORIES, messages=MESSAGES, max_tokens=6, temperature=0,
-                                          **force_eos, extra_body={"ignore_eos": True})
+    chat = client.chat.completions.create(
+        model=STORIES, messages=MESSAGES, max_tokens=6, temperature=0, **force_eos, extra_body={"ignore_eos": True}
+    )
     assert chat.usage.completion_tokens == 6 and chat.choices[0].finish_reason == "length"
 
 
@@ -298,8 +340,11 @@ def test_models_version_tokenize_health(server, client):
 
 def metrics(server: RemoteServer) -> dict[tuple[str, tuple], float]:
     text = httpx.get(server.url + "/metrics").text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 def metric(values: dict, name: str, **labels: str) -> float:
@@ -311,8 +356,9 @@ def metric(values: dict, name: str, **labels: str) -> float:
 def test_metrics(server, client):
     before = metrics(server)
     assert metric(before, "tram:num_requests_running", model_name=STORIES) == 0
-    client.completions.create(model=STORIES, prompt=PROMPT, max_tokens=5, temperature=0,
-                              extra_body={"ignore_eos": True})
+    client.completions.create(
+        model=STORIES, prompt=PROMPT, max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+    )
     after = metrics(server)
     gen = "tram:generation_tokens_total"
     assert metric(after, gen) - metric(before, gen) == 5
@@ -326,8 +372,13 @@ def test_metrics(server, client):
     assert metric(after, itl) - metric(before, itl) == 4
 
 
-GENERATE_BODY = {"prompt": "The capital of France is", "n": 1, "use_beam_search": False, "temperature": 0.7,
-                 "max_tokens": 10}
+GENERATE_BODY = {
+    "prompt": "The capital of France is",
+    "n": 1,
+    "use_beam_search": False,
+    "temperature": 0.7,
+    "max_tokens": 10,
+}
 
 
 def test_generate_legacy(server, client):

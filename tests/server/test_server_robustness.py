@@ -1,4 +1,5 @@
 """The server under many users, dropped clients, a dead engine and signals."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,7 +13,6 @@ import time
 
 import httpx
 import pytest
-
 from conftest import STORIES
 from server_pool import POOL, ServerSpec, pool_server
 from server_utils import REPO, RemoteServer, free_port, pid_alive
@@ -46,8 +46,14 @@ def server():
 
 async def _stream(client: httpx.AsyncClient, i: int, drop_after: int | None) -> tuple[int, str | None]:
     """Stream one completion; return (chunks read, finish_reason), or drop it after some chunks."""
-    body = {"prompt": f"Once upon a time {i}", "max_tokens": 200, "temperature": 0.8, "seed": i,
-            "ignore_eos": True, "stream": True}
+    body = {
+        "prompt": f"Once upon a time {i}",
+        "max_tokens": 200,
+        "temperature": 0.8,
+        "seed": i,
+        "ignore_eos": True,
+        "stream": True,
+    }
     chunks, finish = 0, None
     async with client.stream("POST", "/v1/completions", json=body) as resp:
         assert resp.status_code == 200
@@ -75,7 +81,7 @@ def test_64_streams_with_a_quarter_dropped_midway(server: RemoteServer) -> None:
     metrics = httpx.get(server.url + "/metrics").text
     assert _metric(metrics, "tram:num_requests_running") == 0
     assert _metric(metrics, "tram:kv_cache_usage_perc") == 0
-    assert _metric(metrics, 'tram:request_success_total{finished_reason="length",model_name="%s"}' % STORIES) >= 48
+    assert _metric(metrics, f'tram:request_success_total{{finished_reason="length",model_name="{STORIES}"}}') >= 48
 
 
 def test_metrics_reach_zero_when_every_client_drops(server: RemoteServer) -> None:
@@ -167,7 +173,10 @@ def test_bad_flags_exit_with_a_message() -> None:
     out = subprocess.run(
         # A free port: the port is checked first, and 8000 may be someone else's server.
         [sys.executable, "-m", "tram", "serve", str(STORIES), "--max-model-len", "100000", "--port", str(free_port())],
-        capture_output=True, text=True, timeout=120, cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
     )
     assert out.returncode == 2
     assert "max_model_len 100000" in out.stderr and "max_position_embeddings = 512" in out.stderr

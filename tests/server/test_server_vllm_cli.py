@@ -1,6 +1,7 @@
 """vLLM's serve flags against one real `tram serve`, over https: /ping, /v1/models/{id}, CORS from
 --allowed-origins, --response-role, --root-path, --max-log-len, and the log it writes: starting
 before the engine, Ready once listening, the engine core's lines, and one access line per request."""
+
 from __future__ import annotations
 
 import re
@@ -12,14 +13,27 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from conftest import STORIES
 from server_utils import free_port
+
 from tram.bench.server_process import ServerProcess
 
 ORIGIN = "https://app.example"
-FLAGS = ["--served-model-name", "org/stories", "alias", "--response-role", "narrator", "--allowed-origins",
-         f'["{ORIGIN}"]', "--root-path", "/proxy", "--max-log-len", "8", "--generation-config", "vllm"]
+FLAGS = [
+    "--served-model-name",
+    "org/stories",
+    "alias",
+    "--response-role",
+    "narrator",
+    "--allowed-origins",
+    f'["{ORIGIN}"]',
+    "--root-path",
+    "/proxy",
+    "--max-log-len",
+    "8",
+    "--generation-config",
+    "vllm",
+]
 
 
 class TLSServer(ServerProcess):
@@ -27,10 +41,23 @@ class TLSServer(ServerProcess):
 
     def __init__(self, cert: Path, key: Path, args: list[str]) -> None:
         port = free_port()
-        argv = [sys.executable, "-m", "tram", "serve", STORIES, "--port", str(port), "--ssl-keyfile", str(key),
-                "--ssl-certfile", str(cert), *args]
-        super().__init__("tram-serve-tls", argv, port, env={"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
-                         timeout=120)
+        argv = [
+            sys.executable,
+            "-m",
+            "tram",
+            "serve",
+            STORIES,
+            "--port",
+            str(port),
+            "--ssl-keyfile",
+            str(key),
+            "--ssl-certfile",
+            str(cert),
+            *args,
+        ]
+        super().__init__(
+            "tram-serve-tls", argv, port, env={"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}, timeout=120
+        )
 
     def _wait_healthy(self, timeout: float) -> None:
         self.url = f"https://127.0.0.1:{self.port}"
@@ -53,8 +80,26 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         pytest.skip("openssl is needed to make a test certificate")
     folder = tmp_path_factory.mktemp("tls")
     cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     srv = TLSServer(cert, key, FLAGS)
     try:
         yield srv

@@ -9,6 +9,7 @@ and "required" tool choices use parallel_tool_calls=False (else the model writes
 max_tokens). One server serves the module; after every test no request is left and no KV block is
 in use.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -21,15 +22,25 @@ from typing import Any, Literal
 import httpx
 import openai
 import pytest
+from conftest import STORIES
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
-
-from conftest import STORIES
 from server_pool import ServerSpec
 from server_utils import RemoteServer, openai_module_fixtures, wait_state
 from structured_cases import (
-    MESSAGES, PERSON, PROMPT, REGEX, SEEDED, SHOPPING, chat, closed_object, json_schema_format, json_schema_round,
-    stream_chat, stream_completion, valid,
+    MESSAGES,
+    PERSON,
+    PROMPT,
+    REGEX,
+    SEEDED,
+    SHOPPING,
+    chat,
+    closed_object,
+    json_schema_format,
+    json_schema_round,
+    stream_chat,
+    stream_completion,
+    valid,
 )
 
 GREEDY = {"temperature": 0.0}
@@ -40,10 +51,11 @@ COMPILE_TIMEOUT_S = 1
 WEATHER = closed_object(city={"type": "string", "maxLength": 8}, unit={"enum": ["c", "f"]})
 CLOCK = closed_object(zone={"enum": ["UTC", "CET", "PST"]})
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
-                                      "parameters": WEATHER}},
-    {"type": "function", "function": {"name": "get_time", "description": "The time in a zone.",
-                                      "parameters": CLOCK}},
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "The weather in a city.", "parameters": WEATHER},
+    },
+    {"type": "function", "function": {"name": "get_time", "description": "The time in a zone.", "parameters": CLOCK}},
 ]
 TOOL_PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
@@ -58,13 +70,16 @@ class Pet(BaseModel):
     kind: Literal["cat", "dog"]
 
 
-SERVER = ServerSpec(STORIES, ("--structured-outputs-disable-any-whitespace", "--structured-outputs-compile-timeout",
-                              str(COMPILE_TIMEOUT_S)))
+SERVER = ServerSpec(
+    STORIES,
+    ("--structured-outputs-disable-any-whitespace", "--structured-outputs-compile-timeout", str(COMPILE_TIMEOUT_S)),
+)
 SERVERS = (SERVER,)  # started a module ahead (server_pool.py)
 server, client, no_kv_in_use = openai_module_fixtures(SERVER)
 
 
 # ---- response_format ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("sampling", [SEEDED, GREEDY], ids=["seeded", "greedy"])
 def test_json_schema_streamed_equals_whole(client, sampling: dict) -> None:
@@ -88,8 +103,14 @@ def test_json_object(client) -> None:
     # closed within 33 tokens (about half of them non-empty objects); max_tokens 100 leaves room.
     # The grammar still does all the rest: only it makes the text JSON.
     for seed in range(4):
-        out = chat(client, response_format={"type": "json_object"}, max_tokens=100, temperature=0.8, seed=seed,
-                   logit_bias={"436": 6, "128": 20}).choices[0]
+        out = chat(
+            client,
+            response_format={"type": "json_object"},
+            max_tokens=100,
+            temperature=0.8,
+            seed=seed,
+            logit_bias={"436": 6, "128": 20},
+        ).choices[0]
         assert out.finish_reason == "stop", out
         assert isinstance(json.loads(out.message.content), dict), out.message.content
 
@@ -106,8 +127,11 @@ CONSTRAINTS = [
 ]
 
 
-@pytest.mark.parametrize("field,value,check", CONSTRAINTS,
-                         ids=["so-choice", "guided_choice", "so-regex", "guided_regex", "so-grammar", "guided_grammar"])
+@pytest.mark.parametrize(
+    "field,value,check",
+    CONSTRAINTS,
+    ids=["so-choice", "guided_choice", "so-regex", "guided_regex", "so-grammar", "guided_grammar"],
+)
 def test_choice_regex_grammar(client, field: str, value: Any, check) -> None:
     for seed in (1, 2):
         kw = {"max_tokens": 40, "temperature": 0.8, "seed": seed, "extra_body": {field: value}}
@@ -155,8 +179,11 @@ def test_forced_tool_call(client, tool_choice) -> None:
             for frag in c.delta.tool_calls or []:
                 if frag.index not in calls:
                     assert frag.id and frag.type == "function" and frag.function.name, frag
-                    calls[frag.index] = {"id": frag.id, "type": "function",
-                                         "function": {"name": frag.function.name, "arguments": ""}}
+                    calls[frag.index] = {
+                        "id": frag.id,
+                        "type": "function",
+                        "function": {"name": frag.function.name, "arguments": ""},
+                    }
                 else:
                     assert frag.id is None and not (frag.function and frag.function.name), frag
                 calls[frag.index]["function"]["arguments"] += (frag.function and frag.function.arguments) or ""
@@ -170,9 +197,17 @@ def test_forced_tool_call(client, tool_choice) -> None:
 def test_conversation_with_tool_results(client) -> None:
     messages = [
         *MESSAGES,
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function",
-             "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris", "unit": "c"})}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris", "unit": "c"})},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
     ]
     out = chat(client, messages=messages, tools=TOOLS, tool_choice="none", max_tokens=10)
@@ -183,8 +218,7 @@ def test_conversation_with_tool_results(client) -> None:
 
 
 def test_parse_pydantic_model(client) -> None:
-    out = client.chat.completions.parse(model=STORIES, messages=MESSAGES, response_format=Pet, max_tokens=100,
-                                        **SEEDED)
+    out = client.chat.completions.parse(model=STORIES, messages=MESSAGES, response_format=Pet, max_tokens=100, **SEEDED)
     message = out.choices[0].message
     assert isinstance(message.parsed, Pet), message
     assert message.parsed == Pet.model_validate_json(message.content)
@@ -196,8 +230,9 @@ def test_n2_choices_all_valid(client) -> None:
     for c in out.choices:
         assert c.finish_reason == "stop"
         valid(c.message.content, PERSON)
-    out = client.completions.create(model=STORIES, prompt=PROMPT, n=2, max_tokens=100, extra_body={"guided_json": PERSON},
-                                    **SEEDED)
+    out = client.completions.create(
+        model=STORIES, prompt=PROMPT, n=2, max_tokens=100, extra_body={"guided_json": PERSON}, **SEEDED
+    )
     assert len(out.choices) == 2
     for c in out.choices:
         valid(c.text, PERSON)
@@ -236,8 +271,12 @@ def assert_400(param: str, call) -> openai.BadRequestError:
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_invalid_constraints_are_400s(client, stream: bool) -> None:
     for extra, param in ERRORS:
-        assert_400(param, lambda: client.completions.create(model=STORIES, prompt=PROMPT, max_tokens=5, stream=stream,
-                                                            extra_body=extra))
+        assert_400(
+            param,
+            lambda: client.completions.create(
+                model=STORIES, prompt=PROMPT, max_tokens=5, stream=stream, extra_body=extra
+            ),
+        )
         assert_400(param, lambda: chat(client, max_tokens=5, stream=stream, extra_body=extra))
     for extra in TOOL_ERRORS:
         assert_400("tool_choice", lambda: chat(client, max_tokens=5, stream=stream, extra_body=extra))
@@ -251,8 +290,16 @@ def test_invalid_constraints_are_400s(client, stream: bool) -> None:
 # ---- 64 requests at once ------------------------------------------------------------------------
 
 LOAD_SCHEMAS = [PERSON, WEATHER, CLOCK, SHOPPING]
-LOAD_PROMPTS = [PROMPT, "Tom and his dog", "The little bird", "Lily wanted to", "One day, a big",
-                "The sun was", "Sam had a red ball", "In the park"]
+LOAD_PROMPTS = [
+    PROMPT,
+    "Tom and his dog",
+    "The little bird",
+    "Lily wanted to",
+    "One day, a big",
+    "The sun was",
+    "Sam had a red ball",
+    "In the park",
+]
 FREE_TOKENS = 24
 
 
@@ -262,13 +309,16 @@ def test_legacy_generate_and_beam_search(server: RemoteServer) -> None:
     body = {"prompt": PROMPT, "max_tokens": 30, "temperature": 0, "structured_outputs": {"regex": REGEX}}
     r = httpx.post(server.url + "/generate", json=body, timeout=60)
     assert r.status_code == 200, r.text
-    assert re.fullmatch(REGEX, r.json()["text"][0][len(PROMPT):])
-    bad = httpx.post(server.url + "/generate", json={**body, "stream": True, "structured_outputs": {"regex": "(ab"}},
-                     timeout=60)
+    assert re.fullmatch(REGEX, r.json()["text"][0][len(PROMPT) :])
+    bad = httpx.post(
+        server.url + "/generate", json={**body, "stream": True, "structured_outputs": {"regex": "(ab"}}, timeout=60
+    )
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "structured_outputs"
     completion = {"prompt": PROMPT, "max_tokens": 30, "guided_regex": REGEX}
-    for path, request in (("/generate", {**body, "use_beam_search": True, "n": 2}),
-                          ("/v1/completions", {**completion, "use_beam_search": True, "n": 2})):
+    for path, request in (
+        ("/generate", {**body, "use_beam_search": True, "n": 2}),
+        ("/v1/completions", {**completion, "use_beam_search": True, "n": 2}),
+    ):
         r = httpx.post(server.url + path, json=request, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == "use_beam_search", r.text
 
@@ -287,11 +337,21 @@ def test_mixed_load(server: RemoteServer, client) -> None:
     async def run() -> tuple[list, list]:
         aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
         async with aclient:
-            constrained = [aclient.chat.completions.create(
-                model=STORIES, messages=MESSAGES, response_format=json_schema_format(LOAD_SCHEMAS[i % 4], f"s{i % 4}"),
-                max_tokens=100, temperature=0.8, seed=i) for i in range(32)]
-            free = [aclient.completions.create(model=STORIES, prompt=LOAD_PROMPTS[i % len(LOAD_PROMPTS)], **free_kw)
-                    for i in range(32)]
+            constrained = [
+                aclient.chat.completions.create(
+                    model=STORIES,
+                    messages=MESSAGES,
+                    response_format=json_schema_format(LOAD_SCHEMAS[i % 4], f"s{i % 4}"),
+                    max_tokens=100,
+                    temperature=0.8,
+                    seed=i,
+                )
+                for i in range(32)
+            ]
+            free = [
+                aclient.completions.create(model=STORIES, prompt=LOAD_PROMPTS[i % len(LOAD_PROMPTS)], **free_kw)
+                for i in range(32)
+            ]
             # Interleaved, so constrained and free requests arrive (and run) together.
             results = await asyncio.gather(*[r for pair in zip(constrained, free) for r in pair])
         return results[0::2], results[1::2]
@@ -308,8 +368,12 @@ def test_mixed_load(server: RemoteServer, client) -> None:
 
 # ---- metrics -----------------------------------------------------------------------------------
 
-SO_METRICS = ("tram:structured_output_requests_total", "tram:grammar_compile_seconds_count",
-              "tram:grammar_compile_failures_total", "tram:grammar_cache_hits_total")
+SO_METRICS = (
+    "tram:structured_output_requests_total",
+    "tram:grammar_compile_seconds_count",
+    "tram:grammar_compile_failures_total",
+    "tram:grammar_cache_hits_total",
+)
 
 
 def so_metrics(server: RemoteServer) -> dict[str, float]:
@@ -331,10 +395,18 @@ def test_prometheus_metrics(server: RemoteServer, client) -> None:
     with pytest.raises(openai.BadRequestError):
         chat(client, max_tokens=5, extra_body={"guided_regex": "(unclosed"})
     for _ in range(2):  # a compile, then a cache hit
-        valid(chat(client, response_format=json_schema_format(schema), max_tokens=100, **SEEDED).choices[0].message.content,
-              schema)
-    want = {"tram:structured_output_requests_total": 3, "tram:grammar_compile_seconds_count": 2,
-            "tram:grammar_compile_failures_total": 1, "tram:grammar_cache_hits_total": 1}
+        valid(
+            chat(client, response_format=json_schema_format(schema), max_tokens=100, **SEEDED)
+            .choices[0]
+            .message.content,
+            schema,
+        )
+    want = {
+        "tram:structured_output_requests_total": 3,
+        "tram:grammar_compile_seconds_count": 2,
+        "tram:grammar_compile_failures_total": 1,
+        "tram:grammar_cache_hits_total": 1,
+    }
     deadline = time.monotonic() + 10  # the counters follow the engine's stats, which come with its outputs
     while True:
         grown = {k: v - before[k] for k, v in so_metrics(server).items()}
@@ -345,6 +417,7 @@ def test_prometheus_metrics(server: RemoteServer, client) -> None:
 
 
 # ---- a compile that takes too long (last: its compile goes on in the engine core's background) ----
+
 
 def nested_one_of(depth: int) -> dict:
     x: dict = {"type": "integer"}
@@ -372,8 +445,9 @@ def test_compile_timeout_fails_alone(server: RemoteServer, client) -> None:
     thread.start()
     # Once the deep request waits in the engine for its grammar, a plain one runs beside it.
     waiting = wait_state(server, lambda state: state["num_waiting_reqs"] >= 1 or not thread.is_alive(), 10)
-    plain = client.completions.create(model=STORIES, prompt=PROMPT, max_tokens=16, temperature=0,
-                                      extra_body={"ignore_eos": True})
+    plain = client.completions.create(
+        model=STORIES, prompt=PROMPT, max_tokens=16, temperature=0, extra_body={"ignore_eos": True}
+    )
     thread.join(60)
     assert not thread.is_alive()
     assert waiting["num_waiting_reqs"] >= 1, (waiting, failed)
@@ -391,6 +465,11 @@ def test_compile_timeout_fails_alone(server: RemoteServer, client) -> None:
     assert info.value.param == "response_format" and "too long" in info.value.message, info.value.body
 
     # The compile goes on in one of the two compile threads; the other takes new grammars.
-    text = client.completions.create(model=STORIES, prompt=PROMPT, max_tokens=10, temperature=0,
-                                     extra_body={"guided_regex": "[0-9]{4}"}).choices[0].text
+    text = (
+        client.completions.create(
+            model=STORIES, prompt=PROMPT, max_tokens=10, temperature=0, extra_body={"guided_regex": "[0-9]{4}"}
+        )
+        .choices[0]
+        .text
+    )
     assert re.fullmatch("[0-9]{4}", text), text

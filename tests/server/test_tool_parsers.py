@@ -1,6 +1,7 @@
 """Tool parsers on canned model outputs: each output parsed whole, and streamed cut every way
 (one piece, one character at a time, random cuts) with the streamed deltas checked against the
 whole-output parse (base.py's rules). Forced tool choices: the schema, and reading outputs back."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,10 @@ from tram.server.tools.parsers.json_scan import ValueScanner
 
 Calls = list[tuple[str, str]]  # (name, arguments)
 
-NESTED_ARGS = (r'{"q": {"a": [1, {"b": "}{]["}], "s": "say \"hi\" \\ {"}, '
-               r'"u": "héllo ☃ 😀 \u00e9", "n": null}')
+NESTED_ARGS = (
+    r'{"q": {"a": [1, {"b": "}{]["}], "s": "say \"hi\" \\ {"}, '
+    r'"u": "héllo ☃ 😀 \u00e9", "n": null}'
+)
 NOT_A_CALL = "Use the <tool> element, or <tool_calls>, or <tool_ca"
 WEATHER = '{"city": "Paris", "unit": "celsius"}'
 
@@ -33,18 +36,22 @@ def hermes_call(body: str) -> str:
 # and no call is made, streamed (content-wise: a name may have gone out) as well as whole.
 HERMES_CASES: list[tuple[str, str | None, Calls | None]] = [
     (hermes_call(f'{{"name": "get_weather", "arguments": {WEATHER}}}'), None, [("get_weather", WEATHER)]),
-    (hermes_call('{"name": "a", "arguments": {"x": 1}}') + "\n"
-     + hermes_call('{"name": "b", "arguments": {}}'), None, [("a", '{"x": 1}'), ("b", "{}")]),
-    ("Let me look that up.\n\n" + hermes_call(f'{{"name": "get_weather", "arguments": {WEATHER}}}'),
-     "Let me look that up.\n\n", [("get_weather", WEATHER)]),
+    (
+        hermes_call('{"name": "a", "arguments": {"x": 1}}') + "\n" + hermes_call('{"name": "b", "arguments": {}}'),
+        None,
+        [("a", '{"x": 1}'), ("b", "{}")],
+    ),
+    (
+        "Let me look that up.\n\n" + hermes_call(f'{{"name": "get_weather", "arguments": {WEATHER}}}'),
+        "Let me look that up.\n\n",
+        [("get_weather", WEATHER)],
+    ),
     ("\n\n" + hermes_call(f'{{"name": "f", "arguments": {NESTED_ARGS}}}') + "\n", None, [("f", NESTED_ARGS)]),
-    (hermes_call('{"arguments": {"x": [1, 2]}, "name": "late_name"}'), None,
-     [("late_name", '{"x": [1, 2]}')]),
+    (hermes_call('{"arguments": {"x": [1, 2]}, "name": "late_name"}'), None, [("late_name", '{"x": [1, 2]}')]),
     (hermes_call('{"name": "no_args"}'), None, [("no_args", "{}")]),
     ('<tool_call>{"name": "f", "arguments": {"a": 1}}', None, [("f", '{"a": 1}')]),  # no </tool_call>
     ('<tool_call>{"name": "f", "arguments": {}}\nDone.', "\nDone.", [("f", "{}")]),
-    (hermes_call('{"name": "f", "arguments": {}}') + "\n\nAnything else?", "\n\nAnything else?",
-     [("f", "{}")]),
+    (hermes_call('{"name": "f", "arguments": {}}') + "\n\nAnything else?", "\n\nAnything else?", [("f", "{}")]),
     ('{"name": "f", "arguments": {}}</tool_call>', '{"name": "f", "arguments": {}}</tool_call>', []),
     (NOT_A_CALL, NOT_A_CALL, []),
     ("  \n", None, []),
@@ -63,10 +70,16 @@ HERMES_CASES: list[tuple[str, str | None, Calls | None]] = [
 LLAMA_CASES: list[tuple[str, str | None, Calls | None]] = [
     (f'<|python_tag|>{{"name": "get_weather", "parameters": {WEATHER}}}', None, [("get_weather", WEATHER)]),
     (f' \n<|python_tag|> {{"name": "f", "parameters": {NESTED_ARGS}}}\n', None, [("f", NESTED_ARGS)]),
-    ('{"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {"y": [1, 2]}};',
-     None, [("a", '{"x": 1}'), ("b", '{"y": [1, 2]}')]),
-    ('{"name": "a", "arguments": {"x": "semi;colon"}}\n;\n{"name": "b"}', None,
-     [("a", '{"x": "semi;colon"}'), ("b", "{}")]),
+    (
+        '{"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {"y": [1, 2]}};',
+        None,
+        [("a", '{"x": 1}'), ("b", '{"y": [1, 2]}')],
+    ),
+    (
+        '{"name": "a", "arguments": {"x": "semi;colon"}}\n;\n{"name": "b"}',
+        None,
+        [("a", '{"x": "semi;colon"}'), ("b", "{}")],
+    ),
     ("The weather in Paris is sunny.", "The weather in Paris is sunny.", []),
     ("  Maybe {like this}", "  Maybe {like this}", []),
     ("<|python_tag|>print('hi')", "<|python_tag|>print('hi')", []),
@@ -136,15 +149,27 @@ def test_llama3_json(output: str, content: str | None, calls: Calls | None) -> N
     check_case("llama3_json", output, content, calls)
 
 
-@pytest.mark.parametrize("parser_name,output,calls,content", [
-    ("hermes", hermes_call('{"name": "a", "arguments": {}}') + "\n" + hermes_call("{bad}"),
-     [("a", "{}")], "\n" + hermes_call("{bad}")),
-    ("llama3_json", '{"name": "a", "parameters": {}}; oops', [("a", "{}")], "; oops"),
-    ("llama3_json", '{"name": "a", "parameters": {}};\n{"parameters": 1, "name": "b"} and on',
-     [("a", "{}")], ';\n{"parameters": 1, "name": "b"} and on'),
-])
-def test_malformed_after_a_call_streams_the_rest_as_content(parser_name: str, output: str, calls: Calls,
-                                                              content: str) -> None:
+@pytest.mark.parametrize(
+    "parser_name,output,calls,content",
+    [
+        (
+            "hermes",
+            hermes_call('{"name": "a", "arguments": {}}') + "\n" + hermes_call("{bad}"),
+            [("a", "{}")],
+            "\n" + hermes_call("{bad}"),
+        ),
+        ("llama3_json", '{"name": "a", "parameters": {}}; oops', [("a", "{}")], "; oops"),
+        (
+            "llama3_json",
+            '{"name": "a", "parameters": {}};\n{"parameters": 1, "name": "b"} and on',
+            [("a", "{}")],
+            ';\n{"parameters": 1, "name": "b"} and on',
+        ),
+    ],
+)
+def test_malformed_after_a_call_streams_the_rest_as_content(
+    parser_name: str, output: str, calls: Calls, content: str
+) -> None:
     """Streamed, the calls already sent stand; what the malformed one held back is content."""
     parser = get_tool_parser(parser_name)
     assert not parser.extract_tool_calls(output).tools_called
@@ -166,8 +191,10 @@ def test_name_goes_out_before_the_object_closes() -> None:
 
 def test_one_parser_serves_interleaved_streams() -> None:
     parser = get_tool_parser("hermes")
-    outputs = [hermes_call('{"name": "a", "arguments": {"x": 1}}'),
-               "text " + hermes_call('{"name": "b", "arguments": {}}')]
+    outputs = [
+        hermes_call('{"name": "a", "arguments": {"x": 1}}'),
+        "text " + hermes_call('{"name": "b", "arguments": {}}'),
+    ]
     streams = [parser.stream(), parser.stream()]
     deltas: list[list] = [[], []]
     for pieces in zip_longest(*(list(o) for o in outputs), fillvalue=""):
@@ -175,7 +202,9 @@ def test_one_parser_serves_interleaved_streams() -> None:
             deltas[i].append(streams[i].feed(piece))
     results = [collect_deltas(d + [s.finish()]) for d, s in zip(deltas, streams)]
     assert [(content, [(c.name, c.arguments) for c in calls]) for content, calls in results] == [
-        ("", [("a", '{"x": 1}')]), ("text ", [("b", "{}")])]
+        ("", [("a", '{"x": 1}')]),
+        ("text ", [("b", "{}")]),
+    ]
 
 
 def test_get_tool_parser() -> None:
@@ -184,10 +213,18 @@ def test_get_tool_parser() -> None:
         get_tool_parser("mistral")
 
 
-@pytest.mark.parametrize("text,end", [
-    ('"a\\"b" rest', 6), ('{"a": "}", "b": [1, {"c": "\\\\"}]} x', 33), ("[[], {}]", 8),
-    ("123, 4", 3), ("true}", 4), ('{"open": "str', None), ('"esc\\', None),
-])
+@pytest.mark.parametrize(
+    "text,end",
+    [
+        ('"a\\"b" rest', 6),
+        ('{"a": "}", "b": [1, {"c": "\\\\"}]} x', 33),
+        ("[[], {}]", 8),
+        ("123, 4", 3),
+        ("true}", 4),
+        ('{"open": "str', None),
+        ('"esc\\', None),
+    ],
+)
 def test_value_scanner_finds_the_end_in_any_pieces(text: str, end: int | None) -> None:
     for pieces in chunkings(text):
         scanner, offset, found = ValueScanner(), 0, None
@@ -204,8 +241,10 @@ def test_value_scanner_finds_the_end_in_any_pieces(text: str, end: int | None) -
 
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                      "parameters": CITY, "strict": True}},
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Weather in a city", "parameters": CITY, "strict": True},
+    },
     {"type": "function", "function": {"name": "now"}},
 ]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
@@ -216,15 +255,22 @@ def test_forced_schemas_are_json_schema_and_accept_valid_outputs() -> None:
     named = forced_tool_schema(TOOLS, NAMED)
     assert named == TOOLS[0]["function"]["parameters"]
     assert forced_tool_schema(TOOLS, {"type": "function", "function": {"name": "now"}}) == {
-        "type": "object", "properties": {}}
+        "type": "object",
+        "properties": {},
+    }
     assert required is not None and named is not None
     for schema in (required, named):
         jsonschema.Draft202012Validator.check_schema(schema)
-    jsonschema.validate([{"name": "get_weather", "parameters": {"city": "Paris"}},
-                         {"name": "now", "parameters": {}}], required)
+    jsonschema.validate(
+        [{"name": "get_weather", "parameters": {"city": "Paris"}}, {"name": "now", "parameters": {}}], required
+    )
     jsonschema.validate({"city": "Paris"}, named)
-    for wrong in ([], [{"name": "other", "parameters": {}}], [{"name": "now", "parameters": {}, "x": 1}],
-                  [{"name": "get_weather", "parameters": {}}]):
+    for wrong in (
+        [],
+        [{"name": "other", "parameters": {}}],
+        [{"name": "now", "parameters": {}, "x": 1}],
+        [{"name": "get_weather", "parameters": {}}],
+    ):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(wrong, required)
 
@@ -239,13 +285,18 @@ def test_forced_schema_refusals() -> None:
         forced_tool_schema([{"type": "function"}], "required")
 
 
-@pytest.mark.parametrize("choice,output,calls", [
-    (NAMED, ' {"city": "Paris \\"{"}\n', [("get_weather", '{"city": "Paris \\"{"}')]),
-    ("required", '[{"name": "get_weather", "parameters": {"city": "Paris"}},\n'
-                 ' {"name": "now", "parameters": {}}]',
-     [("get_weather", '{"city": "Paris"}'), ("now", "{}")]),
-    ("required", f' [ {{"parameters": {NESTED_ARGS}, "name": "f"}} ] ', [("f", NESTED_ARGS)]),
-])
+@pytest.mark.parametrize(
+    "choice,output,calls",
+    [
+        (NAMED, ' {"city": "Paris \\"{"}\n', [("get_weather", '{"city": "Paris \\"{"}')]),
+        (
+            "required",
+            '[{"name": "get_weather", "parameters": {"city": "Paris"}},\n {"name": "now", "parameters": {}}]',
+            [("get_weather", '{"city": "Paris"}'), ("now", "{}")],
+        ),
+        ("required", f' [ {{"parameters": {NESTED_ARGS}, "name": "f"}} ] ', [("f", NESTED_ARGS)]),
+    ],
+)
 def test_forced_outputs_parse_and_stream_alike(choice: str | dict, output: str, calls: Calls) -> None:
     parsed = parse_forced_tool_calls(output, choice)
     assert [(c.name, c.arguments) for c in parsed] == calls
@@ -259,12 +310,19 @@ def test_forced_named_stream_sends_id_and_name_first() -> None:
     assert delta is not None and delta.tool_calls[0].name == "get_weather" and delta.tool_calls[0].id
 
 
-@pytest.mark.parametrize("choice,output", [
-    (NAMED, '{"city": "Par'), (NAMED, "[1]"), (NAMED, ""), ("required", "[]"),
-    ("required", '[{"name": "now", "parameters": {}}'), ("required", '{"name": "now", "parameters": {}}'),
-    ("required", '[{"name": "now", "parameters": {}}] extra'),
-    ("required", '[{"name": 1, "parameters": {}}]'),
-])
+@pytest.mark.parametrize(
+    "choice,output",
+    [
+        (NAMED, '{"city": "Par'),
+        (NAMED, "[1]"),
+        (NAMED, ""),
+        ("required", "[]"),
+        ("required", '[{"name": "now", "parameters": {}}'),
+        ("required", '{"name": "now", "parameters": {}}'),
+        ("required", '[{"name": "now", "parameters": {}}] extra'),
+        ("required", '[{"name": 1, "parameters": {}}]'),
+    ],
+)
 def test_forced_malformed_outputs_are_refused(choice: str | dict, output: str) -> None:
     with pytest.raises(ValueError):
         parse_forced_tool_calls(output, choice)
@@ -278,6 +336,5 @@ def test_forced_stream_refuses_a_choice_that_forces_nothing() -> None:
 
 
 def test_tool_parsers_import_without_torch() -> None:
-    code = ("import sys, tram.server.tools.parsers, tram.server.tools.parsers.forced; "
-            "sys.exit('torch' in sys.modules)")
+    code = "import sys, tram.server.tools.parsers, tram.server.tools.parsers.forced; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

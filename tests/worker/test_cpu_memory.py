@@ -1,5 +1,6 @@
 """The CPU allocator settings keep freed memory mapped, so a repeated allocation pattern stops
 page-faulting (tram/worker/cpu_memory.py)."""
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,9 @@ print(applied, sum(faults[1:]))
 
 
 def _run(mode: str, **env: str) -> tuple[bool, int]:
-    out = subprocess.run([sys.executable, "-c", PATTERN, mode], capture_output=True, text=True, check=True,
-                         env={**os.environ, **env}).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", PATTERN, mode], capture_output=True, text=True, check=True, env={**os.environ, **env}
+    ).stdout.split()
     return out[0] == "True", int(out[1])
 
 
@@ -63,8 +65,9 @@ def test_model_runner_applies_the_settings_on_cpu(stories_path: str, monkeypatch
 
 
 @pytest.mark.parametrize("budget", [4096, 300])
-def test_cpu_engine_warms_up_with_one_prompt_sized_step(stories_path: str, monkeypatch: pytest.MonkeyPatch,
-                                                        budget: int) -> None:
+def test_cpu_engine_warms_up_with_one_prompt_sized_step(
+    stories_path: str, monkeypatch: pytest.MonkeyPatch, budget: int
+) -> None:
     """The heap grows once, at start, rather than in the first request's prefill."""
     from tram import LLM
     from tram.worker import model_runner
@@ -72,8 +75,9 @@ def test_cpu_engine_warms_up_with_one_prompt_sized_step(stories_path: str, monke
     expected = min(budget, model_runner.CPU_WARMUP_TOKENS)
     calls = []
     real = model_runner.run_dummy_step
-    monkeypatch.setattr(model_runner, "run_dummy_step",
-                        lambda runner, n, rows: calls.append((n, rows)) or real(runner, n, rows))
+    monkeypatch.setattr(
+        model_runner, "run_dummy_step", lambda runner, n, rows: calls.append((n, rows)) or real(runner, n, rows)
+    )
     llm = LLM(stories_path, max_model_len=256, max_num_batched_tokens=budget, max_num_seqs=8)
     assert calls == [(expected, 8)]
     out = llm.generate("Once upon a time", use_tqdm=False)

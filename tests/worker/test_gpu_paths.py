@@ -1,21 +1,22 @@
 """The GPU-side code paths that can be checked without a GPU: defaults on CUDA, CUDA-graph
 buckets and padding (replayed eagerly), split-K choice, and KV-cache sizing from a memory profile."""
+
 from __future__ import annotations
 
 import types
 
 import pytest
 import torch
+from conftest import STORIES
 from transformers import LlamaConfig
 
-from conftest import STORIES
-from tram import LLM, SamplingParams
+from tram import LLM
 from tram.config import resolve_dtype
-from tram.worker.worker import determine_num_blocks
 from tram.model.attention import default_attention_backend
 from tram.model.attention.triton_backend import MAX_SPLITS, choose_num_splits
 from tram.worker.cuda_graph import capture_sizes
 from tram.worker.memory_profiler import MemoryProfile, dummy_prefill_meta, run_dummy_step
+from tram.worker.worker import determine_num_blocks
 
 
 def test_cuda_defaults_are_bfloat16_and_triton() -> None:
@@ -62,8 +63,14 @@ def test_dummy_step_runs_at_the_token_budget() -> None:
 def _fake_cuda_config(util: float, **overrides: object) -> types.SimpleNamespace:
     mc = types.SimpleNamespace(device=torch.device("cuda"))
     sc = types.SimpleNamespace(max_num_seqs=8, max_model_len=512, max_num_batched_tokens=4096)
-    base = dict(num_gpu_blocks_override=None, kv_cache_memory_bytes=None, gpu_memory_utilization=util,
-                model_config=mc, scheduler_config=sc, cache_config=types.SimpleNamespace(block_size=16))
+    base = dict(
+        num_gpu_blocks_override=None,
+        kv_cache_memory_bytes=None,
+        gpu_memory_utilization=util,
+        model_config=mc,
+        scheduler_config=sc,
+        cache_config=types.SimpleNamespace(block_size=16),
+    )
     return types.SimpleNamespace(**{**base, **overrides})
 
 

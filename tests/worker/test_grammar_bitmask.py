@@ -1,5 +1,6 @@
 """The grammar bitmask processor: bit j of word w allows token 32*w + j, only the step's constrained
 rows change, and it runs before everything else the sampler does."""
+
 from __future__ import annotations
 
 import numpy as np

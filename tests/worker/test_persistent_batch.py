@@ -6,6 +6,7 @@ replaced by random sampled tokens. After every step the batch's flattened inputs
 sampling state must equal what a from-scratch build gives from the requests' own state, and its
 logits processors must edit logits exactly as freshly built ones do.
 """
+
 from __future__ import annotations
 
 import random
@@ -37,8 +38,9 @@ PARAMS = [
 ]
 
 operation = st.one_of(
-    st.tuples(st.just("add"), st.lists(st.tuples(st.integers(1, 20), st.integers(0, len(PARAMS) - 1)),
-                                       min_size=1, max_size=4)),
+    st.tuples(
+        st.just("add"), st.lists(st.tuples(st.integers(1, 20), st.integers(0, len(PARAMS) - 1)), min_size=1, max_size=4)
+    ),
     st.tuples(st.just("abort"), st.integers(0, 30)),
     st.tuples(st.just("steps"), st.integers(0, 2**31), st.integers(1, 8)),
 )
@@ -46,8 +48,10 @@ operation = st.one_of(
 
 def _scratch_meta(rows: list[SamplingRow]) -> SamplingMetadata:
     """Fresh copies of the rows (so nothing is shared with the persistent processors)."""
-    copies = [SamplingRow(r.params, list(r.prompt_token_ids), list(r.output_token_ids), r.generator,
-                          r.min_tokens_masked_ids) for r in rows]
+    copies = [
+        SamplingRow(r.params, list(r.prompt_token_ids), list(r.output_token_ids), r.generator, r.min_tokens_masked_ids)
+        for r in rows
+    ]
     return build_sampling_metadata(copies, VOCAB, "cpu")
 
 
@@ -57,9 +61,13 @@ def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
 
 def _check_sampling(batch: InputBatch, step_seed: int) -> None:
     meta = batch.sampling_metadata()
-    ref = _scratch_meta([s.sampling for s in batch.states[:batch.num_reqs]])
-    assert (meta.all_greedy, meta.all_random, meta.max_top_k, meta.max_num_logprobs) == \
-        (ref.all_greedy, ref.all_random, ref.max_top_k, ref.max_num_logprobs)
+    ref = _scratch_meta([s.sampling for s in batch.states[: batch.num_reqs]])
+    assert (meta.all_greedy, meta.all_random, meta.max_top_k, meta.max_num_logprobs) == (
+        ref.all_greedy,
+        ref.all_random,
+        ref.max_top_k,
+        ref.max_num_logprobs,
+    )
     assert _same(meta.temperature, ref.temperature) and _same(meta.top_k, ref.top_k) and _same(meta.top_p, ref.top_p)
     assert _same(meta.min_p, ref.min_p) and meta.generators.keys() == ref.generators.keys()
     logits = torch.randn(batch.num_reqs, VOCAB, generator=torch.Generator().manual_seed(step_seed))
@@ -69,14 +77,19 @@ def _check_sampling(batch: InputBatch, step_seed: int) -> None:
         assert torch.equal(got, want), stage
 
 
-def _check_inputs(batch: InputBatch, sched: SchedulerOutput, scheduler: Scheduler, buffers: StepBuffers,
-                  prompt_logprobs: dict[str, list[int]]) -> np.ndarray:
+def _check_inputs(
+    batch: InputBatch,
+    sched: SchedulerOutput,
+    scheduler: Scheduler,
+    buffers: StepBuffers,
+    prompt_logprobs: dict[str, list[int]],
+) -> np.ndarray:
     """The step's inputs, per request, against the requests' own token lists and block ids."""
     inputs = prepare_inputs(batch, sched, buffers, BLOCK)
     for job in inputs.prompt_logprobs_jobs:  # each prompt position's logprob is sent once, in order
         sent = prompt_logprobs.setdefault(job.req_id, [])
         sent.extend(job.target_token_ids)
-        assert sent == scheduler.requests[job.req_id].prompt_token_ids[1:len(sent) + 1]
+        assert sent == scheduler.requests[job.req_id].prompt_token_ids[1 : len(sent) + 1]
     assert sorted(batch.req_ids) == sorted(sched.num_scheduled_tokens)
     meta, offset = inputs.meta, 0
     for row, rid in enumerate(batch.req_ids):
@@ -84,9 +97,11 @@ def _check_inputs(batch: InputBatch, sched: SchedulerOutput, scheduler: Schedule
         start = req.num_computed_tokens - n  # the scheduler already counted this step's tokens
         blocks = scheduler.kv_cache_manager.get_block_ids(rid)
         positions = list(range(start, start + n))
-        assert inputs.positions[offset:offset + n].tolist() == positions
-        assert inputs.input_ids[offset:offset + n].tolist() == req.all_token_ids[start:start + n]
-        assert meta.slot_mapping[offset:offset + n].tolist() == [blocks[p // BLOCK] * BLOCK + p % BLOCK for p in positions]
+        assert inputs.positions[offset : offset + n].tolist() == positions
+        assert inputs.input_ids[offset : offset + n].tolist() == req.all_token_ids[start : start + n]
+        assert meta.slot_mapping[offset : offset + n].tolist() == [
+            blocks[p // BLOCK] * BLOCK + p % BLOCK for p in positions
+        ]
         assert (meta.query_lens_list[row], meta.seq_lens_list[row]) == (n, start + n)
         used = -(-(start + n) // BLOCK)
         assert meta.block_tables[row, :used].tolist() == blocks[:used]
@@ -100,8 +115,10 @@ def _check_inputs(batch: InputBatch, sched: SchedulerOutput, scheduler: Schedule
 @settings(max_examples=80, deadline=None)
 @given(st.lists(operation, min_size=1, max_size=30))
 def test_persistent_batch_equals_a_batch_rebuilt_from_scratch(ops: list[tuple]) -> None:
-    scheduler = Scheduler(SchedulerConfig(max_num_seqs=MAX_SEQS, max_num_batched_tokens=12, max_model_len=MAX_LEN),
-                          CacheConfig(block_size=BLOCK, num_blocks=10, enable_prefix_caching=True))
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_seqs=MAX_SEQS, max_num_batched_tokens=12, max_model_len=MAX_LEN),
+        CacheConfig(block_size=BLOCK, num_blocks=10, enable_prefix_caching=True),
+    )
     batch = InputBatch(MAX_SEQS, MAX_LEN, BLOCK, VOCAB, torch.device("cpu"))
     buffers = StepBuffers(12, MAX_SEQS, torch.device("cpu"))
     states: dict[str, CachedRequestState] = {}
@@ -130,8 +147,14 @@ def test_persistent_batch_equals_a_batch_rebuilt_from_scratch(ops: list[tuple]) 
     assert batch.num_reqs == 0 and not states
 
 
-def _step(scheduler: Scheduler, batch: InputBatch, buffers: StepBuffers, states: dict[str, CachedRequestState],
-          seed: int, prompt_logprobs: dict[str, list[int]]) -> None:
+def _step(
+    scheduler: Scheduler,
+    batch: InputBatch,
+    buffers: StepBuffers,
+    states: dict[str, CachedRequestState],
+    seed: int,
+    prompt_logprobs: dict[str, list[int]],
+) -> None:
     """One engine step with random tokens for the model's."""
     sched = scheduler.schedule()
     apply_scheduler_output(batch, states, sched)
@@ -152,4 +175,3 @@ def _step(scheduler: Scheduler, batch: InputBatch, buffers: StepBuffers, states:
             assert state.sampling.output_token_ids == req.output_token_ids
             if req.sampling_params.prompt_logprobs is not None and req.output_token_ids:
                 assert prompt_logprobs.get(rid, []) == req.prompt_token_ids[1:]  # all of them, once
-

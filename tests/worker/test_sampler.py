@@ -1,4 +1,5 @@
 """Sampler: greedy, seeded and random draws, filters, penalties, masks and logprobs."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,10 +19,20 @@ def _fixed_global_rng() -> None:
     torch.manual_seed(0)
 
 
-def row(params: SamplingParams, prompt: list[int] | None = None, output: list[int] | None = None,
-        generator: torch.Generator | None = None, stop_ids: set[int] | None = None) -> SamplingRow:
-    return SamplingRow(params=params, prompt_token_ids=prompt or [1, 2, 3], output_token_ids=output or [],
-                       generator=generator, min_tokens_masked_ids=frozenset(stop_ids or ()))
+def row(
+    params: SamplingParams,
+    prompt: list[int] | None = None,
+    output: list[int] | None = None,
+    generator: torch.Generator | None = None,
+    stop_ids: set[int] | None = None,
+) -> SamplingRow:
+    return SamplingRow(
+        params=params,
+        prompt_token_ids=prompt or [1, 2, 3],
+        output_token_ids=output or [],
+        generator=generator,
+        min_tokens_masked_ids=frozenset(stop_ids or ()),
+    )
 
 
 def run(logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
@@ -70,9 +81,15 @@ def _seeded_stream(position: int, batch: int, steps: int, seed: int, neighbour_s
         logits = torch.randn(batch, V, generator=logits_gen)
         target = torch.randn(V, generator=seeded(len(tokens)))  # same row logits in every layout
         logits[position] = target
-        rows = [row(SamplingParams(temperature=0.8, top_k=5 + i, seed=neighbour_seed + i),
-                    generator=seeded(neighbour_seed + i)) if i % 2 else row(SamplingParams(top_p=0.9))
-                for i in range(batch)]
+        rows = [
+            row(
+                SamplingParams(temperature=0.8, top_k=5 + i, seed=neighbour_seed + i),
+                generator=seeded(neighbour_seed + i),
+            )
+            if i % 2
+            else row(SamplingParams(top_p=0.9))
+            for i in range(batch)
+        ]
         rows[position] = row(SamplingParams(temperature=1.3, top_p=0.95, seed=seed), generator=gen)
         tokens.append(int(run(logits, rows).sampled_token_ids[position]))
     return tokens
@@ -96,10 +113,15 @@ def test_unseeded_sampling_follows_distribution() -> None:
         assert torch.allclose(freq, expected, atol=0.03), (freq, expected)
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(top_k=1), SamplingParams(top_p=1e-6), SamplingParams(min_p=1.0),
-    SamplingParams(top_k=1, top_p=0.5, temperature=3.0),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(top_k=1),
+        SamplingParams(top_p=1e-6),
+        SamplingParams(min_p=1.0),
+        SamplingParams(top_k=1, top_p=0.5, temperature=3.0),
+    ],
+)
 def test_filters_collapse_to_argmax(params: SamplingParams) -> None:
     logits = random_logits(64, seed=3)
     out = run(logits, [row(params) for _ in range(64)])
@@ -121,13 +143,21 @@ def _allowed_min_p(logits: torch.Tensor, p: float) -> set[int]:
     return set(torch.nonzero(probs >= p * probs.max()).flatten().tolist())
 
 
-@pytest.mark.parametrize("params,allowed", [
-    (SamplingParams(top_k=5, temperature=2.0), lambda l: _allowed_top_k(l, 5)),
-    (SamplingParams(top_p=0.6, temperature=2.0), lambda l: _allowed_top_p(l / 2.0, 0.6)),
-    (SamplingParams(min_p=0.2, temperature=2.0), lambda l: _allowed_min_p(l / 2.0, 0.2)),
-    (SamplingParams(top_k=8, top_p=0.7), lambda l: _allowed_top_k(l, 8) & _allowed_top_p(
-        l.masked_fill(l < torch.topk(l, 8).values[-1], float("-inf")), 0.7)),
-])
+@pytest.mark.parametrize(
+    "params,allowed",
+    [
+        (SamplingParams(top_k=5, temperature=2.0), lambda l: _allowed_top_k(l, 5)),
+        (SamplingParams(top_p=0.6, temperature=2.0), lambda l: _allowed_top_p(l / 2.0, 0.6)),
+        (SamplingParams(min_p=0.2, temperature=2.0), lambda l: _allowed_min_p(l / 2.0, 0.2)),
+        (
+            SamplingParams(top_k=8, top_p=0.7),
+            lambda l: (
+                _allowed_top_k(l, 8)
+                & _allowed_top_p(l.masked_fill(l < torch.topk(l, 8).values[-1], float("-inf")), 0.7)
+            ),
+        ),
+    ],
+)
 def test_filters_never_sample_outside_their_set(params: SamplingParams, allowed) -> None:
     n = 3000
     base = random_logits(1, seed=5)[0]
@@ -151,8 +181,7 @@ def test_filters_are_per_row() -> None:
     assert seen[2] <= _allowed_top_k(base, 2)
 
 
-def _reference_penalties(logits: torch.Tensor, p: SamplingParams, prompt: list[int],
-                         output: list[int]) -> torch.Tensor:
+def _reference_penalties(logits: torch.Tensor, p: SamplingParams, prompt: list[int], output: list[int]) -> torch.Tensor:
     out = logits.clone()
     for t in set(prompt) | set(output):
         out[t] = out[t] / p.repetition_penalty if out[t] > 0 else out[t] * p.repetition_penalty
@@ -166,8 +195,11 @@ def test_penalties_match_reference() -> None:
     cases = [
         (SamplingParams(temperature=0, repetition_penalty=1.7), [1, 2, 2], [5, 5, 6]),
         (SamplingParams(temperature=0, frequency_penalty=0.9, presence_penalty=-0.4), [3], [7, 7, 7, 8, 1]),
-        (SamplingParams(temperature=0, repetition_penalty=0.6, frequency_penalty=-1.0, presence_penalty=2.0),
-         [9, 10, 11, 12], []),
+        (
+            SamplingParams(temperature=0, repetition_penalty=0.6, frequency_penalty=-1.0, presence_penalty=2.0),
+            [9, 10, 11, 12],
+            [],
+        ),
         (SamplingParams(temperature=0), [4, 4], [4, 13]),  # neutral row in a penalised batch
     ]
     rows = [row(p, prompt, output) for p, prompt, output in cases]
@@ -220,9 +252,13 @@ def _check_logprobs(logits: torch.Tensor, sampled: torch.Tensor, lp, k: int) -> 
 
 def test_logprobs_are_raw_and_ranked() -> None:
     logits = random_logits(5, seed=21)
-    params = [SamplingParams(logprobs=3, temperature=0.7, top_k=4, repetition_penalty=1.5),
-              SamplingParams(temperature=0, logprobs=0), SamplingParams(), SamplingParams(logprobs=1, seed=3),
-              SamplingParams(temperature=2.0, presence_penalty=1.0)]
+    params = [
+        SamplingParams(logprobs=3, temperature=0.7, top_k=4, repetition_penalty=1.5),
+        SamplingParams(temperature=0, logprobs=0),
+        SamplingParams(),
+        SamplingParams(logprobs=1, seed=3),
+        SamplingParams(temperature=2.0, presence_penalty=1.0),
+    ]
     original = logits.clone()
     meta = build_sampling_metadata([row(p, output=[4, 5]) for p in params], V, "cpu")
     out = sampler(logits, meta)
