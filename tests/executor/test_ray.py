@@ -101,15 +101,15 @@ def _descendants(pid: int) -> list[int]:
     return [d for c in map(int, out) for d in (c, *_descendants(c))]
 
 
-def test_serving_two_replicas_on_one_ray_cluster(stories_path: str):
+def test_serving_two_replicas_on_one_ray_cluster(llm: LLM):
     """No RAY_ADDRESS: the API server starts one local Ray cluster and both replicas place their
     rank there (racing replicas would otherwise each start their own); SIGTERM stops all of it."""
     prompts = [[1, 403, 407, 263], [1, 320, 330, 340], [1, 263, 931 % 512, 29], [1, 407, 29, 340]]
-    reference = LLM(stories_path, max_num_seqs=8).generate(
+    reference = llm.generate(
         [{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=16), use_tqdm=False
     )
     for p, out in zip(prompts, reference):
-        assert out.outputs[0].token_ids == hf_greedy(stories_path, p, 16, STORIES_EOS)
+        assert out.outputs[0].token_ids == hf_greedy(STORIES, p, 16, STORIES_EOS)
     # "local": a new cluster even where an earlier `ray start` left its address behind on this machine.
     s = RemoteServer(
         str(STORIES),
@@ -220,7 +220,7 @@ def _wait_for_nodes(count: int, timeout: float = 90.0) -> None:
         )
         if done.returncode == 0 and done.stdout.strip().splitlines()[-1:] == [str(count)]:
             return
-        time.sleep(2)
+        time.sleep(0.5)
     raise AssertionError(f"the Ray cluster did not reach {count} nodes in {timeout:.0f} s")
 
 
@@ -234,12 +234,12 @@ def two_node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
     try:
         nodes.append(_ray_node(NS[0], IPS[0], True, temp_dir))
         _wait_for_nodes(1)
-        nodes.append(_ray_node(NS[1], IPS[1], False, temp_dir))
-        _wait_for_nodes(2)
+        nodes.append(_ray_node(NS[1], IPS[1], False, temp_dir))  # the driver waits for it to join
         yield
     finally:
-        for node in reversed(nodes):
-            node.terminate()  # --block: the node stops its Ray processes when told to
+        for node in nodes:
+            node.terminate()  # --block: the node stops its Ray processes when told to (all at once)
+        for node in nodes:
             try:
                 node.wait(30)
             except subprocess.TimeoutExpired:
@@ -247,30 +247,30 @@ def two_node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
         _delete_namespaces()
 
 
-@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)])
-def test_one_rank_per_node_matches_transformers(two_node_cluster, stories_path: str, tp: int, pp: int):
+SPLITS = [(2, 1), (1, 2)]
+
+
+@pytest.fixture(scope="module")
+def two_node_results(two_node_cluster, stories_path: str) -> dict:
+    """Each split's result from one driver run inside the first namespace (ray_driver.py)."""
     driver = Path(__file__).with_name("ray_driver.py")
     env = {**os.environ, **RAY_ENV, "RAY_ADDRESS": f"{IPS[0]}:{HEAD_PORT}", "GLOO_SOCKET_IFNAME": IFACE}
     done = subprocess.run(
-        [
-            "ip",
-            "netns",
-            "exec",
-            NS[0],
-            sys.executable,
-            str(driver),
-            stories_path,
-            str(tp),
-            str(pp),
-            json.dumps(PROMPT_IDS),
-        ],
+        ["ip", "netns", "exec", NS[0], sys.executable, str(driver), stories_path, json.dumps(SPLITS)]
+        + [json.dumps(PROMPT_IDS), str(len(NS))],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=360,
         env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("tp,pp", SPLITS)
+def test_one_rank_per_node_matches_transformers(two_node_results: dict, stories_path: str, tp: int, pp: int):
+    result = two_node_results[f"{tp}x{pp}"]
+    assert "error" not in result, result.get("error")
     assert sorted(result["nodes"]) == sorted(IPS)  # one rank in each namespace
     assert result["kv"]["in_use"] == 0
     for p, tokens in zip(PROMPT_IDS, result["tokens"]):

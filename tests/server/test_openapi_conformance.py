@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 import schemathesis
-from conftest import STORIES
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.failures import FailureGroup
@@ -34,7 +33,7 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
-from server_utils import RemoteServer, module_server
+from server_utils import RemoteServer, shared_server
 
 CHECKS = [
     not_a_server_error,
@@ -56,8 +55,8 @@ _MAX_LENGTH = 8
 
 
 @pytest.fixture(scope="module")
-def server():
-    yield from module_server(STORIES)
+def server(stories_server: RemoteServer):
+    yield from shared_server(stories_server)
 
 
 @pytest.fixture(scope="module")

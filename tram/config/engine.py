@@ -7,6 +7,7 @@ built without the engine (tests, tools) means what the same settings mean on the
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from tram.config.engine_args import FALLBACK_MAX_MODEL_LEN, KV_CACHE_DTYPES, EngineArgs, default_token_budget
@@ -99,3 +100,8 @@ class EngineConfig:
     structured_outputs_compile_timeout: float = EngineArgs.structured_outputs_compile_timeout
     structured_outputs_disable_any_whitespace: bool = EngineArgs.structured_outputs_disable_any_whitespace
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def for_workers(self) -> EngineConfig:
+        """What the engine sends its worker processes: the model's config as a snapshot
+        (ModelConfig.for_workers), so that a worker need not import transformers to read it."""
+        return dataclasses.replace(self, model_config=self.model_config.for_workers())

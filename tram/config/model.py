@@ -7,11 +7,13 @@ Torch-free, because the API server process builds it without torch; the engine c
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from tram.config.engine_args import DTYPES, FALLBACK_MAX_MODEL_LEN, LOAD_FORMATS, EngineArgs
+from tram.config.hf_snapshot import HFConfigSnapshot, snapshot_hf_config
 from tram.config.registry import ATTENTION_BACKENDS, import_target
 
 logger = logging.getLogger(__name__)
@@ -73,8 +75,8 @@ class ModelConfig:
     `dtype` and `device` are names ("auto" until `resolve`); torch.dtype / torch.device values are
     accepted and stored by name. `hf_config` (a transformers config) is not pickled: each process
     that needs it loads its own copy from `model`, with `config_reader` where the model layer gave
-    one (a GGUF file's: "module:attr" of a function path -> config; None: a Hugging Face folder).
-    Defaults are EngineArgs'.
+    one (a GGUF file's: "module:attr" of a function path -> config; None: a Hugging Face folder),
+    unless it is a snapshot (`for_workers`), which travels as plain data. Defaults are EngineArgs'.
     """
 
     model: str
@@ -111,11 +113,18 @@ class ModelConfig:
     def __getstate__(self) -> dict[str, Any]:
         # A transformers config object pickles with its class, which the receiving process may have
         # imported differently (the API process keeps transformers torch-free); send the path instead.
-        return {**self.__dict__, "hf_config": None}
+        snapshot = self.hf_config if isinstance(self.hf_config, HFConfigSnapshot) else None
+        return {**self.__dict__, "hf_config": snapshot}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.hf_config = self._load_hf_config()
+        if self.hf_config is None:
+            self.hf_config = self._load_hf_config()
+
+    def for_workers(self) -> ModelConfig:
+        """This config with `hf_config` as a snapshot: what the engine sends the processes that only
+        build the model from it (loading a transformers config there would import transformers)."""
+        return dataclasses.replace(self, hf_config=snapshot_hf_config(self.hf_config))
 
     def resolve(self) -> None:
         """Turn "auto" into this process's device, the dtype for it, and the attention backend the

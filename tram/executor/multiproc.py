@@ -55,12 +55,13 @@ class MultiprocExecutor(Executor):
         self._replies.bind(f"ipc://{self._dir}/replies")
         self._inboxes: list[zmq.Socket] = []
         self._procs: list[subprocess.Popen] = []
-        self._finalizer = weakref.finalize(self, _stop, self._procs, self._ctx, self._dir)
+        self._finalizer = weakref.finalize(self, _stop, self._procs, self._inboxes, self._ctx, self._dir)
         self._dead: str | None = None
         threads, env = rank_threads(
             dict(os.environ), usable_cores(), self.world_size, config.parallel_config.cpu_threads
         )
         init_method = f"tcp://127.0.0.1:{free_port()}"
+        config = config.for_workers()
         try:
             for rank in range(self.world_size):
                 self._start_worker(config, rank, init_method, threads, env)
@@ -164,17 +165,17 @@ class MultiprocExecutor(Executor):
             raise WorkerDiedError(self._dead)
 
     def shutdown(self) -> None:
-        if self._finalizer.alive and self._dead is None:
-            for inbox in self._inboxes:
-                try:
-                    inbox.send_multipart([m.SHUTDOWN], flags=zmq.NOBLOCK)
-                except zmq.ZMQError:
-                    pass
         self._finalizer()
 
 
-def _stop(procs: list[subprocess.Popen], ctx: zmq.Context, folder: str) -> None:
-    """Wait a little for the workers to leave, then terminate, then kill; close the sockets."""
+def _stop(procs: list[subprocess.Popen], inboxes: list[zmq.Socket], ctx: zmq.Context, folder: str) -> None:
+    """Tell the workers to leave (also when the executor is only collected, or the program ends without
+    a shutdown), wait a little for them, then terminate, then kill; close the sockets."""
+    for inbox in inboxes:  # a rank that is gone, or stuck beside a dead one, is terminated below
+        try:
+            inbox.send_multipart([m.SHUTDOWN], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
     deadline = time.monotonic() + STOP_TIMEOUT_S
     for proc in procs:
         try:

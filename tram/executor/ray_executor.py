@@ -137,7 +137,7 @@ class RayExecutor(Executor):
         init_method = f"tcp://{ips[0]}:{port}"
         # A TP group spread over machines cannot share memory: the workers check rank_nodes.
         parallel = dataclasses.replace(config.parallel_config, rank_nodes=tuple(ips))
-        config = dataclasses.replace(config, parallel_config=parallel)
+        config = dataclasses.replace(config.for_workers(), parallel_config=parallel)
         self._get([a.start.remote(config, rank, self.world_size, init_method) for rank, a in enumerate(self._actors)])
         logger.info("Started %d Ray actors on nodes %s", self.world_size, ", ".join(ips))
 

@@ -9,6 +9,7 @@ when the engine's process is gone, even in the middle of a collective that would
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import signal
@@ -102,3 +103,10 @@ def _serve(args: WorkerArgs, inbox: Any, out: Any, m: Any) -> None:
 
 if __name__ == "__main__":
     main()
+    # Leave without Python's teardown: nothing a rank holds needs it (its sockets are closed, the
+    # shared-memory file unlinked when it was mapped), and tearing down torch's modules costs half a
+    # second of every engine shutdown. Output is flushed first. A failing rank exits through sys.exit.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

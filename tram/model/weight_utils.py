@@ -59,13 +59,24 @@ def get_weight_loader(param: nn.Parameter) -> WeightLoader:
 def materialize(model: nn.Module, device: torch.device | str) -> None:
     """Allocate (uninitialised) storage on `device` for a model built on the meta device.
 
-    `Module.to_empty` replaces each meta parameter by a new Parameter object, which drops attributes
-    such as `weight_loader`; they are carried over by name.
+    As `Module.to_empty`, one new Parameter per module entry, keeping the old one's attributes (such
+    as `weight_loader`). Not to_empty itself: its `empty_like` of a meta tensor runs torch's Python
+    reference op, whose first use imports torch's symbolic-shapes machinery (a quarter of a second
+    of every process start).
     """
-    attrs = {name: dict(vars(p)) for name, p in model.named_parameters() if vars(p)}
-    model.to_empty(device=device)
-    for name, param in model.named_parameters():
-        vars(param).update(attrs.get(name, {}))
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                new = nn.Parameter(_empty(param, device), requires_grad=param.requires_grad)
+                vars(new).update(vars(param))
+                module._parameters[name] = new
+        for name, buffer in module._buffers.items():
+            if buffer is not None:
+                module._buffers[name] = _empty(buffer, device)
+
+
+def _empty(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    return torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
 
 
 def load_named_weight(name: str, param: nn.Parameter, tensor: torch.Tensor, file: str) -> None:

@@ -49,6 +49,13 @@ class VocabEmbedding(nn.Embedding):
             set_weight_loader(self.weight, slice_loader(0, self.vocab_start, rows, vocab_size))
         self.normalizer = None if scale is None else _round_to(scale, dtype)
 
+    def reset_parameters(self) -> None:
+        # Models are built on the meta device and filled from the checkpoint. A meta tensor has no
+        # values to draw, and drawing them anyway goes through torch's reference ops, whose first
+        # use imports torch._dynamo: most of a second of every engine and worker process's start.
+        if self.weight.device.type != "meta":
+            super().reset_parameters()
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
         if self.quant is not None:
             h = self.quant.embedding(input_ids, self.weight.dtype)

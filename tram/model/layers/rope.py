@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tram.config.hf_snapshot import HFConfigSnapshot
 from tram.model.kernels.cpu_kernels import kernels_for
 
 _DEFAULT_THETA = 10000.0
@@ -73,7 +74,9 @@ def _inv_freq_and_scaling(hf_config: Any, head_dim: int, layer_type: str | None)
     # Positional device argument: the keyword name differs between transformers 4 and 5. Only
     # transformers >= 5 keys rope_parameters by layer type, and only its functions take layer_type.
     kwargs = {"layer_type": layer_type} if layer_type is not None and rope_keyed_by_layer_type(hf_config) else {}
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu", **kwargs)
+    # transformers' functions call the config's methods: a worker's snapshot becomes the config again.
+    config = hf_config.to_hf_config() if isinstance(hf_config, HFConfigSnapshot) else hf_config
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", **kwargs)
     return inv_freq.to(device="cpu", dtype=torch.float32), float(scaling)
 
 
