@@ -21,7 +21,7 @@ import pytest
 from conftest import STORIES, STORIES_EOS, assert_no_leak, hf_greedy, hf_logprobs
 from server_utils import RemoteServer, assert_idle, pid_alive
 
-ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'tram[ray]')")
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'tram-llm[ray]')")
 
 from tram import LLM, SamplingParams  # noqa: E402
 from tram.executor import WorkerDiedError  # noqa: E402
@@ -137,7 +137,7 @@ def test_serving_two_replicas_on_one_ray_cluster(llm: LLM):
 
 def test_without_ray_the_backend_fails_with_one_line(monkeypatch, stories_path: str):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
-    with pytest.raises(ValueError, match=r"needs Ray, which is not installed: pip install 'tram\[ray\]'"):
+    with pytest.raises(ValueError, match=r"needs Ray, which is not installed: pip install 'tram-llm\[ray\]'"):
         LLM(stories_path, tensor_parallel_size=2, distributed_executor_backend="ray")
 
 

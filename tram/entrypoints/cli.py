@@ -53,7 +53,7 @@ def missing_extra(error: ModuleNotFoundError, command: str) -> BaseException:
         return error
     extra = OPTIONAL_PACKAGES[package]
     return MissingExtraError(
-        f"error: `tram {command}` needs {package}, which a plain install leaves out: pip install 'tram[{extra}]'"
+        f"error: `tram {command}` needs {package}, which a plain install leaves out: pip install 'tram-llm[{extra}]'"
     )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from tram.config.registry import EXECUTOR_BACKENDS
 
 RAY_MISSING = (
-    "distributed_executor_backend 'ray' needs Ray, which is not installed: pip install 'tram[ray]' "
+    "distributed_executor_backend 'ray' needs Ray, which is not installed: pip install 'tram-llm[ray]' "
     "(or use mp on one machine)"
 )
 
@@ -20,7 +20,7 @@ EXECUTOR_BACKENDS.add(
 EXECUTOR_BACKENDS.add("mp", "a process per rank on this machine", target="tram.executor.multiproc:MultiprocExecutor")
 EXECUTOR_BACKENDS.add(
     "ray",
-    "a Ray actor per rank on the Ray cluster: RAY_ADDRESS, else a local one; pip install 'tram[ray]'",
+    "a Ray actor per rank on the Ray cluster: RAY_ADDRESS, else a local one; pip install 'tram-llm[ray]'",
     target="tram.executor.ray_executor:RayExecutor",
 )
 

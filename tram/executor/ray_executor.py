@@ -7,7 +7,7 @@ first rank returns the output. A rank whose actor or node dies fails the step wi
 and the executor stops every other rank. Ranks on one node that hold a whole TP group use the
 shared-memory all-reduce; across nodes, gloo (or NCCL).
 
-Ray is an optional dependency (`pip install 'tram[ray]'`), imported only here.
+Ray is an optional dependency (`pip install 'tram-llm[ray]'`), imported only here.
 """
 
 from __future__ import annotations

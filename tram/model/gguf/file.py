@@ -87,7 +87,7 @@ def open_gguf(path: str) -> Any:
     try:
         import gguf  # noqa: F401 - the type tables
     except ImportError as err:
-        raise ValueError("loading a GGUF file needs the gguf package: pip install gguf") from err
+        raise ValueError("loading a GGUF file needs the gguf package, a dependency of Tram: pip install gguf") from err
     return _reader(path, os.path.getmtime(path))
 
 
