@@ -326,3 +326,41 @@ def test_tram_serve_gguf_file(stories_q8_0: Path):
         assert_idle(srv)
     finally:
         srv.stop()
+
+
+@pytest.fixture(scope="module")
+def base_q8_0(workdir: Path) -> Path:
+    """stories260K without its chat template (as a base model's GGUF file is)."""
+    import json
+
+    folder = workdir / "stories-base"
+    shutil.copytree(STORIES_DIR, folder, ignore=shutil.ignore_patterns("chat_template.jinja"))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return convert(str(folder), workdir / "stories-base-q8_0.gguf", "q8_0")
+
+
+def test_a_base_model_without_a_template_completes_and_refuses_chat(base_q8_0: Path):
+    """As vLLM: completions work; chat is a ValueError offline and a 400 naming the missing template
+    online, and the server goes on serving."""
+    import httpx
+    from server_utils import RemoteServer, assert_idle
+
+    llm = _llm(base_q8_0)
+    assert llm.generate(["Once upon a time"], SamplingParams(max_tokens=4), use_tqdm=False)[0].outputs[0].text
+    with pytest.raises(ValueError, match="no chat template"):
+        llm.chat([{"role": "user", "content": "Lily"}], SamplingParams(max_tokens=4), use_tqdm=False)
+    srv = RemoteServer(base_q8_0)
+    try:
+        chat = {"messages": [{"role": "user", "content": "Lily"}], "max_tokens": 8}
+        reply = httpx.post(srv.url_for("/v1/chat/completions"), json=chat, timeout=60)
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert "no chat template" in error["message"] and error["param"] == "chat_template", error
+        body = {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}
+        done = httpx.post(srv.url_for("/v1/completions"), json=body, timeout=60)
+        assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 8
+        assert_idle(srv)
+    finally:
+        srv.stop()

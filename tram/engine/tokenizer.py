@@ -97,6 +97,10 @@ def get_stop_token_ids(model_path: str, tokenizer: PreTrainedTokenizerBase, hf_c
     return list(dict.fromkeys(candidates))
 
 
+class MissingChatTemplateError(ValueError):
+    """Chat was asked of a model with no chat template, and the request named none (vLLM answers 400)."""
+
+
 def apply_chat_template(
     tokenizer: PreTrainedTokenizerBase,
     messages: list[dict[str, Any]],
@@ -115,8 +119,9 @@ def apply_chat_template(
     sees the rendered text before it is tokenized (to refuse one too long to fit at once).
     """
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
-            "this tokenizer has no chat template and none was given; pass a chat template or use a plain text prompt"
+        raise MissingChatTemplateError(
+            "this model has no chat template (a base model, or a file without one) and none was given: "
+            "pass one (--chat-template, or chat_template in the request) or send a plain text prompt"
         )
     # Render to text first and tokenize ourselves: the return type of tokenize=True changed across
     # transformers versions (list, BatchEncoding, dict), and we must control add_special_tokens.

@@ -11,7 +11,7 @@ from fastapi.responses import Response, StreamingResponse
 from tram.engine.async_llm import RequestStream
 from tram.engine.input_processor import PromptTooLongError
 from tram.engine.logprob_text import token_text_table
-from tram.engine.tokenizer import apply_chat_template
+from tram.engine.tokenizer import MissingChatTemplateError, apply_chat_template
 from tram.outputs import CompletionOutput, RequestOutput
 from tram.server.handlers.base import (
     MESSAGES_LENGTH_RULE,
@@ -71,6 +71,8 @@ class OpenAIServingChat(OpenAIServing):
             )
         except PromptTooLongError:
             raise
+        except MissingChatTemplateError as e:
+            raise APIError(400, str(e), "chat_template") from e
         except Exception as e:  # noqa: BLE001 - a template that fails on these messages is a bad request
             raise APIError(400, f"The chat template could not render these messages: {e}", "messages") from e
 
