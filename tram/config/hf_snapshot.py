@@ -55,7 +55,7 @@ class HFConfigSnapshot:
         return f"HFConfigSnapshot(model_type={self.__dict__.get('model_type')!r})"
 
 
-def is_hf_config(value: Any) -> bool:
+def _is_hf_config(value: Any) -> bool:
     return not isinstance(value, type) and hasattr(value, "get_text_config") and hasattr(value, "to_json_string")
 
 
@@ -90,7 +90,7 @@ _LEFT_OUT = object()
 
 
 def _plain(value: Any) -> Any:
-    if is_hf_config(value):
+    if _is_hf_config(value):
         return snapshot_hf_config(value)
     if hasattr(value, "to_dict") and hasattr(value, "quant_method"):  # a quantization config object
         return _plain(value.to_dict())
@@ -99,9 +99,12 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         items = {k: _plain(v) for k, v in value.items()}
         return _LEFT_OUT if _LEFT_OUT in items.values() else items
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, list):
         items = [_plain(v) for v in value]
-        return _LEFT_OUT if _LEFT_OUT in items else type(value)(items) if isinstance(value, tuple) else items
+        return _LEFT_OUT if _LEFT_OUT in items else items
+    if isinstance(value, tuple):
+        plain = _plain(list(value))
+        return plain if plain is _LEFT_OUT else tuple(plain)
     owner = value if isinstance(value, type) else type(value)
     if owner.__module__.split(".")[0] in ("transformers", "huggingface_hub"):
         return _LEFT_OUT

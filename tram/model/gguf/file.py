@@ -83,11 +83,7 @@ def _reader(path: str, mtime: float) -> Any:
 
 
 def open_gguf(path: str) -> Any:
-    """The parsed file (reader.GGUFFile, cached); ValueError for a missing package or a broken file."""
-    try:
-        import gguf  # noqa: F401 - the type tables
-    except ImportError as err:
-        raise ValueError("loading a GGUF file needs the gguf package, a dependency of Tram: pip install gguf") from err
+    """The parsed file (reader.GGUFFile, cached); ValueError for a broken file."""
     return _reader(path, os.path.getmtime(path))
 
 

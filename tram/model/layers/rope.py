@@ -93,7 +93,7 @@ class RotaryEmbedding(nn.Module):
 
     cos/sin are computed in float32 once, then cast to the activation dtype at use, as transformers does.
     The cache is a plain attribute, not a buffer: the loader builds models on the meta device and
-    materialises them with `to_empty`, which would wipe a buffer. It follows the input's device lazily.
+    allocates every buffer anew (weight_utils.materialize), which would wipe one. It follows the input's device lazily.
 
     Dynamic NTK scaling is static here: it matches transformers for positions below
     max_position_embeddings (transformers re-derives frequencies beyond that, which a KV cache cannot follow).
