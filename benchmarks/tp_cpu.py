@@ -99,7 +99,7 @@ def _decode_step(num_reqs: int) -> Any:
     from tram.core.sched_output import CachedRequestData, SchedulerOutput
 
     ids = [f"cmpl-{i:032x}-0" for i in range(num_reqs)]
-    cached = [CachedRequestData(rid, [1000 + i] if i % 16 == 0 else [], 300 + i) for i, rid in enumerate(ids)]
+    cached = [CachedRequestData(rid, [[1000 + i] if i % 16 == 0 else []], 300 + i) for i, rid in enumerate(ids)]
     return SchedulerOutput(
         scheduled_cached_reqs=cached, num_scheduled_tokens=dict.fromkeys(ids, 1), total_num_scheduled_tokens=num_reqs
     )

@@ -54,6 +54,23 @@ _GEMMA3: dict[str, Any] = dict(
         "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
     },
 )
+# Phi-4-mini: LongRoPE over 3/4 of each head (partial rotary), tied embeddings. The short factors hold
+# up to 512 positions (original_max_position_embeddings: a context of 512 or less rotates with them),
+# the long ones beyond; a small base, so that rotations differ within a few positions, and long
+# factors far from the short ones.
+_PHI4_MINI: dict[str, Any] = dict(
+    pad_token_id=0,
+    tie_word_embeddings=True,
+    max_position_embeddings=4096,
+    original_max_position_embeddings=512,
+    rope_parameters=dict(
+        rope_type="longrope",
+        rope_theta=100.0,
+        partial_rotary_factor=0.75,
+        short_factor=[1.0, 1.05, 1.2, 1.5, 1.9, 2.4],
+        long_factor=[1.3, 2.0, 3.5, 6.0, 9.0, 14.0],
+    ),
+)
 # kind -> (transformers config class name, overrides of _BASE)
 KINDS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama_gqa": ("LlamaConfig", dict(tie_word_embeddings=True)),
@@ -83,6 +100,43 @@ KINDS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3": ("Qwen3Config", dict(num_hidden_layers=3, head_dim=32, tie_word_embeddings=False)),
     "gemma3": ("Gemma3TextConfig", dict(num_hidden_layers=3, **_GEMMA3)),
     "gemma3_softcap": ("Gemma3TextConfig", dict(num_hidden_layers=3, final_logit_softcapping=10.0, **_GEMMA3)),
+    # Fused qkv_proj and gate_up_proj in the checkpoint.
+    "phi3": ("Phi3Config", dict(pad_token_id=0, tie_word_embeddings=False)),
+    "phi4_mini": ("Phi3Config", _PHI4_MINI),
+    # Post-norms, q/k norms over all heads.
+    "olmo2": ("Olmo2Config", dict(num_hidden_layers=3, tie_word_embeddings=False)),
+    # Multipliers far from 1, an attention scale that is not head_dim ** -0.5 (Granite 3 2B's are 12,
+    # 0.22, 1/64 and 8).
+    "granite": (
+        "GraniteConfig",
+        dict(
+            embedding_multiplier=6.0,
+            residual_multiplier=0.3,
+            attention_multiplier=0.2,
+            logits_scaling=4.0,
+            tie_word_embeddings=True,
+        ),
+    ),
+    # Layer 1 of 3 attends without RoPE (no_rope_layers [1, 0, 1]).
+    "smollm3": (
+        "SmolLM3Config",
+        dict(num_hidden_layers=3, no_rope_layer_interval=2, pad_token_id=None, tie_word_embeddings=True),
+    ),
+    # Gemma 2: Gemma 3's layout without q/k norms, one RoPE (a small base), window 5 (shorter than the
+    # test prompts), and soft-caps near the scores' and logits' own sizes, so that tanh bends them.
+    "gemma2": (
+        "Gemma2Config",
+        dict(
+            num_hidden_layers=3,
+            head_dim=32,
+            query_pre_attn_scalar=24,
+            sliding_window=5,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={"rope_type": "default", "rope_theta": 100.0},
+            attn_logit_softcapping=10.0,
+            final_logit_softcapping=10.0,
+        ),
+    ),
 }
 
 

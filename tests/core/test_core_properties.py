@@ -30,7 +30,7 @@ def fake_step(sched: Scheduler, rng: random.Random, vocab: int = 50) -> set[str]
     for rid in out.num_scheduled_tokens:
         req = sched.requests[rid]
         assert req.num_computed_tokens <= req.num_tokens
-        assert len(sched.kv_cache_manager.req_blocks[rid]) * sched.block_size >= req.num_computed_tokens
+        assert len(sched.kv_cache_manager.groups[0].req_blocks[rid]) * sched.block_size >= req.num_computed_tokens
         if req.num_computed_tokens == req.num_tokens:
             sampled[rid] = rng.randrange(3, vocab) if rng.random() > 0.05 else EOS
     assert out.total_num_scheduled_tokens <= sched.config.max_num_batched_tokens
@@ -74,16 +74,16 @@ def test_prefix_hit_takes_reference_and_leaves_last_token_to_compute():
     prompt = list(range(10, 22))  # 12 tokens = 3 full blocks
     r1 = make_request("a", prompt)
     blocks, n = kv.get_computed_blocks(r1)
-    assert (blocks, n) == ([], 0)
+    assert (blocks, n) == ([[]], 0)
     assert kv.allocate_slots(r1, 12) is not None
     r2 = make_request("b", prompt + [5])
     blocks, n = kv.get_computed_blocks(r2)
-    assert n == 12 and len(blocks) == 3
+    assert n == 12 and len(blocks[0]) == 3
     r3 = make_request("c", list(prompt))
     _, n3 = kv.get_computed_blocks(r3)
     assert n3 == 8, "an exact repeat recomputes its last block so it has logits"
     assert kv.allocate_slots(r2, 1, blocks) is not None
-    assert all(b.ref_cnt == 2 for b in blocks)
+    assert all(b.ref_cnt == 2 for b in blocks[0])
     kv.free(r1)
     kv.free(r2)
     counts = kv.check_integrity()
@@ -98,7 +98,7 @@ def test_allocate_slots_returns_none_and_changes_nothing_when_full():
     before = kv.check_integrity()
     assert kv.allocate_slots(r2, 8) is None
     assert kv.check_integrity() == before
-    assert "b" not in kv.req_blocks
+    assert "b" not in kv.groups[0].req_blocks
 
 
 # ---- scheduler ---------------------------------------------------------------------------
@@ -147,8 +147,8 @@ def test_n_siblings_share_the_prompt_blocks():
     sched.update_from_output(out, ModelRunnerOutput(sampled_token_ids={"0_x": 7}))
     out = sched.schedule()
     assert out.num_scheduled_tokens["1_x"] == 1, "only the tail of the prompt is recomputed"
-    shared = sched.kv_cache_manager.req_blocks["0_x"][:4]
-    assert sched.kv_cache_manager.req_blocks["1_x"][:4] == shared
+    shared = sched.kv_cache_manager.groups[0].req_blocks["0_x"][:4]
+    assert sched.kv_cache_manager.groups[0].req_blocks["1_x"][:4] == shared
     assert all(b.ref_cnt == 2 for b in shared)
     sched.finish_requests(["0_x", "1_x"], RequestStatus.FINISHED_ABORTED)
     assert sched.kv_cache_manager.check_integrity()["in_use"] == 0
@@ -204,7 +204,7 @@ def test_any_add_step_abort_sequence_leaks_no_block(ops, num_blocks, block_size,
     counts = sched.kv_cache_manager.check_integrity()
     assert counts["in_use"] == 0
     assert sched.kv_cache_manager.pool.num_free_blocks == num_blocks
-    assert not sched.kv_cache_manager.req_blocks
+    assert not sched.kv_cache_manager.groups[0].req_blocks
 
 
 def test_core_imports_without_torch():

@@ -53,7 +53,7 @@ def test_a_request_in_flight_is_never_preempted():
     third = s.schedule()
     assert third.is_empty
     assert s.requests["a"].status == RequestStatus.PREEMPTED and s.waiting[0].request_id == "a"
-    assert len(s.kv_cache_manager.req_blocks["b"]) == 2  # untouched while its step runs
+    assert len(s.kv_cache_manager.groups[0].req_blocks["b"]) == 2  # untouched while its step runs
     s.update_from_output(second, ModelRunnerOutput(sampled_token_ids={"b": 4}))
     assert s.kv_cache_manager.check_integrity()["in_use"] == 2
 

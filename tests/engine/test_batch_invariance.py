@@ -134,7 +134,7 @@ def test_n_samples_share_prompt_blocks_and_are_reproducible(llm):
         engine.step()
     num_full = len(a.prompt_token_ids) // 16
     assert num_full >= 1
-    firsts = [kv.req_blocks[sid][:num_full] for sid in sample_ids]
+    firsts = [kv.groups[0].req_blocks[sid][:num_full] for sid in sample_ids]
     assert all(blocks == firsts[0] for blocks in firsts)
     assert all(b.ref_cnt == 4 for b in firsts[0])
     while engine.has_unfinished_requests():

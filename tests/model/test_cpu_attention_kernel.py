@@ -73,8 +73,10 @@ def reference(
     seq_lens: torch.Tensor,
     scale: float,
     sliding_window: int | None,
+    soft_cap: float | None = None,
 ) -> torch.Tensor:
-    """Float64, one request at a time, context gathered token by token."""
+    """Float64, one request at a time, context gathered token by token; scores soft-capped
+    (cap * tanh(score / cap)) when soft_cap is set."""
     num_heads, head_dim = query.shape[1:]
     block_size, num_kv_heads = cache.shape[2], cache.shape[3]
     groups = num_heads // num_kv_heads
@@ -86,15 +88,17 @@ def reference(
         k = k.repeat_interleave(groups, dim=1).transpose(0, 1)  # [H, S, D]
         v = v.repeat_interleave(groups, dim=1).transpose(0, 1)
         q = query[i].double().unsqueeze(1)  # [H, 1, D]
-        p = torch.softmax((q @ k.transpose(1, 2)) * scale, dim=-1)
-        out[i] = (p @ v).squeeze(1)
+        scores = (q @ k.transpose(1, 2)) * scale
+        if soft_cap is not None:
+            scores = soft_cap * torch.tanh(scores / soft_cap)
+        out[i] = (torch.softmax(scores, dim=-1) @ v).squeeze(1)
     return out
 
 
-def check(query, cache, tables, seq_lens, scale, sliding_window=None) -> torch.Tensor:
-    out = paged_decode_attention(query, cache, tables, seq_lens, scale, sliding_window)
+def check(query, cache, tables, seq_lens, scale, sliding_window=None, soft_cap=None) -> torch.Tensor:
+    out = paged_decode_attention(query, cache, tables, seq_lens, scale, sliding_window, logits_soft_cap=soft_cap)
     assert out.shape == query.shape and out.dtype == query.dtype and out.is_contiguous()
-    ref = reference(query, cache, tables, seq_lens, scale, sliding_window)
+    ref = reference(query, cache, tables, seq_lens, scale, sliding_window, soft_cap)
     atol, rtol = TOLERANCES[query.dtype]
     torch.testing.assert_close(out.double(), ref, atol=atol, rtol=rtol)
     return out
@@ -169,6 +173,30 @@ def test_large_scores_are_stable() -> None:
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("soft_cap", [0.5, 5.0, 50.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("head_dim", [12, 64])
+def test_soft_cap(soft_cap, dtype, head_dim) -> None:
+    """Gemma 2's soft-capped scores, with scores from well inside the cap to far past it (query x 8),
+    on the vector (64) and scalar (12) paths, with and without a window."""
+    query, cache, tables, seq_lens = make_case(batch_lens(12, seed=21), 8, 2, head_dim, BLOCK, dtype, seed=21)
+    check(query * 8, cache, tables, seq_lens, scale=head_dim**-0.5, soft_cap=soft_cap)
+    query, cache, tables, seq_lens = make_case(
+        batch_lens(12, seed=22), 8, 2, head_dim, BLOCK, dtype, sliding_window=20, seed=22
+    )
+    check(query * 8, cache, tables, seq_lens, scale=head_dim**-0.5, sliding_window=20, soft_cap=soft_cap)
+
+
+def test_soft_cap_off_is_the_uncapped_kernel() -> None:
+    """None and 0 mean no cap: bitwise the uncapped result; a cap far above every score changes
+    nothing beyond rounding."""
+    case = make_case(batch_lens(12, seed=23), 8, 2, 64, BLOCK, torch.float32, seed=23)
+    plain = paged_decode_attention(*case, 0.125)
+    for off in (None, 0.0):
+        assert torch.equal(paged_decode_attention(*case, 0.125, logits_soft_cap=off), plain)
+    torch.testing.assert_close(paged_decode_attention(*case, 0.125, logits_soft_cap=1e6), plain)
+
+
 def test_strided_inputs(threads) -> None:
     """Query a slice of a wider tensor, tables a column slice of wider rows, int64 tables and lens."""
     lens = batch_lens(9, seed=11)
@@ -238,6 +266,8 @@ def test_rejects_bad_inputs() -> None:
         paged_decode_attention(query.bfloat16(), cache, tables, seq_lens, 1.0)
     with pytest.raises(RuntimeError, match="multiple"):
         paged_decode_attention(query[:, :3], cache, tables, seq_lens, 1.0)
+    with pytest.raises(RuntimeError, match="logits_soft_cap"):
+        paged_decode_attention(query, cache, tables, seq_lens, 1.0, logits_soft_cap=-1.0)
 
 
 def test_env_switch_disables(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -51,7 +51,7 @@ class Case:
         self.starts = [sum(q for q, _ in reqs[:r]) for r in range(len(reqs))]
         self.scale = head_dim**-0.5
 
-    def run(self, window: int = 0, query: torch.Tensor | None = None) -> torch.Tensor:
+    def run(self, window: int = 0, query: torch.Tensor | None = None, soft_cap: float | None = None) -> torch.Tensor:
         query = self.query if query is None else query
         out = torch.full(query.shape, float("nan"), dtype=query.dtype)
         paged_prefill_attention_(
@@ -64,6 +64,7 @@ class Case:
             [s for _, s in self.reqs],
             self.scale,
             window,
+            logits_soft_cap=soft_cap,
         )
         return out
 
@@ -73,7 +74,7 @@ class Case:
         kv = self.cache[:, blocks].flatten(1, 2)[:, :seq_len]  # [2, seq_len, Hkv, D]
         return kv[0], kv[1]
 
-    def reference(self, r: int, window: int = 0) -> torch.Tensor:
+    def reference(self, r: int, window: int = 0, soft_cap: float | None = None) -> torch.Tensor:
         q_len, seq_len = self.reqs[r]
         q = self.query[self.starts[r] : self.starts[r] + q_len].double().transpose(0, 1)  # [H, L, D]
         k, v = (t.double().transpose(0, 1) for t in self.context(r))  # [Hkv, S, D]
@@ -84,15 +85,18 @@ class Case:
         visible = k_pos <= q_pos
         if window:
             visible &= k_pos > q_pos - window
-        scores = (q @ k.transpose(1, 2) * self.scale).masked_fill(~visible, float("-inf"))
+        scores = q @ k.transpose(1, 2) * self.scale
+        if soft_cap is not None:  # transformers' order: cap, then mask
+            scores = soft_cap * torch.tanh(scores / soft_cap)
+        scores = scores.masked_fill(~visible, float("-inf"))
         return (scores.softmax(-1) @ v).transpose(0, 1)  # [L, H, D]
 
-    def check(self, window: int = 0) -> torch.Tensor:
-        out = self.run(window)
+    def check(self, window: int = 0, soft_cap: float | None = None) -> torch.Tensor:
+        out = self.run(window, soft_cap=soft_cap)
         atol, rtol = TOLERANCES[self.query.dtype]
         for r, (q_len, _) in enumerate(self.reqs):
             got = out[self.starts[r] : self.starts[r] + q_len]
-            torch.testing.assert_close(got.double(), self.reference(r, window), atol=atol, rtol=rtol)
+            torch.testing.assert_close(got.double(), self.reference(r, window, soft_cap), atol=atol, rtol=rtol)
         return out
 
 
@@ -128,6 +132,25 @@ def test_long_context_crosses_segments() -> None:
     case.check()
 
 
+@pytest.mark.parametrize("soft_cap", [0.5, 5.0, 50.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("window", [0, 23])
+def test_soft_cap(soft_cap, dtype, window) -> None:
+    """Gemma 2's soft-capped scores (query x 8: from well inside the cap to far past it), across
+    segments (keys past 256) and with a cached prefix."""
+    case = Case([(40, 300), (9, 9), (70, 100)], 4, 2, 32, 16, dtype, seed=9)
+    case.query *= 8
+    case.check(window, soft_cap)
+
+
+def test_soft_cap_off_is_the_uncapped_kernel() -> None:
+    """None and 0 mean no cap: bitwise the uncapped result."""
+    case = Case(random_reqs(3, seed=10), 4, 2, 32, 16, torch.float32, seed=10)
+    plain = case.run()
+    for off in (None, 0.0):
+        assert torch.equal(case.run(soft_cap=off), plain)
+
+
 def test_strided_query_and_untouched_rows() -> None:
     case = Case([(30, 30), (9, 40)], 4, 2, 16, 16, torch.float32, seed=5)
     wide = torch.randn(case.query.shape[0] + 7, 4, 48)
@@ -140,21 +163,27 @@ def test_strided_query_and_untouched_rows() -> None:
     assert torch.equal(out[:10], torch.full((10, 4, 16), 7.0)) and torch.equal(out[40:], torch.full((10, 4, 16), 7.0))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("window", [0, 37])
-def test_chunking_and_cached_prefix_do_not_change_a_row(dtype, window) -> None:
+@pytest.mark.parametrize(
+    "dtype,window,soft_cap",
+    [
+        pytest.param(dtype, window, None, id=f"{name}-{window}")
+        for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"))
+        for window in (0, 37)
+    ]
+    + [pytest.param(torch.float32, 37, 5.0, id="fp32-37-softcap")],
+)
+def test_chunking_and_cached_prefix_do_not_change_a_row(dtype, window, soft_cap) -> None:
     """A prompt computed whole, or in chunks over the cache the earlier chunks filled, gives bitwise
     the same rows: chunked prefill and prefix caching never change a request's output."""
     seq_len = 530
     whole = Case([(seq_len, seq_len)], 6, 2, 48, 16, dtype, seed=6)
-    full = whole.run(window)
+    full = whole.run(window, soft_cap=soft_cap)
     for cuts in ([100, 300], [1, 256, 257], [63, 64, 65, 500]):
         bounds = [0, *cuts, seq_len]
         for a, b in zip(bounds, bounds[1:]):
             out = torch.empty(b - a, 6, 48, dtype=dtype)
-            paged_prefill_attention_(
-                out, whole.query[a:b], whole.cache, whole.tables, [0], [b - a], [b], whole.scale, window
-            )
+            rows = (whole.query[a:b], whole.cache, whole.tables, [0], [b - a], [b], whole.scale, window)
+            paged_prefill_attention_(out, *rows, logits_soft_cap=soft_cap)
             torch.testing.assert_close(out, full[a:b], atol=0, rtol=0, msg=f"rows {a}:{b} of cuts {cuts}")
 
 
@@ -197,6 +226,8 @@ def test_rejects_bad_inputs() -> None:
         paged_prefill_attention_(out[..., :8].contiguous(), case.query[..., :8], *args)
     with pytest.raises(RuntimeError, match="one entry per"):
         paged_prefill_attention_(out, case.query, case.cache, case.tables, [0, 0], [20], [40], 0.25)
+    with pytest.raises(RuntimeError, match="logits_soft_cap"):
+        paged_prefill_attention_(out, case.query, *args, logits_soft_cap=-1.0)
 
 
 @pytest.mark.parametrize("head_dim,expected", [(16, 1), (8, 0)])
@@ -218,3 +249,29 @@ def test_backend_routes_prefills_to_the_kernel(monkeypatch: pytest.MonkeyPatch, 
         monkeypatch.setattr(torch_backend, "kernels_for", lambda x: None)
         want = torch_backend.TorchAttentionBackend().forward(q, k, v, cache.clone(), meta, 0.3)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 7])
+def test_backend_soft_cap_paths_agree(monkeypatch: pytest.MonkeyPatch, window) -> None:
+    """A soft-capped mixed step (decodes, a prefill without and one with a cached prefix) through the
+    backend: the C++ kernels and the PyTorch paths (SDPA has no soft-cap: the explicit scores path)
+    give one result, and the cap changes it."""
+    reqs = [StepRequest([0, 1], 0, 20), StepRequest([3, 4, 5], 30, 1), StepRequest([6, 7], 9, 12)]
+    reqs.append(StepRequest([9, 10], 17, 1))
+    meta = build_meta(reqs, 16)
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(meta.num_tokens, n, 16, generator=gen) for n in (4, 2, 2))
+    cache = torch.randn(2, 16, 16, 2, 16, generator=gen)
+
+    def attend(cap: float | None) -> torch.Tensor:
+        meta.plan = None  # a fresh plan for each run, as each step gets
+        backend = torch_backend.TorchAttentionBackend()
+        return backend.forward(q, k, v, cache.clone(), meta, 0.5, window, logits_soft_cap=cap)
+
+    with torch.inference_mode():
+        kernels, uncapped = attend(1.5), attend(None)
+        monkeypatch.setattr(torch_backend, "kernels_for", lambda x: None)
+        monkeypatch.setattr(torch_backend, "load_cpu_kernels", lambda: None)
+        torch_paths = attend(1.5)
+    torch.testing.assert_close(kernels, torch_paths, atol=2e-5, rtol=1e-5)
+    assert not torch.allclose(kernels, uncapped, atol=1e-3)

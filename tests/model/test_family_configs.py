@@ -1,4 +1,4 @@
-"""How Qwen3 and Gemma 3 read their configs: attention_bias, old and new RoPE styles, settings that
+"""How Qwen3, Gemma 2 and Gemma 3 read their configs: attention_bias, old and new RoPE styles, settings that
 Tram refuses, and one cos/sin computation per RoPE and step."""
 
 from __future__ import annotations
@@ -88,7 +88,19 @@ def test_rope_parameters_per_layer_type_in_both_styles() -> None:
         rope_parameters(new, "chunked_attention")
 
 
-@pytest.mark.parametrize("setting,value", [("attn_logit_softcapping", 50.0), ("use_bidirectional_attention", True)])
+def test_gemma3_serves_attn_logit_softcapping_as_transformers(tmp_path: Path, gemma3_dir: str) -> None:
+    """A Gemma 3 config with attn_logit_softcapping loads and matches transformers, whose Gemma 3
+    reads the setting but never applies it (Gemma 2 does): the same logits as without it."""
+    path = make_hf_model_dir(tmp_path, "gemma3", attn_logit_softcapping=5.0)
+    ours = _prefill_logits(path)
+    _assert_close(ours, hf_logits(path, TOKENS))
+    torch.testing.assert_close(ours, _prefill_logits(gemma3_dir), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "setting,value",
+    [("use_bidirectional_attention", True), ("attn_logit_softcapping", 0.0), ("final_logit_softcapping", -30.0)],
+)
 def test_gemma3_rejects_what_the_kernels_cannot_compute(gemma3_dir: str, setting: str, value: object) -> None:
     config = ModelConfig(
         model=gemma3_dir,
@@ -115,3 +127,21 @@ def test_gemma3_computes_each_rope_once_per_step(gemma3_dir: str, monkeypatch: p
     monkeypatch.setattr(RotaryEmbedding, "cos_sin", counting)
     PagedRunner(model, get_hf_config(gemma3_dir), block_size=4).step([("a", TOKENS)])
     assert len(calls) == 2 and len(set(calls)) == 2
+
+
+def test_gemma2_layer_types_share_one_rope(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemma 2's sliding and global layers have one RoPE: one table, one cos/sin lookup per forward."""
+    path = make_hf_model_dir(tmp_path, "gemma2")
+    model = _load(path)
+    assert len(model.model.rotary_emb.ropes) == 1
+    calls: list[int] = []
+    original = RotaryEmbedding.cos_sin
+
+    def counting(self: RotaryEmbedding, positions: torch.Tensor, dtype: torch.dtype):
+        calls.append(id(self))
+        return original(self, positions, dtype)
+
+    monkeypatch.setattr(RotaryEmbedding, "cos_sin", counting)
+    (logits,) = PagedRunner(model, get_hf_config(path), block_size=4).step([("a", TOKENS)])
+    assert len(calls) == 1
+    _assert_close(logits, hf_logits(path, TOKENS))

@@ -103,7 +103,7 @@ class Batch:
         )
         return self.out
 
-    def reference(self, sliding_window: int | None = None) -> torch.Tensor:
+    def reference(self, sliding_window: int | None = None, soft_cap: float | None = None) -> torch.Tensor:
         return reference_attention(
             self.query,
             self.kv_cache,
@@ -112,6 +112,7 @@ class Batch:
             self.block_tables,
             self.scale,
             sliding_window,
+            soft_cap,
         )
 
 
@@ -123,8 +124,10 @@ def reference_attention(
     block_tables: torch.Tensor,
     scale: float,
     sliding_window: int | None,
+    soft_cap: float | None = None,
 ) -> torch.Tensor:
-    """Dense float64 attention: each request's context gathered through its table, offset-causal mask."""
+    """Dense float64 attention: each request's context gathered through its table, offset-causal mask;
+    scores soft-capped (cap * tanh(score / cap), before the mask) when soft_cap is set."""
     _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
     group = query.shape[1] // num_kv_heads
     out = torch.zeros(query.shape, dtype=torch.float64)
@@ -139,6 +142,8 @@ def reference_attention(
             k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)  # [S, Hq, D]
             q = query[start : start + q_len].double()
             scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+            if soft_cap is not None:
+                scores = soft_cap * torch.tanh(scores / soft_cap)
             q_pos = torch.arange(seq_len - q_len, seq_len).view(-1, 1)
             k_pos = torch.arange(seq_len).view(1, -1)
             seen = k_pos <= q_pos
@@ -245,6 +250,21 @@ def test_sliding_window(num_splits, window, dtype):
     batch = Batch(reqs, num_kv_heads=2, group=2, head_dim=16, block_size=16, dtype=dtype, poison_before=poison)
     assert any(poison)
     assert_close(batch.run(sliding_window=window, num_splits=num_splits), batch.reference(window), dtype)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+@pytest.mark.parametrize(
+    "dtype,group,window,soft_cap",
+    [(FP32, 2, None, 0.5), (FP32, 1, 6, 5.0), (BF16, 2, None, 5.0), (FP16, 4, 16, 50.0)],
+)
+def test_soft_cap(num_splits, dtype, group, window, soft_cap):
+    """Gemma 2's soft-capped scores over a mixed batch, from well inside the cap to far past it
+    (query x 8), split or not, with and without a window."""
+    torch.manual_seed(14)
+    batch = Batch(MIXED, num_kv_heads=2, group=group, head_dim=16, block_size=16, dtype=dtype)
+    batch.query.mul_(8)
+    out = batch.run(sliding_window=window, num_splits=num_splits, logits_soft_cap=soft_cap)
+    assert_close(out, batch.reference(window, soft_cap), dtype)
 
 
 @pytest.mark.parametrize("num_splits", [1, 4])
@@ -431,6 +451,7 @@ for dtype, head_dim, group, max_q, window, splits, cache_dtype in [
     (torch.float16, 80, 4, 1, None, 3, None), (torch.float32, 8, 1, 20, None, 1, None),
     (torch.bfloat16, 128, 4, 1, None, 1, torch.float8_e4m3fn), (torch.float16, 64, 2, 40, None, 3, torch.float8_e5m2),
 ]:
+    softcap = 50.0 if (dtype, head_dim) == (torch.bfloat16, 128) else None  # Gemma 2's, on two of them
     T, hkv, bs = max_q + 2, 2, 16
     q = torch.empty(T, hkv * group, head_dim, dtype=dtype)
     cache = torch.empty(2, 40, bs, hkv, head_dim, dtype=cache_dtype or dtype)
@@ -438,7 +459,8 @@ for dtype, head_dim, group, max_q, window, splits, cache_dtype in [
     tk.write_kv_cache(q[:, :hkv], q[:, :hkv], cache, torch.zeros(T, dtype=torch.int64), 0.5, 2.0)
     tk.paged_attention(q, cache, torch.empty_like(q), qsl, torch.zeros(3, dtype=torch.int32),
                        torch.zeros(3, 8, dtype=torch.int32), 0.1, num_reqs=3, max_query_len=max_q,
-                       sliding_window=window, num_splits=splits, k_scale=0.5, v_scale=2.0)
+                       sliding_window=window, num_splits=splits, k_scale=0.5, v_scale=2.0,
+                       logits_soft_cap=softcap)
 for launch in launches:
     compile_launch(*launch)
 print("compiled", len(launches))

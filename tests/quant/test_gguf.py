@@ -260,6 +260,11 @@ def test_other_architectures_q8_0(workdir: Path, kind: str):
 
 
 # ---- bad input ---------------------------------------------------------------------------------
+def _assert_one_line_naming(err: Exception, path: Path) -> None:
+    """What a user sees at start: one line that says which file."""
+    assert str(path) in str(err) and "\n" not in str(err), str(err)
+
+
 def _copy(src: Path, dst: Path) -> Path:
     shutil.copy(src, dst)
     return dst
@@ -269,12 +274,14 @@ def test_truncated_and_corrupt_files_fail_at_start(workdir: Path, stories_q8_0: 
     data = stories_q8_0.read_bytes()
     truncated = workdir / "truncated.gguf"
     truncated.write_bytes(data[: len(data) * 2 // 3])
-    with pytest.raises(ValueError, match="truncated|not a readable GGUF"):
+    with pytest.raises(ValueError, match="truncated|not a readable GGUF") as err:
         LLM(str(truncated), tokenizer=STORIES_DIR)
+    _assert_one_line_naming(err.value, truncated)
     corrupt = workdir / "corrupt.gguf"
     corrupt.write_bytes(b"NOPE" + data[4:])
-    with pytest.raises(ValueError, match="not a readable GGUF file"):
+    with pytest.raises(ValueError, match="not a readable GGUF file") as err:
         LLM(str(corrupt), tokenizer=STORIES_DIR)
+    _assert_one_line_naming(err.value, corrupt)
 
 
 def test_unknown_tensor_type_fails_at_start(workdir: Path, stories_q8_0: Path):
@@ -286,8 +293,25 @@ def test_unknown_tensor_type_fails_at_start(workdir: Path, stories_q8_0: Path):
     data[type_at : type_at + 4] = (99).to_bytes(4, "little")
     bad = workdir / "unknown-type.gguf"
     bad.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match="unknown tensor type"):
+    with pytest.raises(ValueError, match="unknown tensor type 99") as err:
         LLM(str(bad), tokenizer=STORIES_DIR)
+    _assert_one_line_naming(err.value, bad)
+
+
+def test_unsupported_architecture_fails_at_start(workdir: Path, stories_q8_0: Path):
+    """A family Tram does not serve (here the file says mamba, one of llama.cpp's): one line naming the
+    file, the architecture and those Tram serves."""
+    data = stories_q8_0.read_bytes()
+    key = b"general.architecture"
+    at = data.index(key) + len(key) + 4 + 8  # then: value type (u32), length (u64), the string
+    assert data[at : at + 5] == b"llama"
+    bad = workdir / "unsupported-arch.gguf"
+    bad.write_bytes(data[:at] + b"mamba" + data[at + 5 :])
+    with pytest.raises(
+        ValueError, match="GGUF architecture 'mamba' in .* is not supported: Tram serves .*gemma3"
+    ) as err:
+        LLM(str(bad), tokenizer=STORIES_DIR)
+    _assert_one_line_naming(err.value, bad)
 
 
 def test_mismatched_tokenizer_fails_at_start(workdir: Path, stories_q8_0: Path):

@@ -95,7 +95,7 @@ def _check_inputs(
     for row, rid in enumerate(batch.req_ids):
         req, n = scheduler.requests[rid], sched.num_scheduled_tokens[rid]
         start = req.num_computed_tokens - n  # the scheduler already counted this step's tokens
-        blocks = scheduler.kv_cache_manager.get_block_ids(rid)
+        (blocks,) = scheduler.kv_cache_manager.get_block_ids(rid)
         positions = list(range(start, start + n))
         assert inputs.positions[offset : offset + n].tolist() == positions
         assert inputs.input_ids[offset : offset + n].tolist() == req.all_token_ids[start : start + n]

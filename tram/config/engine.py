@@ -32,6 +32,10 @@ class CacheConfig:
     num_blocks: int = 0  # set once the worker has sized the cache
     enable_prefix_caching: bool = EngineArgs.enable_prefix_caching
     cache_dtype: str = EngineArgs.kv_cache_dtype  # one of KV_CACHE_DTYPES
+    # False: one KV cache group of every layer, whatever their windows (kv_cache_groups.py).
+    hybrid_kv_cache: bool = not EngineArgs.disable_hybrid_kv_cache_manager
+    # Per KV cache group: its sliding window (None: full attention); set with the layout at start.
+    group_windows: tuple[int | None, ...] = (None,)
 
 
 @dataclass

@@ -93,6 +93,11 @@ class EngineArgs(CliSettings):
     )
     block_size: int = setting(16, "tokens per KV cache block")
     enable_prefix_caching: bool = setting(True, "reuse the KV of prompt prefixes seen before")
+    disable_hybrid_kv_cache_manager: bool = setting(
+        False,
+        "keep the whole context for every layer, even layers with a sliding window (as vLLM's flag); by "
+        "default a model mixing full and sliding-window layers keeps only the window for the latter",
+    )
     kv_cache_dtype: str = setting(
         "auto",
         "KV cache element type: auto = the model's dtype; fp8 (= fp8_e4m3) or "

@@ -20,7 +20,7 @@ class NewRequestData(msgspec.Struct, **_STRUCT):
     req_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
-    block_ids: list[int]
+    block_ids: list[list[int]]  # per KV cache group, in position order
     num_computed_tokens: int
     # Masked by the sampler while the request has fewer than min_tokens outputs: its stop_token_ids
     # and every eos id (even with ignore_eos, as vLLM does).
@@ -29,7 +29,7 @@ class NewRequestData(msgspec.Struct, **_STRUCT):
 
 class CachedRequestData(msgspec.Struct, **_STRUCT):
     req_id: str
-    new_block_ids: list[int]
+    new_block_ids: list[list[int]]  # per KV cache group
     num_computed_tokens: int
     # After a preemption the request holds a fresh block list: `new_block_ids` replaces the old one.
     resumed_from_preemption: bool = False

@@ -28,7 +28,10 @@ class Scheduler:
         self.send_token_ids = send_token_ids
         self.block_size = cache_config.block_size
         self.kv_cache_manager = KVCacheManager(
-            cache_config.num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
+            cache_config.num_blocks,
+            cache_config.block_size,
+            cache_config.enable_prefix_caching,
+            cache_config.group_windows,
         )
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
@@ -109,7 +112,7 @@ class Scheduler:
             if new_blocks is None:
                 break
             out.scheduled_cached_reqs.append(
-                self._cached(req, [b.block_id for b in new_blocks], req.num_computed_tokens)
+                self._cached(req, [[b.block_id for b in g] for g in new_blocks], req.num_computed_tokens)
             )
             out.num_scheduled_tokens[req.request_id] = num_new
             budget -= num_new
@@ -117,7 +120,7 @@ class Scheduler:
         return budget, preempted
 
     def _cached(
-        self, req: Request, block_ids: list[int], num_computed: int, resumed: bool = False
+        self, req: Request, block_ids: list[list[int]], num_computed: int, resumed: bool = False
     ) -> CachedRequestData:
         data = CachedRequestData(req.request_id, block_ids, num_computed, resumed)
         if self.send_token_ids and req.num_output_sent < len(req.output_token_ids):

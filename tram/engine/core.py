@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable
 
 from tram.config import EngineConfig
+from tram.core.kv_cache_groups import blocks_per_request
 from tram.core.request import Request, RequestStatus
 from tram.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from tram.core.scheduler import Scheduler
@@ -22,6 +23,7 @@ from tram.engine.structured_outputs import (
 )
 from tram.executor import Executor, make_executor
 from tram.sampling_params import SamplingParamError
+from tram.worker.kv_cache import describe_layout, kv_cache_layout
 from tram.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -58,25 +60,31 @@ class EngineCore:
     def _initialize_kv_cache(self) -> None:
         config = self.config
         cc, sc = config.cache_config, config.scheduler_config
+        layout = kv_cache_layout(config)
+        cc.group_windows = layout.group_windows
         cc.num_blocks = self.executor.determine_num_blocks()
-        capacity = cc.num_blocks * cc.block_size
-        if capacity < sc.max_model_len:
+        usable = cc.num_blocks - any(w is not None for w in layout.group_windows)  # less the null block
+        per_request = blocks_per_request(
+            layout.group_windows, sc.max_model_len, cc.block_size, sc.max_num_batched_tokens
+        )
+        if usable < per_request:
             raise ValueError(
-                f"The KV cache holds {capacity} tokens ({cc.num_blocks} blocks of {cc.block_size}), fewer "
-                f"than max_model_len={sc.max_model_len}. Lower max_model_len or give the cache more "
-                "room (num_gpu_blocks_override, kv_cache_memory_bytes or gpu_memory_utilization)."
+                f"The KV cache holds {cc.num_blocks} blocks of {cc.block_size} tokens; one request of "
+                f"max_model_len={sc.max_model_len} tokens needs {per_request}. Lower max_model_len or give "
+                "the cache more room (num_gpu_blocks_override, kv_cache_memory_bytes or gpu_memory_utilization)."
             )
         self.executor.initialize_kv_cache(cc.num_blocks)
         kv_dtype = config.model_config.dtype if cc.cache_dtype == "auto" else cc.cache_dtype
         logger.info(
-            "KV cache: %d blocks, %d tokens (%.1f MiB per rank, %s); maximum concurrency at %d tokens per request: "
-            "%.2fx",
+            "KV cache: %d blocks of %d tokens (%.1f MiB per rank, %s), %s; maximum concurrency at %d tokens "
+            "per request: %.2fx",
             cc.num_blocks,
-            capacity,
+            cc.block_size,
             cc.num_blocks * self.executor.bytes_per_block() / 2**20,
             kv_dtype,
+            describe_layout(layout),
             sc.max_model_len,
-            capacity / sc.max_model_len,
+            usable / per_request,
         )
 
     def add_request(self, req: EngineCoreRequest) -> None:

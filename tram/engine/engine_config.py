@@ -18,7 +18,7 @@ from tram.config.model import device_type, load_hf_config
 from tram.config.parallel_check import check_tensor_parallel
 from tram.config.registry import STRUCTURED_OUTPUTS_BACKENDS
 from tram.executor.backends import default_executor_backend
-from tram.model.choices import check_model_files, checkpoint_quantization
+from tram.model.choices import check_model_files, check_sliding_window, checkpoint_quantization
 from tram.model.gguf.file import is_gguf
 from tram.model.hub import config_reader, resolve_model_path
 from tram.model.quant.check import check_quantization
@@ -34,7 +34,13 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     max_model_len = model_config.max_model_len
     return EngineConfig(
         model_config=model_config,
-        cache_config=CacheConfig(args.block_size, 0, args.enable_prefix_caching, args.kv_cache_dtype),
+        cache_config=CacheConfig(
+            args.block_size,
+            0,
+            args.enable_prefix_caching,
+            args.kv_cache_dtype,
+            hybrid_kv_cache=not args.disable_hybrid_kv_cache_manager,
+        ),
         scheduler_config=SchedulerConfig(
             args.max_num_seqs, args.max_num_batched_tokens or default_token_budget(args.max_num_seqs), max_model_len
         ),
@@ -59,6 +65,7 @@ def _model_config(args: EngineArgs, model_path: str) -> ModelConfig:
     and the device, and its context length against the model's."""
     reader = config_reader(model_path)
     hf_config = load_hf_config(model_path, args.revision, args.trust_remote_code, reader)
+    check_sliding_window(hf_config, model_path)
     quantization = checkpoint_quantization(hf_config, None if is_gguf(model_path) else args.quantization)
     if quantization is not None:  # a quantized checkpoint's scheme, checked at start
         check_quantization(

@@ -89,3 +89,13 @@ def check_model_files(path: str, tensor_parallel_size: int) -> None:
     """Refusals that depend on what the model's files are (before anything reads them)."""
     if is_gguf(path) and tensor_parallel_size > 1:
         raise ValueError(GGUF_WITHOUT_TP)
+
+
+def check_sliding_window(hf_config: Any, model_path: str) -> None:
+    """A sliding window the attention kernels and the KV cache can use: a positive token count. One
+    wider than the context is kept, as full attention (Phi-3-128k's 262144 over 131072 positions)."""
+    window = getattr(hf_config, "sliding_window", None)
+    if window is None or getattr(hf_config, "use_sliding_window", True) is False:
+        return
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise ValueError(f"{model_path}: sliding_window must be a positive number of tokens, got {window!r}")

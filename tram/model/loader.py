@@ -24,12 +24,21 @@ from tram.model.gguf.loader import check_gguf_placement, load_gguf_weights, plan
 from tram.model.hub import INDEX_FILE, read_index, resolve_model_path
 from tram.model.hub import read_hf_config as get_hf_config  # noqa: F401 - the tests' entry point
 from tram.model.layers.cpu_packed import pack_cpu_linears
+from tram.model.layers.rope import fit_rope_to_context
 from tram.model.pipeline import cut_to_stage
 from tram.model.quant.apply import quantize_linears
 from tram.model.quant.check import check_quantization
 from tram.model.quant.checkpoints import CHECKPOINT_METHODS, CheckpointLoader, checkpoint_loader
 from tram.model.registry import get_model_class
-from tram.model.weight_utils import get_weight_loader, load_named_weight, materialize, name_list
+from tram.model.weight_utils import (
+    WeightShapeError,
+    fused_parts,
+    get_weight_loader,
+    load_named_weight,
+    materialize,
+    name_list,
+    split_fused,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +73,7 @@ def load_model(model_config: ModelConfig) -> nn.Module:
     backend = get_attention_backend(model_config.attention_backend)
     with torch.device("meta"):
         model = cls(model_config.hf_config, model_config.torch_dtype, backend)
+    fit_rope_to_context(model, model_config.max_model_len)
     pp = get_pp()
     if pp.size > 1:
         cut_to_stage(model, pp.rank, pp.size)
@@ -147,7 +157,11 @@ def load_safetensors_weights(
                     continue
                 param = params.get(name)
                 if param is None:
-                    unexpected.append(name)
+                    parts = fused_parts(model, name)
+                    if parts:  # one tensor for several of the model's linears (Phi-3's qkv_proj)
+                        loaded |= _load_fused(name, f.get_tensor(name), parts, params, file)
+                    else:
+                        unexpected.append(name)
                     continue
                 # A sharded parameter's loader reads its part of the file, not the whole tensor.
                 sliced = getattr(get_weight_loader(param), "reads_slices", False)
@@ -161,6 +175,21 @@ def load_safetensors_weights(
             f"Checkpoint does not match the model: missing weights {name_list(missing)}; "
             f"unexpected weights {name_list(sorted(unexpected))}"
         )
+
+
+def _load_fused(
+    name: str, tensor: torch.Tensor, parts: list[tuple[str, int]], params: dict[str, nn.Parameter], file: str
+) -> set[str]:
+    """Each part's rows of a fused checkpoint tensor through that parameter's loader; the names loaded."""
+    try:
+        pieces = split_fused(tensor, parts)
+    except WeightShapeError as err:
+        raise ValueError(
+            f"Weight {name} has shape {err.loaded_shape} in {file}, the model expects {err.expected_shape}"
+        ) from None
+    for part, piece in pieces:
+        load_named_weight(name, params[part], piece, file)
+    return {part for part, _ in pieces}
 
 
 @torch.no_grad()

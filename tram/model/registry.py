@@ -8,10 +8,15 @@ from torch import nn
 
 from tram.distributed import get_pp, get_tp
 from tram.distributed.parallel_state import kv_head_range
+from tram.model.models.gemma2 import Gemma2ForCausalLM
 from tram.model.models.gemma3 import Gemma3ForCausalLM
+from tram.model.models.granite import GraniteForCausalLM
 from tram.model.models.llama import LlamaForCausalLM, MistralForCausalLM
+from tram.model.models.olmo2 import Olmo2ForCausalLM
+from tram.model.models.phi3 import Phi3ForCausalLM
 from tram.model.models.qwen2 import Qwen2ForCausalLM
 from tram.model.models.qwen3 import Qwen3ForCausalLM
+from tram.model.models.smollm3 import SmolLM3ForCausalLM
 from tram.model.pipeline import layer_range
 from tram.model.spec import attention_dims
 
@@ -20,7 +25,12 @@ _MODELS: dict[str, type[nn.Module]] = {
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
+    "Olmo2ForCausalLM": Olmo2ForCausalLM,
+    "GraniteForCausalLM": GraniteForCausalLM,
+    "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
 }
 
 

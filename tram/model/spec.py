@@ -28,7 +28,8 @@ def layer_sliding_windows(hf_config: Any) -> tuple[int | None, ...]:
 
     Qwen2 switches windows off with use_sliding_window and limits them to some layers, listed in
     layer_types (transformers >= 4.53) or implied by max_window_layers (older configs). Gemma 3
-    lists them in layer_types and has no use_sliding_window.
+    lists them in layer_types and has no use_sliding_window; Gemma 2 before transformers 4.53 lists
+    none, and its even layers slide.
     """
     num_layers = int(hf_config.num_hidden_layers)
     window = getattr(hf_config, "sliding_window", None)
@@ -37,6 +38,8 @@ def layer_sliding_windows(hf_config: Any) -> tuple[int | None, ...]:
     layer_types = getattr(hf_config, "layer_types", None)
     if layer_types:
         return tuple(window if t == SLIDING_ATTENTION else None for t in layer_types)
+    if getattr(hf_config, "model_type", None) == "gemma2":
+        return tuple(window if i % 2 == 0 else None for i in range(num_layers))
     first = int(getattr(hf_config, "max_window_layers", 0) or 0)
     return tuple(window if i >= first else None for i in range(num_layers))
 

@@ -17,7 +17,9 @@ A parameter with no `weight_loader` attribute gets `default_weight_loader`: an e
 Layers attach their own with `set_weight_loader` where a parameter is not the checkpoint tensor as
 is: a tensor-parallel shard (a slice of `loaded`), a quantized packing, or a fused parameter filled
 from several checkpoint tensors (fused q/k/v, gate/up: such a loader takes the shard as a third
-argument, bound by the model's mapping of checkpoint names to parameter names).
+argument, bound by the model's mapping of checkpoint names to parameter names). The other way
+round, a checkpoint tensor that stacks several of the model's linears (Phi-3's qkv_proj) is cut
+into them first (`fused_parts`, `split_fused`), each part then going through its parameter's loader.
 """
 
 from __future__ import annotations
@@ -97,3 +99,39 @@ def name_list(names: list[str], limit: int = 10) -> str:
         return "none"
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
     return ", ".join(names[:limit]) + more
+
+
+def fused_parts(model: nn.Module, name: str) -> list[tuple[str, int]]:
+    """(parameter name, full rows) of each of the model's linears that the checkpoint tensor `name`
+    fuses, in the order the tensor stacks them; [] when `name` fuses none.
+
+    A family whose checkpoint stacks several linears in one tensor (Phi-3's qkv_proj, gate_up_proj)
+    names them in its `fused_weights` ({"qkv_proj": ("q_proj", "k_proj", "v_proj")}) and keeps
+    Tram's separate layers, so that tensor-parallel shards, the CPU's stacked gate/up and quantization
+    work on them unchanged. Full rows: the whole layer's, also where a rank holds a shard of it.
+    """
+    module_name, _, param = name.rpartition(".")  # model.layers.0.self_attn.qkv_proj, weight
+    owner, _, fused = module_name.rpartition(".")
+    parts = getattr(model, "fused_weights", {}).get(fused, ())
+    found = []
+    for part in parts:
+        try:
+            linear = model.get_submodule(f"{owner}.{part}")
+        except AttributeError:
+            return []
+        shard = getattr(linear, "shard", None)
+        found.append((f"{owner}.{part}.{param}", shard.full if shard is not None else linear.out_features))
+    return found
+
+
+def split_fused(loaded: torch.Tensor, parts: list[tuple[str, int]]) -> list[tuple[str, torch.Tensor]]:
+    """The rows of a fused checkpoint tensor that each part takes (see fused_parts), as views."""
+    total = sum(rows for _, rows in parts)
+    if loaded.shape[0] != total:
+        raise WeightShapeError(tuple(loaded.shape), (total, *loaded.shape[1:]))
+    pieces = []
+    start = 0
+    for part, rows in parts:
+        pieces.append((part, loaded.narrow(0, start, rows)))
+        start += rows
+    return pieces

@@ -45,3 +45,26 @@ class BlockTable:
         if self.gpu is not self.host:
             self.gpu[:num_reqs].copy_(self.host[:num_reqs], non_blocking=True)
         return self.gpu[:num_reqs]
+
+
+class MultiGroupBlockTable:
+    """One BlockTable per KV cache group (kv_cache_groups.py), moved and grown together: a request's
+    row is the same in every group; each group holds its own block ids."""
+
+    def __init__(self, num_groups: int, max_num_reqs: int, max_blocks_per_req: int, device: torch.device) -> None:
+        self.groups = [BlockTable(max_num_reqs, max_blocks_per_req, device) for _ in range(num_groups)]
+
+    def __getitem__(self, group: int) -> BlockTable:
+        return self.groups[group]
+
+    def set_row(self, row: int, block_ids: list[list[int]]) -> None:
+        for table, ids in zip(self.groups, block_ids, strict=True):
+            table.set_row(row, ids)
+
+    def append(self, row: int, block_ids: list[list[int]]) -> None:
+        for table, ids in zip(self.groups, block_ids, strict=True):
+            table.append(row, ids)
+
+    def move_row(self, src: int, dst: int) -> None:
+        for table in self.groups:
+            table.move_row(src, dst)

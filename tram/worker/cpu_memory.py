@@ -1,4 +1,5 @@
-"""glibc malloc settings for CPU inference: keep freed memory in the process for the next step.
+"""CPU memory: glibc malloc settings that keep freed memory in the process for the next step, the
+memory the machine has available, and lazily mapped zero tensors for the KV cache.
 
 A step allocates and frees the same activation buffers again and again, most of them between
 128 KiB and a few MiB. With glibc's defaults, freed memory at the top of the heap beyond a small
@@ -13,6 +14,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import math
+import mmap
+
+import torch
 
 import tram.envs as envs
 
@@ -49,3 +54,27 @@ def keep_freed_memory() -> bool:
         return False
     _done = True
     return True
+
+
+def mem_available() -> int | None:
+    """The kernel's estimate of memory available to new work (MemAvailable), in bytes; None where
+    /proc/meminfo is not there."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor in fresh anonymous memory: the kernel maps a page only when it is first
+    written, so a large KV cache costs resident memory for the blocks requests have used, not its
+    size (torch.zeros writes every page at once)."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    buffer = mmap.mmap(-1, nbytes)  # zero-filled; the tensor keeps the map alive
+    return torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).view(shape)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from tram.core.sched_output import CachedRequestData, SchedulerOutput
-from tram.worker.block_table import BlockTable
+from tram.worker.block_table import MultiGroupBlockTable
 from tram.worker.logits_processors import GrammarBitmaskProcessor, LogitsProcessor, SamplingRow
 from tram.worker.sampling_metadata import SamplingMetadata, build_sampling_metadata, make_logits_processors
 
@@ -26,7 +26,7 @@ from tram.worker.sampling_metadata import SamplingMetadata, build_sampling_metad
 class CachedRequestState:
     req_id: str
     sampling: SamplingRow  # params, prompt ids, output ids (grown in place), generator
-    block_ids: list[int]
+    block_ids: list[list[int]]  # per KV cache group
     num_prompt_logprobs_sent: int = 0  # prompt positions whose logprobs went out (never resent)
 
     @property
@@ -36,7 +36,13 @@ class CachedRequestState:
 
 class InputBatch:
     def __init__(
-        self, max_num_reqs: int, max_model_len: int, block_size: int, vocab_size: int, device: torch.device
+        self,
+        max_num_reqs: int,
+        max_model_len: int,
+        block_size: int,
+        vocab_size: int,
+        device: torch.device,
+        num_kv_cache_groups: int = 1,
     ) -> None:
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
@@ -50,7 +56,9 @@ class InputBatch:
         self.num_tokens = np.zeros(max_num_reqs, dtype=np.int64)  # prompt + outputs known
         self.num_prompt_tokens = np.zeros(max_num_reqs, dtype=np.int64)
         self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int64)
-        self.block_table = BlockTable(max_num_reqs, -(-max_model_len // block_size), device)
+        self.block_table = MultiGroupBlockTable(
+            num_kv_cache_groups, max_num_reqs, -(-max_model_len // block_size), device
+        )
         self.processors: list[LogitsProcessor] = make_logits_processors(vocab_size, device)
         self.grammar_processor = next(p for p in self.processors if isinstance(p, GrammarBitmaskProcessor))
         self._sampling: SamplingMetadata | None = None  # None: membership changed since it was built
@@ -115,7 +123,7 @@ class InputBatch:
         self.row_of[state.req_id] = dst
 
     # ---- per-step updates --------------------------------------------------------------------
-    def append_blocks(self, req_id: str, block_ids: list[int]) -> None:
+    def append_blocks(self, req_id: str, block_ids: list[list[int]]) -> None:
         self.block_table.append(self.row_of[req_id], block_ids)
 
     def append_sampled(self, rows: np.ndarray, tokens: list[int]) -> None:
@@ -160,7 +168,7 @@ def apply_scheduler_output(
             generator = torch.Generator(device=batch.device)
             generator.manual_seed(new.sampling_params.seed)
         sampling = SamplingRow(new.sampling_params, new.prompt_token_ids, [], generator, new.min_tokens_masked_ids)
-        state = CachedRequestState(new.req_id, sampling, list(new.block_ids))
+        state = CachedRequestState(new.req_id, sampling, [list(ids) for ids in new.block_ids])
         requests[new.req_id] = state
         batch.add(state, new.num_computed_tokens)
     for cached in sched.scheduled_cached_reqs:
@@ -168,9 +176,10 @@ def apply_scheduler_output(
         if take_new_tokens and cached.new_token_ids:
             _take_tokens(batch, state, cached)
         if cached.resumed_from_preemption:
-            state.block_ids = list(cached.new_block_ids)
+            state.block_ids = [list(ids) for ids in cached.new_block_ids]
         else:
-            state.block_ids.extend(cached.new_block_ids)
+            for held, new_ids in zip(state.block_ids, cached.new_block_ids, strict=True):
+                held.extend(new_ids)
         if cached.req_id in batch and not cached.resumed_from_preemption:
             batch.append_blocks(cached.req_id, cached.new_block_ids)  # its computed count is already current
         else:

@@ -85,7 +85,7 @@ def run_dummy_step(runner: object, num_tokens: int, num_logit_rows: int) -> int:
     if pp.is_last:
         rows = hidden[-min(num_logit_rows, num_tokens) :]
         torch.softmax(runner.model.compute_logits(rows), dim=-1)  # the sampler's largest temporaries
-    return num_blocks * runner.bytes_per_block()
+    return sum(c.numel() * c.element_size() for c in caches)
 
 
 def profile_cuda_memory(runner: object, num_tokens: int, num_logit_rows: int) -> MemoryProfile:

@@ -11,15 +11,18 @@ import numpy as np
 import torch
 
 from tram.config import ModelConfig
+from tram.core.kv_cache_groups import KVCacheLayout, plan_kv_cache_groups
 from tram.core.sched_output import LogprobsLists, ModelRunnerOutput, SchedulerOutput
 from tram.distributed import get_pp, pp_recv, pp_send
 from tram.model.attention.kv_quant import kv_cache_torch_dtype
 from tram.model.kernels.cpu_kernels import load_cpu_kernels
 from tram.model.loader import load_model
+from tram.model.pipeline import layer_range
 from tram.model.registry import kv_cache_shape_info
 from tram.worker.cpu_memory import keep_freed_memory
 from tram.worker.cuda_graph import DecodeGraphRunner
 from tram.worker.input_batch import CachedRequestState, InputBatch, advance_computed, apply_scheduler_output
+from tram.worker.kv_cache import allocate_kv_caches, bind_kv_cache_groups
 from tram.worker.memory_profiler import MemoryProfile, profile_cuda_memory, run_dummy_step
 from tram.worker.sampler import Sampler, compute_token_logprobs
 from tram.worker.step_inputs import PromptLogprobsJob, StepBuffers, StepInputs, prepare_inputs
@@ -37,8 +40,10 @@ class ModelRunner:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         kv_cache_dtype: str,
+        kv_cache_layout: KVCacheLayout | None = None,
     ) -> None:
-        # No defaults here: the worker passes the resolved CacheConfig and SchedulerConfig values.
+        # No defaults here: the worker passes the resolved CacheConfig and SchedulerConfig values
+        # (a layout of None: one KV cache group of every layer).
         model_config.resolve()
         self.model_config = model_config
         self.max_num_seqs = max_num_seqs
@@ -55,27 +60,38 @@ class ModelRunner:
             # request's step.
             load_cpu_kernels()
         self.num_layers, self.num_kv_heads, self.head_dim = kv_cache_shape_info(model_config.hf_config)
+        pp = get_pp()
+        total_layers = int(model_config.hf_config.num_hidden_layers)
+        self.stage_layers = range(*layer_range(total_layers, pp.rank, pp.size))
+        self.kv_cache_layout = kv_cache_layout or plan_kv_cache_groups([None] * total_layers)
+        bind_kv_cache_groups(self.model, self.kv_cache_layout, self.stage_layers)
+        num_groups = self.kv_cache_layout.num_groups
         self.sampler = Sampler()
         self.requests: dict[str, CachedRequestState] = {}
         self.input_batch = InputBatch(
-            max_num_seqs, model_config.max_model_len, block_size, self.vocab_size, self.device
+            max_num_seqs, model_config.max_model_len, block_size, self.vocab_size, self.device, num_groups
         )
         # Decode steps have one token per request, so the buffers must hold max_num_seqs tokens too.
-        self.buffers = StepBuffers(max(max_num_batched_tokens, max_num_seqs), max_num_seqs, self.device)
+        self.buffers = StepBuffers(max(max_num_batched_tokens, max_num_seqs), max_num_seqs, self.device, num_groups)
         self.kv_caches: list[torch.Tensor] = []
         self.graph_runner: DecodeGraphRunner | None = None
 
     # ---- KV cache ------------------------------------------------------------------------
     def bytes_per_block(self) -> int:
+        """Bytes of one pool block on this rank: a block of every cache tensor (slot) it holds."""
         elem = torch.empty((), dtype=self.kv_cache_dtype).element_size()
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+        num_slots = len(self.kv_cache_layout.slots_of(self.stage_layers))
+        return 2 * num_slots * self.block_size * self.num_kv_heads * self.head_dim * elem
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        # Zeros, not empty: padded attention reads masked slots, and 0 * NaN would poison outputs.
-        shape = (2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-        self.kv_caches = [
-            torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device) for _ in range(self.num_layers)
-        ]
+        self.kv_caches = allocate_kv_caches(
+            self.kv_cache_layout,
+            self.stage_layers,
+            num_blocks,
+            (self.block_size, self.num_kv_heads, self.head_dim),
+            self.kv_cache_dtype,
+            self.device,
+        )
         if self._use_cuda_graphs():
             self.capture_cuda_graphs()
         if self.device.type == "cpu":
@@ -95,11 +111,14 @@ class ModelRunner:
         # Graphs need a backend that plans nothing on the host; the PyTorch backend does. Pipeline
         # stages talk between their layers, which a captured graph cannot.
         mc = self.model_config
+        # The decode graphs are captured over one block table and slot mapping: a hybrid cache
+        # (several groups) runs eagerly for now.
         return (
             self.device.type == "cuda"
             and not mc.enforce_eager
             and mc.attention_backend == "triton"
             and get_pp().size == 1
+            and self.kv_cache_layout.num_groups == 1
         )
 
     def capture_cuda_graphs(self, use_graphs: bool = True) -> None:
@@ -109,7 +128,7 @@ class ModelRunner:
             self.model,
             self.kv_caches,
             self.buffers,
-            self.input_batch.block_table,
+            self.input_batch.block_table[0],
             min(self.max_num_seqs, 512),
             self.model_config.max_model_len,
             self.num_kv_heads,

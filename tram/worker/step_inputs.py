@@ -30,11 +30,16 @@ class StepBuffers:
         "logits_indices": (torch.int64, "reqs"),
     }
 
-    def __init__(self, max_tokens: int, max_reqs: int, device: torch.device) -> None:
+    def __init__(self, max_tokens: int, max_reqs: int, device: torch.device, num_kv_cache_groups: int = 1) -> None:
         sizes = {"tokens": max_tokens, "reqs": max_reqs, "reqs+1": max_reqs + 1}
         pin = device.type == "cuda"
         self.device = device
-        self.host = {k: torch.zeros(sizes[n], dtype=dt, pin_memory=pin) for k, (dt, n) in self._SPECS.items()}
+        # Each further KV cache group has its own slot mapping (slot_mapping is group 0's).
+        specs = {
+            **self._SPECS,
+            **{slot_mapping_name(g): self._SPECS["slot_mapping"] for g in range(1, num_kv_cache_groups)},
+        }
+        self.host = {k: torch.zeros(sizes[n], dtype=dt, pin_memory=pin) for k, (dt, n) in specs.items()}
         self.np = {k: t.numpy() for k, t in self.host.items()}
         self.dev = (
             self.host if device.type == "cpu" else {k: torch.zeros_like(t, device=device) for k, t in self.host.items()}
@@ -57,6 +62,10 @@ class StepBuffers:
         if dev is not self.host[name]:
             dev[:n].copy_(self.host[name][:n], non_blocking=True)
         return dev[:n]
+
+
+def slot_mapping_name(group: int) -> str:
+    return "slot_mapping" if group == 0 else f"slot_mapping_{group}"
 
 
 @dataclass
@@ -96,23 +105,16 @@ def prepare_inputs(batch: InputBatch, sched: SchedulerOutput, buffers: StepBuffe
     positions = b["positions"][:total]
     np.subtract(np.arange(total), np.repeat(cu - q - start, q), out=positions)
     b["input_ids"][:total] = batch.token_ids[rows, positions]
-    block_ids = batch.block_table.np[rows, positions // block_size]
-    np.add(block_ids * block_size, positions % block_size, out=b["slot_mapping"][:total])
+    block_index, offset = positions // block_size, positions % block_size
+    for g, table in enumerate(batch.block_table.groups):
+        np.add(table.np[rows, block_index] * block_size, offset, out=b[slot_mapping_name(g)][:total])
     b["seq_lens"][:num_reqs] = seq
     b["logits_indices"][:num_reqs] = cu - 1
     max_seq = int(seq.max())
-    width = -(-max_seq // block_size)
-    meta = AttentionMetadata(
-        num_tokens=total,
-        slot_mapping=buffers.to_device("slot_mapping", total),
-        query_start_loc=buffers.to_device("query_start_loc", num_reqs + 1),
-        seq_lens=buffers.to_device("seq_lens", num_reqs),
-        block_tables=batch.block_table.commit(num_reqs)[:, :width],
-        query_lens_list=q.tolist(),
-        seq_lens_list=seq.tolist(),
-        max_query_len=int(q.max()),
-        max_seq_len=max_seq,
-    )
+    metas = _group_metas(batch, buffers, total, q, seq, -(-max_seq // block_size))
+    meta = metas[0]
+    if len(metas) > 1:
+        meta.groups = tuple(metas)
     inputs = StepInputs(
         input_ids=buffers.to_device("input_ids", total),
         positions=buffers.to_device("positions", total),
@@ -123,6 +125,30 @@ def prepare_inputs(batch: InputBatch, sched: SchedulerOutput, buffers: StepBuffe
     )
     buffers.copies_queued()
     return inputs
+
+
+def _group_metas(
+    batch: InputBatch, buffers: StepBuffers, total: int, q: np.ndarray, seq: np.ndarray, width: int
+) -> list[AttentionMetadata]:
+    """One metadata per KV cache group: shared lengths, each group's block tables and slots."""
+    num_reqs = len(q)
+    query_start_loc = buffers.to_device("query_start_loc", num_reqs + 1)
+    seq_lens = buffers.to_device("seq_lens", num_reqs)
+    q_list, seq_list = q.tolist(), seq.tolist()
+    return [
+        AttentionMetadata(
+            num_tokens=total,
+            slot_mapping=buffers.to_device(slot_mapping_name(g), total),
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
+            block_tables=table.commit(num_reqs)[:, :width],
+            query_lens_list=q_list,
+            seq_lens_list=seq_list,
+            max_query_len=int(q.max()),
+            max_seq_len=int(seq.max()),
+        )
+        for g, table in enumerate(batch.block_table.groups)
+    ]
 
 
 def _prompt_logprobs_jobs(batch: InputBatch, offsets: np.ndarray, q: np.ndarray) -> list[PromptLogprobsJob]:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import logging
 
-from tram.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
+from tram.config import EngineConfig
 from tram.config.model import device_type
 from tram.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from tram.distributed import get_pp, get_tp, init_parallel
+from tram.worker.kv_cache import cpu_kv_cache_blocks, kv_cache_layout
 from tram.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -20,22 +21,20 @@ def determine_num_blocks(config: EngineConfig, runner: ModelRunner) -> int:
     """Blocks from an explicit count, else from a memory budget."""
     if config.num_gpu_blocks_override is not None:
         return config.num_gpu_blocks_override
-    mc, sc, cc = config.model_config, config.scheduler_config, config.cache_config
+    mc, sc = config.model_config, config.scheduler_config
     bytes_per_block = runner.bytes_per_block()
+    if device_type(mc.device) != "cuda":
+        return cpu_kv_cache_blocks(config, runner.kv_cache_layout, bytes_per_block)
     if config.kv_cache_memory_bytes is not None:
         return max(1, config.kv_cache_memory_bytes // bytes_per_block)
-    if device_type(mc.device) == "cuda":
-        budget = runner.profile_memory().kv_cache_budget(config.gpu_memory_utilization)
-        if budget < bytes_per_block:
-            raise ValueError(
-                f"No GPU memory is left for the KV cache ({budget / 2**30:.2f} GiB after weights and the "
-                f"peak of a {sc.max_num_batched_tokens}-token step). Raise gpu_memory_utilization (now "
-                f"{config.gpu_memory_utilization}), or lower max_num_batched_tokens or max_num_seqs."
-            )
-        return budget // bytes_per_block
-    # On CPU, never reserve more than every sequence at full length could use at once.
-    most_useful = sc.max_num_seqs * -(-sc.max_model_len // cc.block_size)
-    return max(1, min(DEFAULT_CPU_KV_CACHE_BYTES // bytes_per_block, most_useful))
+    budget = runner.profile_memory().kv_cache_budget(config.gpu_memory_utilization)
+    if budget < bytes_per_block:
+        raise ValueError(
+            f"No GPU memory is left for the KV cache ({budget / 2**30:.2f} GiB after weights and the "
+            f"peak of a {sc.max_num_batched_tokens}-token step). Raise gpu_memory_utilization (now "
+            f"{config.gpu_memory_utilization}), or lower max_num_batched_tokens or max_num_seqs."
+        )
+    return budget // bytes_per_block
 
 
 class Worker:
@@ -68,7 +67,9 @@ class Worker:
                 mc.device_type,
                 shm_ok=pc.tp_group_on_one_node(rank),
             )
-        self.model_runner = ModelRunner(mc, cc.block_size, sc.max_num_seqs, sc.max_num_batched_tokens, cc.cache_dtype)
+        self.model_runner = ModelRunner(
+            mc, cc.block_size, sc.max_num_seqs, sc.max_num_batched_tokens, cc.cache_dtype, kv_cache_layout(config)
+        )
 
     def determine_num_blocks(self) -> int:
         """The blocks this rank's memory holds; the engine takes the smallest over ranks."""

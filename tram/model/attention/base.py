@@ -40,6 +40,14 @@ class AttentionMetadata:
     # A backend's own per-step plan, made by the first layer that needs it and read by the others
     # (the runner builds fresh metadata every step, so a plan never outlives its step).
     plan: Any = None
+    # With more than one KV cache group (a hybrid cache: tram/core/kv_cache_groups.py), every
+    # group's own metadata, index 0 being this one: the same requests and lengths, each group's
+    # block tables and slot mapping. Empty: every layer uses this metadata.
+    groups: tuple[AttentionMetadata, ...] = ()
+
+    def for_group(self, group: int) -> AttentionMetadata:
+        """The metadata of the layers in KV cache group `group`."""
+        return self.groups[group] if self.groups else self
 
     @property
     def num_reqs(self) -> int:
@@ -63,5 +71,6 @@ class AttentionBackend(Protocol):
         *,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        logits_soft_cap: float | None = None,  # scores -> cap * tanh(score / cap) before mask and softmax
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         ...

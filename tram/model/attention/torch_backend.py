@@ -10,6 +10,10 @@ A step's flattened batch is split on the host (from meta's host lists, so no dev
     when there is no prefix).
 The split and the masks are planned once per step and reused by every layer.
 
+Soft-capped scores (Gemma 2: cap * tanh(score / cap) before the mask and softmax) go through the C++
+kernels as a parameter; SDPA has no soft-cap, so its paths then write the scores out
+(`_capped_attention`), in float32 as the kernels compute them.
+
 An fp8 cache (kv_quant.py) is written quantized; the C++ kernels widen its bytes as they read them,
 and the PyTorch paths dequantize what they gather to the query's dtype. A prefill then reads its own
 chunk back from the cache too, so every path attends over the same (rounded) keys and values.
@@ -139,6 +143,35 @@ def _sdpa(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
 
 
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, soft_cap: float | None
+) -> torch.Tensor:
+    """Masked attention (q [..., H, L, D], k/v [..., Hkv, S, D], boolean mask [..., 1, L, S] or [L, S]):
+    SDPA, or the explicit scores path when a soft-cap is set."""
+    if soft_cap is None:
+        return _sdpa(q, k, v, mask, scale)
+    return _capped_attention(q, k, v, mask, scale, soft_cap)
+
+
+def _capped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, soft_cap: float
+) -> torch.Tensor:
+    """Attention with soft-capped scores, in transformers' order (scale, cap, mask, softmax), the scores
+    and softmax in float32. Shapes as `_attend`'s; -> [..., H, L, D]."""
+    *batch, num_heads, q_len, head_dim = q.shape
+    num_kv_heads = k.shape[-3]
+    # Query heads grouped under the K/V head they share: no repeated K/V.
+    q = q.reshape(*batch, num_kv_heads, num_heads // num_kv_heads, q_len, head_dim)  # [..., Hkv, G, L, D]
+    k, v = k.unsqueeze(-3), v.unsqueeze(-3)  # [..., Hkv, 1, S, D]
+    if mask.dim() >= 3:
+        mask = mask.unsqueeze(-3)  # [..., 1, 1, L, S]: its head axis is 1, now the group axis too
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [..., Hkv, G, L, S]
+    scores = torch.tanh(scores / soft_cap) * soft_cap
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    out = torch.matmul(probs.to(v.dtype), v)  # [..., Hkv, G, L, D]
+    return out.reshape(*batch, num_heads, q_len, head_dim)
+
+
 class TorchAttentionBackend:
     """AttentionBackend in pure PyTorch (see base.py for the metadata and cache layout contract)."""
 
@@ -156,27 +189,31 @@ class TorchAttentionBackend:
         *,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        logits_soft_cap: float | None = None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         block_size = kv_cache.shape[2]
         plan = self._get_plan(meta, block_size, query.device)
         n = plan.num_real_tokens  # rows past n are batch padding (e.g. graph capture sizes)
         scales = (k_scale, v_scale)
+        cap = logits_soft_cap
         write_kv_cache(key[:n], value[:n], kv_cache, meta.slot_mapping[:n], scales)
         if n < query.shape[0]:
             out = torch.zeros(query.shape, dtype=query.dtype, device=query.device)
         elif not plan.prefills and plan.decode_tokens is not None:  # decode-only step: no scatter into an output buffer
-            return self._decode(query, kv_cache, plan, scale, sliding_window, scales)
+            return self._decode(query, kv_cache, plan, scale, sliding_window, scales, cap)
         else:
             out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         if plan.decode_tokens is not None:
             out[plan.decode_tokens] = self._decode(
-                query[plan.decode_tokens], kv_cache, plan, scale, sliding_window, scales
+                query[plan.decode_tokens], kv_cache, plan, scale, sliding_window, scales, cap
             )
         if plan.prefills and query.shape[-1] % 16 == 0 and kernels_for(query) is not None:
-            self._cpu_prefills(out, query, kv_cache, meta, plan, scale, sliding_window, scales)
+            self._cpu_prefills(out, query, kv_cache, meta, plan, scale, sliding_window, scales, cap)
             return out
         for pre in plan.prefills:
-            out[pre.start : pre.end] = self._prefill(query, key, value, kv_cache, pre, scale, sliding_window, scales)
+            out[pre.start : pre.end] = self._prefill(
+                query, key, value, kv_cache, pre, scale, sliding_window, scales, cap
+            )
         return out
 
     @staticmethod
@@ -189,6 +226,7 @@ class TorchAttentionBackend:
         scale: float,
         sliding_window: int | None,
         scales: KVScales = (1.0, 1.0),
+        logits_soft_cap: float | None = None,
     ) -> None:
         """Every prefill chunk of the step in one C++ call (csrc/paged_prefill.cpp), K/V read from the cache."""
         if plan.cpu_prefill_args is None:  # once per step, not per layer
@@ -200,7 +238,9 @@ class TorchAttentionBackend:
                 [p.query_len for p in pres],
                 [p.seq_len for p in pres],
             )
-        paged_prefill_attention_(out, query, kv_cache, *plan.cpu_prefill_args, scale, sliding_window, *scales)
+        paged_prefill_attention_(
+            out, query, kv_cache, *plan.cpu_prefill_args, scale, sliding_window, *scales, logits_soft_cap
+        )
 
     @staticmethod
     def _get_plan(meta: AttentionMetadata, block_size: int, device: torch.device) -> _StepPlan:
@@ -217,14 +257,22 @@ class TorchAttentionBackend:
         scale: float,
         sliding_window: int | None,
         scales: KVScales = (1.0, 1.0),
+        logits_soft_cap: float | None = None,
     ) -> torch.Tensor:
         """query [Bd, H, D] -> [Bd, H, D]: the C++ kernel on CPU, else `_decode_sdpa`."""
         if query.device.type == "cpu" and query.dtype in _CPU_KERNEL_DTYPES and load_cpu_kernels() is not None:
             # K/V read straight from the paged cache: no padded gather, no mask (csrc/paged_decode.cpp).
             return paged_decode_attention(
-                query, kv_cache, plan.decode_block_tables, plan.decode_seq_lens, scale, sliding_window, *scales
+                query,
+                kv_cache,
+                plan.decode_block_tables,
+                plan.decode_seq_lens,
+                scale,
+                sliding_window,
+                *scales,
+                logits_soft_cap,
             )
-        return self._decode_sdpa(query, kv_cache, plan, scale, sliding_window, scales)
+        return self._decode_sdpa(query, kv_cache, plan, scale, sliding_window, scales, logits_soft_cap)
 
     @staticmethod
     def _decode_sdpa(
@@ -234,6 +282,7 @@ class TorchAttentionBackend:
         scale: float,
         sliding_window: int | None,
         scales: KVScales = (1.0, 1.0),
+        logits_soft_cap: float | None = None,
     ) -> torch.Tensor:
         """The PyTorch path of `_decode`: K/V gathered through the block tables, padded and masked."""
         num_kv_heads, head_dim = kv_cache.shape[-2:]
@@ -253,7 +302,7 @@ class TorchAttentionBackend:
         # A decode has one query token, so the query heads sharing a K/V head can stand in the
         # sequence axis: attention is then per K/V head and K/V are never repeated.
         q = query.view(bd, num_kv_heads, groups, head_dim)  # [Bd, Hkv, G, D]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [Bd, Hkv, G, D]
+        out = _attend(q, k, v, mask, scale, logits_soft_cap)  # [Bd, Hkv, G, D]
         return out.reshape(bd, num_heads, head_dim)
 
     def _prefill(
@@ -266,6 +315,7 @@ class TorchAttentionBackend:
         scale: float,
         sliding_window: int | None,
         scales: KVScales = (1.0, 1.0),
+        logits_soft_cap: float | None = None,
     ) -> torch.Tensor:
         """One request's chunk: -> [q_len, H, D]."""
         q = query[pre.start : pre.end].transpose(0, 1)  # [H, q_len, D]
@@ -273,7 +323,7 @@ class TorchAttentionBackend:
             # No cached prefix: the step's own K/V are the whole context, no gather needed.
             k = key[pre.start : pre.end].transpose(0, 1)  # [Hkv, q_len, D]
             v = value[pre.start : pre.end].transpose(0, 1)  # [Hkv, q_len, D]
-            if sliding_window is None:
+            if sliding_window is None and logits_soft_cap is None:
                 return _sdpa(q, k, v, None, scale, causal=True).transpose(0, 1)
         else:
             k, v = _gather_context(kv_cache, pre, query.dtype, scales)  # [Hkv, seq_len, D] each
@@ -284,7 +334,7 @@ class TorchAttentionBackend:
             k_pos = torch.arange(pre.seq_len, device=device).view(1, -1)
             mask = _window_mask(q_pos, k_pos, sliding_window)  # [q_len, seq_len]
             pre.masks[sliding_window] = mask
-        return _sdpa(q, k, v, mask, scale).transpose(0, 1)
+        return _attend(q, k, v, mask, scale, logits_soft_cap).transpose(0, 1)
 
 
 def _gather_context(

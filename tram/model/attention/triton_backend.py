@@ -45,6 +45,7 @@ class TritonAttentionBackend:
         *,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        logits_soft_cap: float | None = None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         from tram.model.attention.triton_kernels import paged_attention, write_kv_cache
 
@@ -66,5 +67,6 @@ class TritonAttentionBackend:
             num_splits=splits,
             k_scale=k_scale,
             v_scale=v_scale,
+            logits_soft_cap=logits_soft_cap,
         )
         return out

@@ -24,6 +24,11 @@ are padded to a power of two >= 16 (tl.dot's minimum) and masked. query/out shar
 bf16 or fp32); the cache has that dtype or is fp8 (float8_e4m3fn / float8_e5m2, see kv_quant.py).
 No function here syncs with the device.
 
+Soft-capped scores (Gemma 2: cap * tanh(score / cap) before the mask and softmax), when
+logits_soft_cap is set: the kernel then takes the score scale divided by the cap, applies `_tanh`,
+and multiplies by cap * log2(e) into the log2 domain; without a cap the kernel is the same as before
+(SOFT_CAP is a compile-time switch).
+
 fp8 cache: `write_kv_cache` stores saturate(k / k_scale) rounded to nearest even on the fp8 grid in
 float32 first (`_round_to_fp8`), so the final cast is exact on any GPU and in Triton's interpreter
 (whose own fp8 rounding is not nearest-even). `paged_attention` widens fp8 tiles to the query's dtype
@@ -148,6 +153,15 @@ def _write_num_warps(elements: int) -> int:
 
 
 @triton.jit
+def _tanh(x):
+    """tanh in fp32 from exp2 of a non-positive argument, which neither overflows nor loses the sign:
+    tanh|x| = (1 - e) / (1 + e) with e = exp(-2|x|)."""
+    e = tl.exp2(-2.8853900817779268 * tl.abs(x))  # 2 * log2(e)
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
 def _find_request(qsl_ptr, q_block, num_reqs, BLOCK_Q: tl.constexpr):
     """The request whose query blocks include q_block: the last i with qsl[i] // BLOCK_Q + i <= q_block."""
     lo = 0
@@ -173,7 +187,9 @@ def _attention_kernel(
     ws_acc_ptr,
     ws_m_ptr,
     ws_l_ptr,  # split-K workspaces; unused when NUM_SPLITS == 1
-    qk_scale,  # softmax scale * log2(e) (* k_scale for an fp8 cache): scores live in the log2 domain
+    qk_scale,  # softmax scale * log2(e) (* k_scale for an fp8 cache): scores live in the log2 domain;
+    # with SOFT_CAP, softmax scale / cap (* k_scale): the argument of tanh
+    cap_log2,  # SOFT_CAP only: cap * log2(e), taking tanh's result to the log2 domain
     v_scale,  # fp8 cache only: multiplies the output
     num_reqs,
     num_tokens,
@@ -203,6 +219,7 @@ def _attention_kernel(
     DOT_PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,  # multiply in fp32 (Triton's interpreter cannot tl.dot bfloat16)
     KV_FP8: tl.constexpr,  # the cache holds fp8: widened to q's dtype as loaded
+    SOFT_CAP: tl.constexpr,  # scores soft-capped (cap_log2 * tanh(dot * qk_scale))
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -267,6 +284,8 @@ def _attention_kernel(
             k_t = k_t.to(q.dtype)
             v = v.to(q.dtype)
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE_N]
+        if SOFT_CAP:
+            s = _tanh(s) * cap_log2
         seen = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
         if USE_WINDOW:
             seen = seen & (k_pos[None, :] > q_pos[:, None] - window)
@@ -348,6 +367,13 @@ def _attention_config(group: int, max_query_len: int, head_dim: int, elem_size: 
     return block_m, 32, num_warps
 
 
+def _score_scales(scale: float, logits_soft_cap: float | None) -> tuple[float, float]:
+    """(qk_scale, cap_log2) of `_attention_kernel`: the dot product's multiplier, then tanh's (soft-cap only)."""
+    if logits_soft_cap is None:
+        return scale * _LOG2E, 1.0
+    return scale / logits_soft_cap, logits_soft_cap * _LOG2E
+
+
 def paged_attention(
     query: torch.Tensor,  # [T, Hq, D]
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D]
@@ -363,6 +389,7 @@ def paged_attention(
     num_splits: int = 1,
     k_scale: float = 1.0,
     v_scale: float = 1.0,  # an fp8 cache's K/V are read as stored * scale
+    logits_soft_cap: float | None = None,  # scores -> cap * tanh(score / cap) before mask and softmax
 ) -> None:
     """Causal attention of each request's query tokens over its paged context (see module doc)."""
     num_tokens, num_heads, head_dim = query.shape
@@ -374,6 +401,7 @@ def paged_attention(
     assert query.dtype == out.dtype and (kv_fp8 or kv_cache.dtype == query.dtype), (query.dtype, kv_cache.dtype)
     assert block_tables.dim() == 2 and block_tables.stride(1) == 1, block_tables.stride()
     assert num_splits >= 1 and (sliding_window is None or sliding_window >= 1), (num_splits, sliding_window)
+    assert logits_soft_cap is None or logits_soft_cap > 0, logits_soft_cap
     if num_tokens == 0 or num_reqs == 0:
         return
     group = num_heads // num_kv_heads
@@ -398,7 +426,7 @@ def paged_attention(
         ws_acc,
         ws_m,
         ws_l,
-        scale * _LOG2E * (k_scale if kv_fp8 else 1.0),
+        *_score_scales(scale * (k_scale if kv_fp8 else 1.0), logits_soft_cap),
         float(v_scale),
         num_reqs,
         num_tokens,
@@ -420,6 +448,7 @@ def paged_attention(
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else None,  # exact fp32; default otherwise
         DOT_F32=_INTERPRETED and query.dtype == torch.bfloat16,
         KV_FP8=kv_fp8,
+        SOFT_CAP=logits_soft_cap is not None,
         num_warps=num_warps,
     )
     if num_splits > 1:

@@ -7,22 +7,29 @@ layer whose tensor stays quantized an empty float weight (so no float copy is ev
 embedding (rows dequantized as they are looked up) and on an untied LM head; a tied head multiplies
 by the embedding's quantized weight. The block-layout kernels are CPU kernels: on a GPU the plan
 keeps nothing, and every tensor is dequantized at load (the file runs in its float model's memory).
+
+On the way the converter's changes are undone (names.py says where): q/k rows of the Llama-like
+families go back to rotate-half order, Gemma's norms from w + 1 to w; a fused tensor (Phi-3's
+attn_qkv, ffn_up) is cut into the model's separate linears (its `fused_weights`), each part's rows
+kept in their blocks or dequantized as a tensor of its own.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from tram.model.gguf.file import IGNORED_TENSORS, close_gguf, gguf_architecture, hf_name, open_gguf, unpermute_rows
+from tram.model.gguf.file import close_gguf, gguf_architecture, open_gguf
+from tram.model.gguf.names import IGNORED_TENSORS, PERMUTED_ARCHITECTURES, hf_name, norm_plus_one, unpermute_rows
 from tram.model.gguf.weight import GGUF_KEPT_TYPES, GGUFWeight
 from tram.model.quant.slab_gemm import bf16_gemm_fast
-from tram.model.weight_utils import load_named_weight, name_list
+from tram.model.weight_utils import fused_parts, load_named_weight, name_list
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +57,35 @@ def _owner(model: nn.Module, name: str) -> nn.Module | None:
     return module if leaf in dict(module.named_parameters(recurse=False)) else None
 
 
+@dataclass(frozen=True)
+class _Target:
+    """A parameter that a file's tensor fills: all of its rows, or (a fused tensor: Phi-3's attn_qkv
+    and ffn_up, which Tram keeps as separate linears) a run of them."""
+
+    name: str
+    module: nn.Module
+    rows: slice | None = None
+
+    @property
+    def leaf(self) -> str:
+        return self.name.rpartition(".")[2]
+
+
+def _targets(model: nn.Module, name: str) -> list[_Target]:
+    """What the tensor of Hugging Face name `name` fills ([]: nothing in this model)."""
+    module = _owner(model, name)
+    if module is not None:
+        return [_Target(name, module)]
+    targets, start = [], 0
+    for part, rows in fused_parts(model, name):  # in the order the tensor stacks them
+        owner = _owner(model, part)
+        if owner is None:
+            return []
+        targets.append(_Target(part, owner, slice(start, start + rows)))
+        start += rows
+    return targets
+
+
 def _keeps_quantized(module: nn.Module, leaf: str, qtype: int) -> bool:
     return leaf == "weight" and qtype in GGUF_KEPT_TYPES and hasattr(module, "quant")
 
@@ -65,54 +101,91 @@ def plan_gguf_weights(model: nn.Module, path: str, keep_quantized: bool = True) 
         )
         return
     reader = open_gguf(path)
+    arch = gguf_architecture(reader, path)
     for t in reader.tensors:
-        name = hf_name(t.name)
-        module = None if name is None else _owner(model, name)
-        if module is not None and _keeps_quantized(module, "weight", int(t.tensor_type)) and name.endswith(".weight"):
-            dtype = module.weight.dtype
-            module.weight = nn.Parameter(torch.empty(0, dtype=dtype, device="meta"), requires_grad=False)
+        name = hf_name(t.name, arch)
+        if name is None or not name.endswith(".weight"):
+            continue
+        for target in _targets(model, name):
+            if _keeps_quantized(target.module, "weight", int(t.tensor_type)):
+                dtype = target.module.weight.dtype
+                target.module.weight = nn.Parameter(torch.empty(0, dtype=dtype, device="meta"), requires_grad=False)
 
 
 @torch.no_grad()
 def load_gguf_weights(model: nn.Module, path: str, hf_config: Any, int8_activations: bool = False) -> None:
     """Fill every parameter from the file; ValueError names missing, unexpected or misshapen tensors.
     int8_activations: the kept tensors' linears quantize their input (`GGUFWeight`)."""
-    from gguf import GGMLQuantizationType
-
     start = time.perf_counter()
     reader = open_gguf(path)
-    llama = gguf_architecture(reader, path) == "llama"
+    arch = gguf_architecture(reader, path)
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     unexpected: list[str] = []
     converted: dict[str, int] = {}
     kept = 0
     for t in reader.tensors:
-        name = hf_name(t.name)
-        if name is None:
-            if t.name not in IGNORED_TENSORS:
+        name = hf_name(t.name, arch)
+        targets = [] if name is None else _targets(model, name)
+        if not targets:
+            # not a weight (RoPE factors), a tensor of another pipeline stage, or one this model lacks
+            if t.name not in IGNORED_TENSORS and (name is None or name not in _stage_skipped(model, name)):
                 unexpected.append(t.name)
             continue
-        module = _owner(model, name)
-        if module is None:  # a tensor of another pipeline stage, or a name this model lacks
-            if name not in _stage_skipped(model, name):
-                unexpected.append(t.name)
-            continue
-        qtype = int(t.tensor_type)
-        data = _rows(t, name, hf_config, llama)
-        leaf = name.rpartition(".")[2]
-        if _keeps_quantized(module, leaf, qtype) and module.weight.numel() == 0:
-            module.quant = _quantized(t, data, qtype, name, path, int8_activations)
-            kept += 1
-        else:
-            type_name = GGMLQuantizationType(qtype).name
-            if type_name not in _FLOAT_TYPES:
-                converted[type_name] = converted.get(type_name, 0) + 1
-            load_named_weight(name, params[name], _dequantized(data, qtype), path)
-        loaded.add(name)
+        _check_fused_rows(t, targets, path)
+        for target in targets:
+            kept += _load_target(target, t, arch, hf_config, path, int8_activations, converted)
+            loaded.add(target.name)
     _check_complete(model, params, loaded, unexpected, path)
     close_gguf()  # the map's pages count in the resident set while a reader holds it
-    first = next(iter(params.values()))  # every float parameter has the model's dtype and device
+    _log_summary(path, next(iter(params.values())), kept, converted, int8_activations, start)
+
+
+def _check_fused_rows(t: Any, targets: list[_Target], path: str) -> None:
+    if targets[-1].rows is not None and targets[-1].rows.stop != t.data.shape[0]:
+        parts = ", ".join(target.name for target in targets)
+        raise ValueError(f"Tensor {t.name} in {path} has {t.data.shape[0]} rows; {parts} take {targets[-1].rows.stop}")
+
+
+def _load_target(
+    target: _Target,
+    t: Any,
+    arch: str,
+    hf_config: Any,
+    path: str,
+    int8_activations: bool,
+    converted: dict[str, int],
+) -> int:
+    """Fill one parameter from its rows of `t`; 1 where they stay quantized (a GGUFWeight), else 0."""
+    qtype = int(t.tensor_type)
+    data = _rows(t, target, hf_config, arch in PERMUTED_ARCHITECTURES)
+    if _keeps_quantized(target.module, target.leaf, qtype) and target.module.weight.numel() == 0:
+        target.module.quant = _quantized(t, data, qtype, target.name, path, int8_activations)
+        return 1
+    _load_float(getattr(target.module, target.leaf), target.name, t, data, arch, path, converted)
+    return 0
+
+
+def _load_float(
+    param: nn.Parameter, name: str, t: Any, data: np.ndarray, arch: str, path: str, converted: dict[str, int]
+) -> None:
+    """A tensor that becomes the model's dtype; `converted` counts the quantized types among them."""
+    from gguf import GGMLQuantizationType
+
+    qtype = int(t.tensor_type)
+    type_name = GGMLQuantizationType(qtype).name
+    if type_name not in _FLOAT_TYPES:
+        converted[type_name] = converted.get(type_name, 0) + 1
+    tensor = _dequantized(data, qtype)
+    if norm_plus_one(arch, t.name):
+        tensor = tensor.float() - 1  # back to Gemma's (1 + w) form, as the model computes it
+    load_named_weight(name, param, tensor, path)
+
+
+def _log_summary(
+    path: str, first: torch.Tensor, kept: int, converted: dict[str, int], int8_activations: bool, start: float
+) -> None:
+    """`first`: any float parameter (they all have the model's dtype and device)."""
     if converted:
         logger.info(
             "GGUF types %s have no kernel in Tram: dequantized at load to %s",
@@ -139,11 +212,12 @@ def _stage_skipped(model: nn.Module, name: str) -> set[str]:
     return {name} if skip and name.startswith(skip) else set()
 
 
-def _rows(t: Any, name: str, hf_config: Any, llama: bool) -> np.ndarray:
-    """The tensor's data as [rows, ...] (numpy; quantized types as raw bytes per row), with
-    llama q/k rows put back in Hugging Face's order."""
-    data = t.data
-    if llama and (".q_proj." in name or ".k_proj." in name):
+def _rows(t: Any, target: _Target, hf_config: Any, permuted: bool) -> np.ndarray:
+    """The target's rows of the tensor as [rows, ...] (numpy; quantized types as raw bytes per row),
+    with permuted q/k rows (Llama-like families) put back in Hugging Face's order."""
+    data = t.data if target.rows is None else t.data[target.rows]
+    name = target.name
+    if permuted and (".q_proj." in name or ".k_proj." in name):
         heads = hf_config.num_attention_heads if ".q_proj." in name else hf_config.num_key_value_heads
         data = unpermute_rows(data, heads)
     return data

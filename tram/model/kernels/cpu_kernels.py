@@ -183,17 +183,27 @@ def paged_decode_attention(
     sliding_window: int | None = None,  # None or 0 = no window
     k_scale: float = 1.0,  # an fp8 cache's keys are read as stored * k_scale
     v_scale: float = 1.0,
+    logits_soft_cap: float | None = None,  # None or 0 = none
 ) -> torch.Tensor:  # [B, H, D], contiguous, query's dtype
     """Decode attention: query i (at position seq_lens[i] - 1) over its context in the paged cache.
 
     Attends to positions 0 .. seq_lens[i] - 1, or only the last `sliding_window` of them. Query
-    head h reads kv head h // (H // Hkv). Float32 accumulation; CPU tensors only.
+    head h reads kv head h // (H // Hkv). With logits_soft_cap c, scores become c * tanh(score / c)
+    before the softmax. Float32 accumulation; CPU tensors only.
     """
     module = load_cpu_kernels()
     if module is None:
         raise RuntimeError(f"CPU kernels are not available (disabled by {ENV_SWITCH}=0 or failed to build)")
     return module.paged_decode_attention(
-        query, kv_cache, block_tables, seq_lens, float(scale), int(sliding_window or 0), float(k_scale), float(v_scale)
+        query,
+        kv_cache,
+        block_tables,
+        seq_lens,
+        float(scale),
+        int(sliding_window or 0),
+        float(k_scale),
+        float(v_scale),
+        float(logits_soft_cap or 0.0),
     )
 
 
@@ -209,9 +219,11 @@ def paged_prefill_attention_(
     sliding_window: int | None = None,  # None or 0 = no window
     k_scale: float = 1.0,  # an fp8 cache's keys are read as stored * k_scale
     v_scale: float = 1.0,
+    logits_soft_cap: float | None = None,  # None or 0 = none
 ) -> None:
     """Prefill attention: request r's rows query_starts[r] .. + query_lens[r] sit at the last
-    query_lens[r] positions of its seq_lens[r]-token context and attend to it causally (csrc/paged_prefill.cpp)."""
+    query_lens[r] positions of its seq_lens[r]-token context and attend to it causally (csrc/paged_prefill.cpp),
+    scores soft-capped (c * tanh(score / c)) when logits_soft_cap is set."""
     module = load_cpu_kernels()
     if module is None:
         raise RuntimeError(f"CPU kernels are not available (disabled by {ENV_SWITCH}=0 or failed to build)")
@@ -227,6 +239,7 @@ def paged_prefill_attention_(
         int(sliding_window or 0),
         float(k_scale),
         float(v_scale),
+        float(logits_soft_cap or 0.0),
     )
 
 

@@ -25,6 +25,7 @@ class Attention(nn.Module):
 
     scale defaults to head_dim ** -0.5; sliding_window None means full attention, else the query
     sees itself and the sliding_window - 1 keys before it (transformers' convention).
+    logits_soft_cap c (Gemma 2) turns each score into c * tanh(score / c) before the mask and softmax.
 
     Under tensor parallelism each rank holds num_heads / tp query heads and the KV heads they attend
     with (column-parallel q/k/v, replicated KV heads when tp > num_kv_heads) and a row-parallel o_proj.
@@ -44,6 +45,7 @@ class Attention(nn.Module):
         scale: float | None = None,
         sliding_window: int | None = None,
         head_norm: HeadNormFactory | None = None,
+        logits_soft_cap: float | None = None,
     ) -> None:
         super().__init__()
         tp = get_tp()
@@ -52,6 +54,10 @@ class Attention(nn.Module):
         self.head_dim = head_dim
         self.scale = head_dim**-0.5 if scale is None else scale
         self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap
+        # The KV cache group whose block table this layer reads (the model runner binds it when it
+        # lays out the cache; one group unless the cache is hybrid).
+        self.kv_group = 0
         self.backend = backend
         # fp8 KV cache scales (stored = k / k_scale): 1.0 as vLLM without calibration; a checkpoint's
         # calibrated k_scale / v_scale would be set here, per layer, at load.
@@ -75,19 +81,40 @@ class Attention(nn.Module):
             self.k_norm = head_norm(head_dim)
         self.has_head_norm = head_norm is not None
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
-    ) -> torch.Tensor:  # x [T, hidden] -> [T, hidden]
-        num_tokens = x.shape[0]
-        q, k, v = linear_n(x, (self.q_proj, self.k_proj, self.v_proj))
-        if self.has_head_norm:  # per head, before RoPE; on rows of head_dim (one kernel call on CPU)
+    def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [T, H * D], k [T, Hkv * D] after the projections, before RoPE; a family whose norm spans
+        whole rows (OLMo 2) overrides this."""
+        if self.has_head_norm:  # per head; on rows of head_dim (one kernel call on CPU)
             q = self.q_norm(q.view(-1, self.head_dim))  # [T * H, D]
             k = self.k_norm(k.view(-1, self.head_dim))  # [T * Hkv, D]
+        return q, k
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # x [T, hidden] -> [T, hidden]; cos/sin None: a layer without RoPE (SmolLM3's NoPE)
+        num_tokens = x.shape[0]
+        q, k, v = linear_n(x, (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.norm_qk(q, k)
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, H, D]
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        q, k = apply_rotary_qk(q, k, cos, sin)  # in place on CPU: q and k are fresh tensors
+        if cos is not None:
+            q, k = apply_rotary_qk(q, k, cos, sin)  # in place on CPU: q and k are fresh tensors
         out = self.backend.forward(
-            q, k, v, kv_cache, meta, self.scale, self.sliding_window, k_scale=self.k_scale, v_scale=self.v_scale
+            q,
+            k,
+            v,
+            kv_cache,
+            meta.for_group(self.kv_group),
+            self.scale,
+            self.sliding_window,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
+            logits_soft_cap=self.logits_soft_cap,
         )  # [T, H, D]
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))  # [T, hidden]

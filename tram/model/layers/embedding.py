@@ -82,7 +82,8 @@ class LMHead(nn.Module):
 
     Untied, it owns `weight` (the checkpoint's lm_head.weight, when placed at model.lm_head); tied, it
     owns nothing and is handed the embedding's weight. final_logit_softcapping c maps logits to
-    c * tanh(logits / c) in the activation dtype before the float32 cast, as transformers does.
+    c * tanh(logits / c) in the activation dtype before the float32 cast, as transformers does;
+    logits_scaling s (Granite) divides them by s first, in the activation dtype too.
 
     Under tensor parallelism the weight is a vocabulary shard (vocab_shard, as the embedding's) and
     the ranks' logits are gathered before sampling, so every rank samples from the same logits.
@@ -98,10 +99,12 @@ class LMHead(nn.Module):
         dtype: torch.dtype,
         tied: bool,
         final_logit_softcapping: float | None = None,
+        logits_scaling: float | None = None,
     ) -> None:
         super().__init__()
         self.tied = tied
         self.softcap = final_logit_softcapping
+        self.logits_scaling = logits_scaling
         self.vocab_size = vocab_size
         start, rows = vocab_shard(vocab_size)
         self.sharded = rows != vocab_size
@@ -123,6 +126,8 @@ class LMHead(nn.Module):
             logits = tp_all_gather(logits)
             if logits.shape[-1] != self.vocab_size:
                 logits = logits[:, : self.vocab_size].contiguous()
+        if self.logits_scaling is not None:
+            logits = logits / self.logits_scaling
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return to_float32(logits)

@@ -1,12 +1,16 @@
-"""RMSNorm in the two roundings Hugging Face uses: Llama's (weight times the normalised row cast back)
-and Gemma's (1 + weight, multiplied in float32 before the cast back)."""
+"""RMSNorm in the roundings Hugging Face uses: Llama's (weight times the normalised row cast back),
+Gemma's (1 + weight, multiplied in float32 before the cast back) and OLMo 2's (weight multiplied in
+float32 before the cast back), and OLMo 2's norm over a row that tensor-parallel ranks split."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from tram.distributed import tp_all_reduce
 from tram.model.kernels.cpu_kernels import kernels_for
+from tram.model.layers.parallel_linear import slice_loader
+from tram.model.weight_utils import set_weight_loader
 
 
 class RMSNorm(nn.Module):
@@ -50,3 +54,48 @@ class GemmaRMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class Float32WeightRMSNorm(RMSNorm):
+    """OLMo 2's RMSNorm: the weight multiplies the normalised row in float32, rounded once after.
+
+    In float32 that is Llama's rounding, so the C++ kernel runs; in bfloat16 these are PyTorch ops.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        if x.dtype == torch.float32:
+            return super().forward(x)
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * x32).to(x.dtype)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = residual + x  # not the fused kernel: it rounds as Llama's norm does
+        return self.forward(h), h
+
+
+class ShardedRowRMSNorm(nn.Module):
+    """OLMo 2's RMSNorm (weight in float32) over a row of `full` features of which this tensor-parallel
+    rank holds [start, start + size), as its weight: q and k normed over all heads, not per head.
+
+    The mean of squares needs the whole row, so the ranks all-reduce their sums of squares (one
+    [T, 1] float32 tensor); `replicas` ranks hold each feature (KV heads replicated when the ranks
+    outnumber them), so the sum is divided by it. With the whole row on the rank, nothing is sent.
+    """
+
+    def __init__(self, full: int, start: int, size: int, eps: float, dtype: torch.dtype, replicas: int = 1) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size, dtype=dtype))
+        self.sharded = size != full
+        if self.sharded:
+            set_weight_loader(self.weight, slice_loader(0, start, size, full))
+        self.divisor = float(full * replicas)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, size] -> [T, size]
+        x32 = x.float()
+        if self.sharded:
+            variance = tp_all_reduce(x32.pow(2).sum(-1, keepdim=True)) / self.divisor  # [T, 1]
+        else:
+            variance = x32.pow(2).mean(-1, keepdim=True)  # [T, 1]: transformers' own reduction
+        return (self.weight.float() * (x32 * torch.rsqrt(variance + self.eps))).to(x.dtype)

@@ -6,6 +6,8 @@ needs no per-request bookkeeping: row t of the batch simply reads cache[position
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +16,8 @@ from torch import nn
 
 from tram.config.hf_snapshot import HFConfigSnapshot
 from tram.model.kernels.cpu_kernels import kernels_for
+
+logger = logging.getLogger(__name__)
 
 _DEFAULT_THETA = 10000.0
 _SLIDING = "sliding_attention"
@@ -52,19 +56,74 @@ def rope_keyed_by_layer_type(hf_config: Any) -> bool:
 
 def _flat_rope_parameters(params: dict[str, Any], hf_config: Any) -> dict[str, Any]:
     rope_type = params.get("rope_type") or params.get("type") or "default"
+    rope_type = "longrope" if rope_type == "su" else rope_type  # LongRoPE's name in early Phi-3 configs
     theta = params.get("rope_theta") or getattr(hf_config, "rope_theta", None) or _DEFAULT_THETA
     params.update(rope_type=rope_type, rope_theta=float(theta))
     return params
 
 
-def _inv_freq_and_scaling(hf_config: Any, head_dim: int, layer_type: str | None) -> tuple[torch.Tensor, float]:
+def _rotary_dim(params: dict[str, Any], hf_config: Any, head_dim: int) -> int:
+    """The features of a head that rotate: transformers >= 5 keeps partial_rotary_factor (Phi-4-mini:
+    0.75) in rope_parameters, older configs at the top level."""
+    factor = params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", None))
+    return int(head_dim * (1.0 if factor is None else float(factor)))
+
+
+def longrope_original_positions(hf_config: Any, layer_type: str | None = None) -> int:
+    """The context LongRoPE's short factors were trained for (original_max_position_embeddings)."""
+    params = rope_parameters(hf_config, layer_type)
+    original = params.get("original_max_position_embeddings") or getattr(
+        hf_config, "original_max_position_embeddings", None
+    )
+    if not original:
+        raise ValueError("rope_type longrope needs original_max_position_embeddings in the config")
+    return int(original)
+
+
+def longrope_uses_long_factors(hf_config: Any, max_model_len: int | None, layer_type: str | None = None) -> bool:
+    """Whether a context of max_model_len tokens (default: max_position_embeddings) rotates with the
+    long factors.
+
+    transformers picks the set per forward pass from the sequence's length and, when a sequence
+    grows past original_max_position_embeddings, drops its KV cache and prefills again with the long
+    factors. A paged cache shared across steps cannot re-rotate, so the set is chosen once from the
+    longest context served, as vLLM does: identical to transformers for every sequence when
+    max_model_len <= original_max_position_embeddings, and for sequences longer than that otherwise.
+    """
+    served = max_model_len or int(getattr(hf_config, "max_position_embeddings", 0) or 0)
+    return served > longrope_original_positions(hf_config, layer_type)
+
+
+def _longrope_inv_freq(
+    params: dict[str, Any], hf_config: Any, head_dim: int, long: bool, original: int
+) -> tuple[torch.Tensor, float]:
+    """LongRoPE (Phi-3, Phi-4-mini) as transformers' _compute_longrope_parameters: each base frequency
+    divided by its factor of the short or the long set; cos/sin scaled by the attention factor."""
+    factor = params.get("factor") or float(hf_config.max_position_embeddings) / original
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    rotary_dim = _rotary_dim(params, hf_config, head_dim)
+    factors = torch.tensor(params["long_factor" if long else "short_factor"], dtype=torch.float32, device="cpu")
+    if factors.numel() != rotary_dim // 2:
+        raise ValueError(f"longrope has {factors.numel()} factors; its rotary dimension needs {rotary_dim // 2}")
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device="cpu").float() / rotary_dim
+    return 1.0 / (factors * params["rope_theta"] ** exponents), float(attention_factor)
+
+
+def _inv_freq_and_scaling(
+    hf_config: Any, head_dim: int, layer_type: str | None, max_model_len: int | None = None
+) -> tuple[torch.Tensor, float]:
     """Inverse frequencies (float32, CPU) and the cos/sin multiplier, exactly as transformers computes them."""
     params = rope_parameters(hf_config, layer_type)
     rope_type = params["rope_type"]
     if rope_type == "default":
-        rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
+        rotary_dim = _rotary_dim(params, hf_config, head_dim)
         exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device="cpu") / rotary_dim
         return 1.0 / (params["rope_theta"] ** exponents), 1.0
+    if rope_type == "longrope":  # computed here: the factor set depends on the context served
+        long = longrope_uses_long_factors(hf_config, max_model_len, layer_type)
+        return _longrope_inv_freq(params, hf_config, head_dim, long, longrope_original_positions(hf_config, layer_type))
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     if rope_type not in ROPE_INIT_FUNCTIONS:
@@ -104,14 +163,35 @@ class RotaryEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         self.head_dim = head_dim
+        # What set_max_model_len rebuilds the cache from (LongRoPE's factors depend on the context served).
+        self._source = (hf_config, layer_type, max_positions)
+        self._build(None)
+
+    def _build(self, max_model_len: int | None) -> None:
+        hf_config, layer_type, max_positions = self._source
         # Forced onto the CPU so that building the model under a meta device context still yields numbers.
         with torch.device("cpu"):
-            inv_freq, scaling = _inv_freq_and_scaling(hf_config, head_dim, layer_type)
+            inv_freq, scaling = _inv_freq_and_scaling(hf_config, self.head_dim, layer_type, max_model_len)
             self.rotary_dim = 2 * inv_freq.numel()
             num_pos = max_positions or _cache_length(hf_config, layer_type)
             freqs = torch.outer(torch.arange(num_pos, dtype=torch.float32), inv_freq)  # [P, rotary_dim/2]
             emb = torch.cat((freqs, freqs), dim=-1)  # [P, rotary_dim]
             self._cos_sin = torch.stack((emb.cos() * scaling, emb.sin() * scaling))  # [2, P, rotary_dim]
+
+    def set_max_model_len(self, max_model_len: int) -> None:
+        """Fit the rotation to the longest context served: LongRoPE chooses its factor set from it
+        (longrope_uses_long_factors); every other kind does not depend on it."""
+        hf_config, layer_type, _ = self._source
+        if rope_parameters(hf_config, layer_type)["rope_type"] != "longrope":
+            return
+        self._build(max_model_len)
+        if longrope_uses_long_factors(hf_config, max_model_len, layer_type):
+            logger.info(
+                "LongRoPE: long factors at every position (max_model_len %d > original_max_position_embeddings "
+                "%d; transformers uses the short ones for sequences up to that length)",
+                max_model_len,
+                longrope_original_positions(hf_config, layer_type),
+            )
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin rows for positions [T], each [T, 1, rotary_dim] in dtype (broadcast over heads)."""
@@ -131,18 +211,31 @@ class RotaryEmbedding(nn.Module):
 class LayerTypeRotaryEmbedding(nn.Module):
     """One RoPE per kind of layer (Gemma 3: a local base for sliding layers, a global one for full ones).
 
-    `cos_sin` computes each kind's rows once per step; every layer then picks its kind's pair.
+    `cos_sin` computes each kind's rows once per step; every layer then picks its kind's pair. Kinds
+    with the same settings (Gemma 2's: one RoPE for all layers) share one table and one computation.
     """
 
     def __init__(self, hf_config: Any, head_dim: int, layer_types: Sequence[str]) -> None:
         super().__init__()
+        self.source: dict[str, str] = {}  # layer type -> the first type with its settings, which owns the table
+        firsts: dict[str, str] = {}
+        for t in sorted(set(layer_types)):
+            self.source[t] = firsts.setdefault(repr(sorted(rope_parameters(hf_config, t).items())), t)
         self.ropes = nn.ModuleDict(
-            {t: RotaryEmbedding(hf_config, head_dim, layer_type=t) for t in sorted(set(layer_types))}
+            {t: RotaryEmbedding(hf_config, head_dim, layer_type=t) for t in sorted(set(self.source.values()))}
         )
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Layer type -> (cos, sin), each [T, 1, rotary_dim] in dtype."""
-        return {t: rope.cos_sin(positions, dtype) for t, rope in self.ropes.items()}
+        rows = {t: rope.cos_sin(positions, dtype) for t, rope in self.ropes.items()}
+        return {t: rows[first] for t, first in self.source.items()}
+
+
+def fit_rope_to_context(model: nn.Module, max_model_len: int) -> None:
+    """Tell every RoPE of the model the longest context it will serve (see set_max_model_len)."""
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding):
+            module.set_max_model_len(max_model_len)
 
 
 def apply_rotary_qk(

@@ -2,15 +2,74 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
 from tram.model.attention import AttentionBackend, AttentionMetadata, get_attention_backend
+from tram.model.layers.attention import Attention
 from tram.model.layers.embedding import LMHead, VocabEmbedding
+from tram.model.spec import DecoderSpec
 
 
 def resolve_backend(attention_backend: AttentionBackend | str) -> AttentionBackend:
     return get_attention_backend(attention_backend) if isinstance(attention_backend, str) else attention_backend
+
+
+def spec_attention(
+    spec: DecoderSpec, layer_idx: int, backend: AttentionBackend, dtype: torch.dtype, **extras: object
+) -> Attention:
+    """Layer layer_idx's attention as the spec shapes it; extras: a family's own (scale, head_norm,
+    logits_soft_cap)."""
+    return Attention(
+        spec.hidden_size,
+        spec.num_heads,
+        spec.num_kv_heads,
+        spec.head_dim,
+        backend,
+        dtype,
+        qkv_bias=spec.qkv_bias,
+        o_bias=spec.o_bias,
+        sliding_window=spec.sliding_windows[layer_idx],
+        **extras,  # type: ignore[arg-type]
+    )
+
+
+class DecoderModel(nn.Module):
+    """The decoder every family builds: the embedding (on the first pipeline stage), this stage's
+    layers, the final norm (on the last). A family sets embed_tokens, layers, norm and rotary_emb,
+    and overrides `embed` or `position_args` where it differs; each layer is called as
+    layer(h, *position_args, kv_cache, meta)."""
+
+    embed_tokens: nn.Module
+    norm: nn.Module
+    rotary_emb: nn.Module
+    local_layers: tuple[nn.Module, ...]
+    pp_first: bool
+    pp_last: bool
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
+        return self.embed_tokens(input_ids)
+
+    def position_args(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[object, ...]:
+        """What every layer takes about positions: (cos, sin), [T, 1, rotary_dim] each, computed once a step."""
+        return self.rotary_emb.cos_sin(positions, dtype)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+        hidden: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        # input_ids, positions [T] -> [T, hidden]; `hidden` is the previous pipeline stage's output
+        h = self.embed(input_ids) if self.pp_first else hidden  # [T, hidden]
+        args = self.position_args(positions, h.dtype)
+        for layer, kv_cache in zip(self.local_layers, kv_caches, strict=True):
+            h = layer(h, *args, kv_cache, meta)
+        return self.norm(h) if self.pp_last else h
 
 
 class CausalLM(nn.Module):
@@ -29,6 +88,8 @@ class CausalLM(nn.Module):
 
     # Checkpoint names of the modules another pipeline stage owns (pipeline.cut_to_stage); the loader skips them.
     missing_prefixes: tuple[str, ...] = ()
+    # Checkpoint tensors that stack several of the model's linears (weight_utils.fused_parts).
+    fused_weights: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def forward(
         self,

@@ -15,16 +15,17 @@
 namespace tram {
 
 // paged_decode.cpp: decode attention straight from the paged KV cache (the query's dtype, or fp8 read as
-// stored * k_scale / v_scale).
+// stored * k_scale / v_scale), scores soft-capped when logits_soft_cap > 0.
 at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& kv_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
-                                  int64_t sliding_window, double k_scale, double v_scale);
+                                  int64_t sliding_window, double k_scale, double v_scale, double logits_soft_cap);
 
 // paged_prefill.cpp: causal prefill attention of query chunks over their paged context, into out.
 void paged_prefill_attention_(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                               const at::Tensor& block_tables, const std::vector<int64_t>& query_starts,
                               const std::vector<int64_t>& query_lens, const std::vector<int64_t>& seq_lens,
-                              double scale, int64_t sliding_window, double k_scale, double v_scale);
+                              double scale, int64_t sliding_window, double k_scale, double v_scale,
+                              double logits_soft_cap);
 
 // skinny_linear.cpp: y = x W^T + b for few rows of x.
 at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias);

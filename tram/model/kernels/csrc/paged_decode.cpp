@@ -8,6 +8,8 @@
 //                                       lives in block block_tables[i, t / bs] at offset t % bs
 //   seq_lens     [B]                    int32 or int64; the query sits at position seq_lens[i] - 1
 //   sliding_window                      0 = none, else only the last W positions are attended
+//   logits_soft_cap                     0 = none, else scores become cap * tanh(score / cap) before the
+//                                       softmax (Gemma 2)
 //   -> out       [B, H, D]              contiguous, query's dtype
 //
 // Work items are requests (or, when there are too few requests for the threads, groups of a
@@ -101,6 +103,12 @@ TRAM_INLINE vf8 reduce8(vf8 a0, vf8 a1, vf8 a2, vf8 a3, vf8 a4, vf8 a5, vf8 a6, 
 }
 
 // ---- Softmax over a padded score row.
+
+// x[0 .. n) = cap * tanh(x / cap), n a multiple of kScorePad: soft-capped scores. Only called when a
+// cap is set, so an uncapped decode pays nothing for it.
+TRAM_INLINE void soft_cap(float* __restrict x, int64_t n, float cap) {
+  for (int64_t i = 0; i < n; i += kScorePad) vstore(x + i, tanh16(vload<vf16>(x + i) / cap) * cap);
+}
 
 // x[0 .. n) = softmax numerators exp(x - max x), n a multiple of kScorePad; returns 1 / their sum.
 TRAM_INLINE float softmax_numerators(float* __restrict x, int64_t n) {
@@ -223,7 +231,8 @@ TRAM_INLINE void for_each_segment(const scalar_t* cache, const int32_t* table, i
 // scalar_t: the query's and the output's type; cache_t: the cache's (scalar_t, or an fp8 type).
 template <typename scalar_t, typename cache_t, int NV>
 void paged_decode_impl(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_tables,
-                       const std::vector<int64_t>& lens, float scale, float v_scale, int64_t window, at::Tensor& out) {
+                       const std::vector<int64_t>& lens, float scale, float v_scale, int64_t window, float cap,
+                       at::Tensor& out) {
   const int64_t B = query.size(0), H = query.size(1);
   const int64_t D = NV > 0 ? NV * kLanes : query.size(2);
   const int64_t N = kv_cache.size(1), bs = kv_cache.size(2), Hkv = kv_cache.size(3);
@@ -299,6 +308,7 @@ void paged_decode_impl(const at::Tensor& query, const at::Tensor& kv_cache, cons
       });
       for (int64_t h = 0; h < nh; ++h) {
         float* s = sc + h * n_pad;
+        if (cap > 0.f) soft_cap(s, n_pad, cap);  // the padding's garbage too: it becomes -inf next
         std::fill(s + n, s + n_pad, -std::numeric_limits<float>::infinity());
         inv[h] = softmax_numerators(s, n_pad) * out_scale;
       }
@@ -315,23 +325,27 @@ void paged_decode_impl(const at::Tensor& query, const at::Tensor& kv_cache, cons
 
 template <typename scalar_t, typename cache_t>
 void dispatch_head_dim(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_tables,
-                       const std::vector<int64_t>& lens, float scale, float v_scale, int64_t window,
+                       const std::vector<int64_t>& lens, float scale, float v_scale, int64_t window, float cap,
                        at::Tensor& out) {
   const int64_t D = query.size(2);
   if (D % kLanes != 0)
-    return paged_decode_impl<scalar_t, cache_t, -1>(query, kv_cache, block_tables, lens, scale, v_scale, window, out);
+    return paged_decode_impl<scalar_t, cache_t, -1>(query, kv_cache, block_tables, lens, scale, v_scale, window, cap,
+                                                    out);
   if constexpr (!std::is_same_v<scalar_t, cache_t>) {  // fp8: the usual head dims only, to keep the build short
     if (D == 64)
-      return paged_decode_impl<scalar_t, cache_t, 8>(query, kv_cache, block_tables, lens, scale, v_scale, window, out);
+      return paged_decode_impl<scalar_t, cache_t, 8>(query, kv_cache, block_tables, lens, scale, v_scale, window,
+                                                     cap, out);
     if (D == 128)
       return paged_decode_impl<scalar_t, cache_t, 16>(query, kv_cache, block_tables, lens, scale, v_scale, window,
-                                                      out);
-    return paged_decode_impl<scalar_t, cache_t, 0>(query, kv_cache, block_tables, lens, scale, v_scale, window, out);
+                                                      cap, out);
+    return paged_decode_impl<scalar_t, cache_t, 0>(query, kv_cache, block_tables, lens, scale, v_scale, window, cap,
+                                                   out);
   }
   switch (D / kLanes) {
-#define TRAM_HEAD_DIM_CASE(NV) \
-  case NV:                     \
-    return paged_decode_impl<scalar_t, cache_t, NV>(query, kv_cache, block_tables, lens, scale, v_scale, window, out);
+#define TRAM_HEAD_DIM_CASE(NV)                                                                                   \
+  case NV:                                                                                                       \
+    return paged_decode_impl<scalar_t, cache_t, NV>(query, kv_cache, block_tables, lens, scale, v_scale, window, \
+                                                    cap, out);
     TRAM_HEAD_DIM_CASE(4)   // 32
     TRAM_HEAD_DIM_CASE(6)   // 48
     TRAM_HEAD_DIM_CASE(8)   // 64
@@ -340,23 +354,26 @@ void dispatch_head_dim(const at::Tensor& query, const at::Tensor& kv_cache, cons
     TRAM_HEAD_DIM_CASE(16)  // 128
 #undef TRAM_HEAD_DIM_CASE
     default:
-      return paged_decode_impl<scalar_t, cache_t, 0>(query, kv_cache, block_tables, lens, scale, v_scale, window, out);
+      return paged_decode_impl<scalar_t, cache_t, 0>(query, kv_cache, block_tables, lens, scale, v_scale, window,
+                                                     cap, out);
   }
 }
 
 // The cache is the query's type (checked by the caller) or fp8.
 template <typename scalar_t>
 void dispatch_cache(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_tables,
-                    const std::vector<int64_t>& lens, float scale, float v_scale, int64_t window, at::Tensor& out) {
+                    const std::vector<int64_t>& lens, float scale, float v_scale, int64_t window, float cap,
+                    at::Tensor& out) {
   switch (kv_cache.scalar_type()) {
     case at::kFloat8_e4m3fn:
       return dispatch_head_dim<scalar_t, c10::Float8_e4m3fn>(query, kv_cache, block_tables, lens, scale, v_scale,
-                                                             window, out);
+                                                             window, cap, out);
     case at::kFloat8_e5m2:
       return dispatch_head_dim<scalar_t, c10::Float8_e5m2>(query, kv_cache, block_tables, lens, scale, v_scale,
-                                                           window, out);
+                                                           window, cap, out);
     default:
-      return dispatch_head_dim<scalar_t, scalar_t>(query, kv_cache, block_tables, lens, scale, v_scale, window, out);
+      return dispatch_head_dim<scalar_t, scalar_t>(query, kv_cache, block_tables, lens, scale, v_scale, window, cap,
+                                                   out);
   }
 }
 
@@ -366,7 +383,7 @@ namespace tram {
 
 at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& kv_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
-                                  int64_t sliding_window, double k_scale, double v_scale) {
+                                  int64_t sliding_window, double k_scale, double v_scale, double logits_soft_cap) {
   TORCH_CHECK(query.device().is_cpu() && kv_cache.device().is_cpu() && block_tables.device().is_cpu() &&
                   seq_lens.device().is_cpu(),
               "paged_decode_attention: CPU tensors only");
@@ -385,6 +402,7 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& kv_
   TORCH_CHECK(block_tables.scalar_type() == at::kInt || block_tables.scalar_type() == at::kLong,
               "block_tables must be int32 or int64");
   TORCH_CHECK(sliding_window >= 0, "sliding_window must be >= 0 (0 = none)");
+  TORCH_CHECK(logits_soft_cap >= 0, "logits_soft_cap must be >= 0 (0 = none)");
 
   // Context lengths on the host (B values), validated against the block table width.
   const at::Tensor lens_t = seq_lens.to(at::kLong).contiguous();
@@ -400,17 +418,18 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& kv_
   // k_scale multiplies every score: folded into the query's scale (x 1 is exact, so a 16/32-bit cache's
   // results are bit for bit what they were without it).
   const float fscale = static_cast<float>(scale * k_scale), fv_scale = static_cast<float>(v_scale);
+  const float cap = static_cast<float>(logits_soft_cap);
   // Tables are tiny ([B, M]); int64 ones are narrowed rather than doubling the instantiations.
   const at::Tensor tables = block_tables.scalar_type() == at::kInt ? block_tables : block_tables.to(at::kInt);
   switch (query.scalar_type()) {
     case at::kFloat:
-      dispatch_cache<float>(query, kv_cache, tables, lens, fscale, fv_scale, sliding_window, out);
+      dispatch_cache<float>(query, kv_cache, tables, lens, fscale, fv_scale, sliding_window, cap, out);
       break;
     case at::kBFloat16:
-      dispatch_cache<c10::BFloat16>(query, kv_cache, tables, lens, fscale, fv_scale, sliding_window, out);
+      dispatch_cache<c10::BFloat16>(query, kv_cache, tables, lens, fscale, fv_scale, sliding_window, cap, out);
       break;
     case at::kHalf:
-      dispatch_cache<c10::Half>(query, kv_cache, tables, lens, fscale, fv_scale, sliding_window, out);
+      dispatch_cache<c10::Half>(query, kv_cache, tables, lens, fscale, fv_scale, sliding_window, cap, out);
       break;
     default:
       TORCH_CHECK(false, "paged_decode_attention: unsupported dtype ", query.scalar_type());

@@ -10,6 +10,8 @@
 //                                   query_starts[r] .. + query_lens[r], at context positions
 //                                   seq_lens[r] - query_lens[r] .. seq_lens[r] - 1
 //   sliding_window                  0 = none, else a query at p sees keys p - W + 1 .. p
+//   logits_soft_cap                 0 = none, else scores become cap * tanh(score / cap) before the mask
+//                                   and softmax (Gemma 2)
 //
 // Why: PyTorch's CPU flash attention is slow on a prompt's few small heads (and no faster in
 // bfloat16; docs/benchmarks.md has the timings), and a prompt with a cached prefix went through a gather of
@@ -114,9 +116,11 @@ void load_segment(const C* k_cache, const C* v_cache, const Request& rq, int64_t
 }
 
 // Scores of kRows query rows (positions p[r], -1 = padding row) against the chunks [c0, c1) of a
-// segment starting at key k0, masked, into s ([row][key]); returns each row's maximum.
+// segment starting at key k0, soft-capped when kCap, masked, into s ([row][key]); returns each row's
+// maximum. kCap is a template argument so that the uncapped loop stays as it was.
+template <bool kCap>
 TRAM_INLINE void score_rows(const float* q, int64_t D, const float* kt, int64_t k0, int64_t c0, int64_t c1,
-                            const int64_t* p, int64_t window, float scale, float* s, float* row_max) {
+                            const int64_t* p, int64_t window, float scale, float cap, float* s, float* row_max) {
   const vi16 iota = iota16();
   vf16 mx[kRows];
   for (int r = 0; r < kRows; ++r) mx[r] = splat16(kNegInf);
@@ -131,6 +135,7 @@ TRAM_INLINE void score_rows(const float* q, int64_t D, const float* kt, int64_t 
     const vi16 pos = iota + static_cast<int32_t>(first);
     for (int r = 0; r < kRows; ++r) {
       vf16 sc = acc[r] * scale;
+      if constexpr (kCap) sc = tanh16(sc / cap) * cap;
       const bool partial = first + kChunk - 1 > p[r] || (window > 0 && first <= p[r] - window);
       if (partial) {
         const vi16 pr = vi16{} + static_cast<int32_t>(p[r]);
@@ -183,7 +188,7 @@ TRAM_INLINE void accumulate_rows(float* s, const float* v, int64_t D, int64_t c0
 template <typename T, typename C>
 void run_item(const Item& it, const Request& rq, const T* q_ptr, int64_t qs0, int64_t qs1, int64_t qs2,
               const C* k_cache, const C* v_cache, int64_t bs, int64_t Hkv, int64_t G, int64_t D, float scale,
-              float v_scale, int64_t window, T* out, int64_t H, Scratch& sc) {
+              float v_scale, int64_t window, float cap, T* out, int64_t H, Scratch& sc) {
   const int64_t i0 = it.tile * kTile, rows = std::min(kTile, rq.q_len - i0);
   const int64_t ctx0 = rq.seq_len - rq.q_len;  // position of the chunk's first query row
   const int64_t padded = (rows + kRows - 1) / kRows * kRows;
@@ -219,7 +224,12 @@ void run_item(const Item& it, const Request& rq, const T* q_ptr, int64_t qs0, in
       for (int64_t g = 0; g < G; ++g) {
         const int64_t base = g * kTile + r0;
         float row_max[kRows];
-        score_rows(sc.q.data() + base * D, D, sc.kt.data(), k0, c0, c1, p, window, scale, sc.s.data(), row_max);
+        if (cap > 0.f)
+          score_rows<true>(sc.q.data() + base * D, D, sc.kt.data(), k0, c0, c1, p, window, scale, cap, sc.s.data(),
+                           row_max);
+        else
+          score_rows<false>(sc.q.data() + base * D, D, sc.kt.data(), k0, c0, c1, p, window, scale, cap, sc.s.data(),
+                            row_max);
         accumulate_rows(sc.s.data(), sc.v.data(), D, c0, c1, row_max, sc.m.data() + base, sc.l.data() + base,
                         sc.o.data() + base * D);
       }
@@ -239,7 +249,7 @@ void run_item(const Item& it, const Request& rq, const T* q_ptr, int64_t qs0, in
 // T: the query's and the output's type; C: the cache's (T, or an fp8 type).
 template <typename T, typename C>
 void prefill_impl(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache, const std::vector<Request>& reqs,
-                  float scale, float v_scale, int64_t window) {
+                  float scale, float v_scale, int64_t window, float cap) {
   const int64_t H = query.size(1), D = query.size(2);
   const int64_t N = kv_cache.size(1), bs = kv_cache.size(2), Hkv = kv_cache.size(3), G = H / Hkv;
   const C* k_cache = kv_cache.data_ptr<C>();
@@ -260,8 +270,8 @@ void prefill_impl(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv
     for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < num_items;
          i = next.fetch_add(1, std::memory_order_relaxed)) {
       run_item<T, C>(items[i], reqs[items[i].req], query.data_ptr<T>(), query.stride(0), query.stride(1),
-                     query.stride(2), k_cache, v_cache, bs, Hkv, G, D, scale, v_scale, window, out.data_ptr<T>(), H,
-                     sc);
+                     query.stride(2), k_cache, v_cache, bs, Hkv, G, D, scale, v_scale, window, cap, out.data_ptr<T>(),
+                     H, sc);
     }
   });
 }
@@ -269,14 +279,14 @@ void prefill_impl(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv
 // The cache is the query's type (checked by the caller) or fp8.
 template <typename T>
 void dispatch_cache(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
-                    const std::vector<Request>& reqs, float scale, float v_scale, int64_t window) {
+                    const std::vector<Request>& reqs, float scale, float v_scale, int64_t window, float cap) {
   switch (kv_cache.scalar_type()) {
     case at::kFloat8_e4m3fn:
-      return prefill_impl<T, c10::Float8_e4m3fn>(out, query, kv_cache, reqs, scale, v_scale, window);
+      return prefill_impl<T, c10::Float8_e4m3fn>(out, query, kv_cache, reqs, scale, v_scale, window, cap);
     case at::kFloat8_e5m2:
-      return prefill_impl<T, c10::Float8_e5m2>(out, query, kv_cache, reqs, scale, v_scale, window);
+      return prefill_impl<T, c10::Float8_e5m2>(out, query, kv_cache, reqs, scale, v_scale, window, cap);
     default:
-      return prefill_impl<T, T>(out, query, kv_cache, reqs, scale, v_scale, window);
+      return prefill_impl<T, T>(out, query, kv_cache, reqs, scale, v_scale, window, cap);
   }
 }
 
@@ -287,7 +297,8 @@ namespace tram {
 void paged_prefill_attention_(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                               const at::Tensor& block_tables, const std::vector<int64_t>& query_starts,
                               const std::vector<int64_t>& query_lens, const std::vector<int64_t>& seq_lens,
-                              double scale, int64_t sliding_window, double k_scale, double v_scale) {
+                              double scale, int64_t sliding_window, double k_scale, double v_scale,
+                              double logits_soft_cap) {
   TORCH_CHECK(out.device().is_cpu() && query.device().is_cpu() && kv_cache.device().is_cpu() &&
                   block_tables.device().is_cpu(),
               "paged_prefill_attention_: CPU tensors only");
@@ -309,6 +320,7 @@ void paged_prefill_attention_(at::Tensor& out, const at::Tensor& query, const at
                   static_cast<int64_t>(seq_lens.size()) == R,
               "query_starts, query_lens and seq_lens need one entry per block table row");
   TORCH_CHECK(sliding_window >= 0, "sliding_window must be >= 0 (0 = none)");
+  TORCH_CHECK(logits_soft_cap >= 0, "logits_soft_cap must be >= 0 (0 = none)");
   const at::Tensor tables = block_tables.contiguous();
   const int64_t bs = kv_cache.size(2), N = kv_cache.size(1), width = tables.size(1);
   std::vector<Request> reqs;
@@ -325,13 +337,14 @@ void paged_prefill_attention_(at::Tensor& out, const at::Tensor& query, const at
   if (reqs.empty()) return;
   // x 1 is exact: a 16/32-bit cache's results are bit for bit what they were without the scales.
   const float fscale = static_cast<float>(scale * k_scale), fv_scale = static_cast<float>(v_scale);
+  const float cap = static_cast<float>(logits_soft_cap);
   switch (query.scalar_type()) {
     case at::kFloat:
-      return dispatch_cache<float>(out, query, kv_cache, reqs, fscale, fv_scale, sliding_window);
+      return dispatch_cache<float>(out, query, kv_cache, reqs, fscale, fv_scale, sliding_window, cap);
     case at::kBFloat16:
-      return dispatch_cache<c10::BFloat16>(out, query, kv_cache, reqs, fscale, fv_scale, sliding_window);
+      return dispatch_cache<c10::BFloat16>(out, query, kv_cache, reqs, fscale, fv_scale, sliding_window, cap);
     case at::kHalf:
-      return dispatch_cache<c10::Half>(out, query, kv_cache, reqs, fscale, fv_scale, sliding_window);
+      return dispatch_cache<c10::Half>(out, query, kv_cache, reqs, fscale, fv_scale, sliding_window, cap);
     default:
       TORCH_CHECK(false, "paged_prefill_attention_: unsupported dtype ", query.scalar_type());
   }

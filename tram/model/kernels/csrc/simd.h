@@ -170,4 +170,21 @@ TRAM_INLINE vf16 exp_nonpos(vf16 x) {
   return select(x < lo, vf16{}, scaled);
 }
 
+// tanh(x), within a few ulp (soft-capped attention scores): Cephes tanhf's odd polynomial below
+// |x| = 0.625, above it (1 - e) / (1 + e) with e = exp(-2|x|) (e < 0.29 there: no cancellation).
+TRAM_INLINE vf16 tanh16(vf16 x) {
+  const vf16 zero{};
+  const vf16 a = select(x < zero, -x, x);
+  const vf16 e = exp_nonpos(-2.f * a);
+  const vf16 large = (1.f - e) / (1.f + e);
+  const vf16 s = x * x;
+  vf16 p = splat16(-5.70498872745e-3f);
+  p = p * s + 2.06390887954e-2f;
+  p = p * s - 5.37397155531e-2f;
+  p = p * s + 1.33314422036e-1f;
+  p = p * s - 3.33332819422e-1f;
+  const vf16 small = p * s * x + x;
+  return select(a < splat16(0.625f), small, select(x < zero, -large, large));
+}
+
 }  // namespace tram::simd

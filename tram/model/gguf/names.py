@@ -1,0 +1,81 @@
+"""GGUF tensor names as the Hugging Face parameter names Tram's models use, per architecture, and
+the changes convert_hf_to_gguf.py makes to some tensors' values (which the loader undoes).
+
+Torch-free. The converter maps Hugging Face names through gguf-py's tensor table restricted to the
+architecture, so one GGUF name can stand for different Hugging Face names: `ffn_norm` is Llama's
+post_attention_layernorm but Gemma's pre_feedforward_layernorm; `ffn_up` is Phi-3's fused gate_up_proj.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+
+import numpy as np
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+# Gemma 2/3 norm around attention and the MLP ("sandwich"): Hugging Face's post_attention_layernorm
+# follows attention there, so it is written as post_attention_norm and ffn_norm is the pre-MLP norm.
+_SANDWICH = {
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+# OLMo 2 has only the post-norms (and q/k norms over all heads at once, named as Llama's per-head ones).
+_OLMO2 = {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+# Phi-3 keeps its fused projections: attn_qkv is [q; k; v] and ffn_up is [gate; up], as in its checkpoint.
+_PHI3 = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+_LAYER_OVERRIDES: dict[str, dict[str, str]] = {"gemma2": _SANDWICH, "gemma3": _SANDWICH, "olmo2": _OLMO2, "phi3": _PHI3}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_TOP = re.compile(r"(\w+)\.(weight|bias)$")
+
+# Tensors that carry no weight of the model but settings, which file.py reads into the config:
+# Llama 3's RoPE frequency factors, Phi-3's LongRoPE factors.
+IGNORED_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
+# The converter classes with llama.cpp's interleaved RoPE (LlamaModel and its subclasses with
+# undo_permute) reorder q/k rows for it; the others keep Hugging Face's rotate-half order (NEOX).
+PERMUTED_ARCHITECTURES = frozenset({"llama", "smollm3", "granite"})
+# Gemma's RMSNorm multiplies by (1 + w); the converter writes w + 1 (llama.cpp multiplies by w).
+NORM_PLUS_ONE_ARCHITECTURES = frozenset({"gemma2", "gemma3"})
+
+
+@cache
+def _layer_names(arch: str) -> dict[str, str]:
+    return {**_LAYER_NAMES, **_LAYER_OVERRIDES.get(arch, {})}
+
+
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """The Hugging Face parameter name of a GGUF tensor of `arch` (None: not one Tram knows)."""
+    m = _LAYER.match(gguf_name)
+    if m:
+        part = _layer_names(arch).get(m.group(2))
+        return None if part is None else f"model.layers.{m.group(1)}.{part}.{m.group(3)}"
+    m = _TOP.match(gguf_name)
+    if m and m.group(1) in _TOP_NAMES:
+        return f"{_TOP_NAMES[m.group(1)]}.{m.group(2)}"
+    return None
+
+
+def norm_plus_one(arch: str, gguf_name: str) -> bool:
+    """Whether the converter added 1 to this tensor (as it does to every `*norm.weight` of Gemma)."""
+    return arch in NORM_PLUS_ONE_ARCHITECTURES and gguf_name.endswith("norm.weight")
+
+
+def unpermute_rows(rows: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo convert_hf_to_gguf.py's q/k permutation of a llama tensor's rows ([N, ...]): per head,
+    rows (pair i, half j) go back from interleaved order to Hugging Face's rotate-half."""
+    n = rows.shape[0]
+    return rows.reshape(num_heads, n // num_heads // 2, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
