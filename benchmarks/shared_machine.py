@@ -17,6 +17,12 @@ they ran before Tram chose a policy. The thread variables of this shell are remo
 servers' environment so that only --configs decides.
 --load-kind: `spin` runs `python -c 'while True: pass'` (pure CPU); `matmul` a single-threaded numpy
 256x256 float32 matmul loop (CPU plus cache and memory traffic).
+
+--mode offline measures `LLM.generate` instead of a server (benchmarks/shared_machine_offline.py): each
+configuration in a fresh process, one timed `generate` of --offline-requests requests per load, and
+its throughput as a fraction of the same process's run at load 0 ("vs load 0").
+
+    python3 benchmarks/shared_machine.py --mode offline --loads 0,1 --configs t2-spin300000,default --repeats 3
 """
 
 from __future__ import annotations
@@ -226,6 +232,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--repeats", type=int, default=1, help="the whole matrix again (configs take turns)")
     p.add_argument("--out", help="write every result as JSON here")
+    p.add_argument("--mode", choices=("serve", "offline"), default="serve", help="a server, or `LLM.generate`")
+    p.add_argument("--offline-requests", type=int, default=16, help="offline: requests per timed generate")
+    p.add_argument("--offline-timeout", type=float, default=900, help="offline: seconds per configuration")
+    p.add_argument("--torch-first", action="store_true", help="offline: import torch before Tram")
     args = p.parse_args(argv)
     args.models, args.configs = args.models.split(","), args.configs.split(",")
     args.loads = [int(v) for v in args.loads.split(",")]
@@ -238,6 +248,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every repeat of every model and configuration; configurations take turns."""
+    from shared_machine_offline import print_offline_run, run_offline_config
+
+    results: list[dict[str, Any]] = []
+    for repeat in range(args.repeats):
+        for model in args.models:
+            for config in args.configs:
+                if args.mode == "offline":
+                    results += (cell := run_offline_config(model, config, args, repeat))
+                    print_offline_run(cell)
+                else:
+                    results += run_config(model, config, args, repeat)
+    return results
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     # A kill (not only Ctrl-C, which a background job ignores) still stops the server and the load.
@@ -248,12 +274,13 @@ def main(argv: list[str] | None = None) -> None:
     from tram.bench.report import machine_info, machine_summary, write_json
 
     print(f"{machine_summary()}; load average {os.getloadavg()[0]:.2f} at start", flush=True)
-    results: list[dict[str, Any]] = []
-    for repeat in range(args.repeats):
-        for model in args.models:
-            for config in args.configs:
-                results += run_config(model, config, args, repeat)
-    print_table(results)
+    results = run_all(args)
+    if args.mode == "offline":
+        from shared_machine_offline import print_offline_table
+
+        print_offline_table(results)
+    else:
+        print_table(results)
     if args.out:
         write_json(args.out, {"machine": machine_info(), "args": vars(args), "results": results})
         print(f"results written to {args.out}")

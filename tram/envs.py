@@ -52,16 +52,16 @@ _DECLARED = (
     EnvVar(
         "TRAM_CPU_THREADS",
         None,
-        "the model's CPU threads, per engine core (so per data-parallel replica) "
-        "and per rank; unset: the usable cores but one, shared out among replicas and ranks",
+        "the model's CPU threads, per engine core (so per data-parallel replica), per rank and for the "
+        "offline LLM; unset: the usable cores but one, shared out among replicas and ranks",
     ),
     EnvVar("OMP_NUM_THREADS", None, "OpenMP's thread count; Tram takes it for TRAM_CPU_THREADS when that is unset"),
     EnvVar("OMP_WAIT_POLICY", None, "OpenMP's wait policy (ACTIVE / PASSIVE); when set, Tram sets no spin count"),
     EnvVar(
         "GOMP_SPINCOUNT",
         None,
-        "libgomp's spins before a waiting thread sleeps; default: Tram sets 3000 "
-        "for the engine core and its ranks (unless OMP_WAIT_POLICY is set)",
+        "libgomp's spins before a waiting thread sleeps; default: Tram sets 3000 for the engine "
+        "core and its ranks, and for the offline LLM when it loads torch first (unless OMP_WAIT_POLICY is set)",
     ),
     # ---- CPU kernels and memory ----
     EnvVar("TRAM_CPU_KERNELS", True, "0 switches the C++ CPU kernels off (pure PyTorch paths)", _on_unless_0),

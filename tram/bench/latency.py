@@ -19,6 +19,7 @@ from tram.bench.datasets import random_requests
 from tram.bench.report import machine_info, machine_summary, write_json
 from tram.bench.throughput import add_engine_flags, model_checkpoint
 from tram.bench.timing import stats_ms
+from tram.executor.cpu_threads import environment
 
 
 def add_latency_args(p: argparse.ArgumentParser) -> None:
@@ -71,17 +72,18 @@ def run_latency(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(args.threads)
     model = model_checkpoint(args)
-    llm = LLM(
-        model,
-        dtype=args.dtype,
-        seed=args.seed,
-        max_num_seqs=max(args.max_num_seqs, args.batch_size),
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-        enable_prefix_caching=False,
-        kv_cache_dtype=args.kv_cache_dtype,
-    )
+    with environment({"TRAM_CPU_THREADS": str(args.threads)}):  # --threads decides, not the LLM's default
+        llm = LLM(
+            model,
+            dtype=args.dtype,
+            seed=args.seed,
+            max_num_seqs=max(args.max_num_seqs, args.batch_size),
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=args.max_model_len,
+            kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+            enable_prefix_caching=False,
+            kv_cache_dtype=args.kv_cache_dtype,
+        )
     engine = llm.llm_engine
     vocab = engine.engine_core.config.model_config.vocab_size
     e2e, prefill, decode = [], [], []

@@ -28,6 +28,7 @@ from tram.bench.hf_backends import GenerateFn, hf_cb_backend, hf_static_backend
 from tram.bench.presets import checkpoint_for
 from tram.bench.report import machine_info, machine_summary, thread_settings, write_json
 from tram.config.engine import KV_CACHE_DTYPES
+from tram.executor.cpu_threads import environment
 
 BACKENDS = ("tram", "hf-static", "hf-cb", "vllm-eager", "vllm-compile")
 ALIASES = {"vllm": ("vllm-eager", "vllm-compile")}
@@ -131,17 +132,18 @@ def timed_greedy(llm: Any, requests: list[BenchRequest]) -> tuple[float, list[li
 def tram_backend(model: str, args: argparse.Namespace) -> GenerateFn:
     from tram import LLM, SamplingParams
 
-    llm = LLM(
-        model,
-        dtype=args.dtype,
-        seed=args.seed,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-        enable_prefix_caching=args.enable_prefix_caching,
-        kv_cache_dtype=args.kv_cache_dtype,
-    )
+    with environment({"TRAM_CPU_THREADS": str(args.threads)}):  # --threads decides, not the LLM's default
+        llm = LLM(
+            model,
+            dtype=args.dtype,
+            seed=args.seed,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=args.max_model_len,
+            kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+            enable_prefix_caching=args.enable_prefix_caching,
+            kv_cache_dtype=args.kv_cache_dtype,
+        )
 
     def generate(requests: list[BenchRequest]) -> list[list[int]]:
         params = [

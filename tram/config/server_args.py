@@ -47,6 +47,15 @@ class ServerArgs(CliSettings):
     )
     log_stats_interval: float = setting(DEFAULT_LOG_INTERVAL, "seconds between throughput log lines")
     max_request_body_bytes: int = setting(16 * 1024 * 1024, "answer 413 to a request body larger than this")
+    # Slow or stalled clients cannot hold connections (tram/server/http/connections.py).
+    timeout_keep_alive: float = setting(5.0, "seconds an idle keep-alive connection stays open (uvicorn's setting)")
+    timeout_read_headers: float = setting(
+        20.0, "seconds a request's headers may take, from the connection opening or the last response (then 408)"
+    )
+    timeout_read_body: float = setting(20.0, "seconds a request body may pause between two pieces (then 408)")
+    limit_concurrency: int | None = setting(
+        None, "answer 503 beyond this many open connections or requests in flight (uvicorn's setting)"
+    )
     enable_auto_tool_choice: bool = setting(
         False, 'let the model decide when to call tools (tool_choice "auto"); needs --tool-call-parser'
     )
@@ -68,3 +77,8 @@ class ServerArgs(CliSettings):
             raise ValueError(f"max_log_len must be >= 0, got {self.max_log_len}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
+        for name in ("timeout_keep_alive", "timeout_read_headers", "timeout_read_body"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.limit_concurrency is not None and self.limit_concurrency < 1:
+            raise ValueError(f"limit_concurrency must be >= 1, got {self.limit_concurrency}")

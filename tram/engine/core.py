@@ -112,6 +112,9 @@ class EngineCore:
 
     def abort_requests(self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
         self.scheduler.finish_requests(request_ids, status)
+        if self.structured_output is not None:
+            # Now, not at the next step: an idle engine takes none, and the compile should stop.
+            self.structured_output.forget(request_ids)
 
     def step(self) -> EngineCoreOutputs:
         """One step: schedule, execute, update."""
@@ -149,7 +152,10 @@ class EngineCore:
     ) -> EngineCoreOutputs:
         """The sampled tokens into the grammars, then into the requests (whose stop check reads the grammar)."""
         if self.structured_output is not None:
-            self.structured_output.advance(sched, result, self.scheduler.requests)
+            broken = self.structured_output.advance(sched, result, self.scheduler.requests)
+            if broken:  # a grammar the engine gave up on fails its request (the update skips it)
+                self.scheduler.finish_requests([rid for rid, _ in broken], RequestStatus.FINISHED_ABORTED)
+                errors = errors + [RequestError(rid, str(e), e.param, client_error=True) for rid, e in broken]
         return self._with_errors_and_stats(self.scheduler.update_from_output(sched, result), errors)
 
     def _with_errors_and_stats(self, outputs: EngineCoreOutputs, errors: list[RequestError]) -> EngineCoreOutputs:

@@ -20,6 +20,7 @@ import msgspec
 from tram.core.outputs import EngineCoreOutput, EngineCoreOutputs, RequestError, SchedulerStats
 from tram.core.sched_output import LogprobsLists
 from tram.sampling_params import SamplingParams
+from tram.sampling_params.structured import CHECKED_UPSTREAM
 
 __all__ = [
     "EngineCoreRequest",
@@ -130,4 +131,10 @@ def encode(kind: bytes, msg: msgspec.Struct) -> list[bytes]:
 
 def decode(frames: list[bytes], decoders: dict[bytes, msgspec.msgpack.Decoder]) -> tuple[bytes, Any]:
     kind = bytes(frames[0])
-    return kind, decoders[kind].decode(frames[1])
+    # What arrives here was built, and checked, by the process at the other end of the socket:
+    # decoding runs __post_init__, whose checks of a client's schema are not repeated (structured.py).
+    token = CHECKED_UPSTREAM.set(True)
+    try:
+        return kind, decoders[kind].decode(frames[1])
+    finally:
+        CHECKED_UPSTREAM.reset(token)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# First, before anything below imports torch: libgomp reads its wait policy once, when torch loads it.
+from tram.entrypoints import offline_threads  # isort: skip
+
 import itertools
 from collections.abc import Sequence
 from typing import Any
@@ -10,6 +13,7 @@ import msgspec
 from tqdm.auto import tqdm
 
 from tram.config import EngineArgs
+from tram.engine.engine_config import create_engine_config
 from tram.engine.input_processor import PromptType
 from tram.engine.llm_engine import LLMEngine
 from tram.engine.tokenizer import apply_chat_template
@@ -25,10 +29,20 @@ class LLM:
     Engine arguments use vLLM's names: max_model_len, max_num_seqs, max_num_batched_tokens,
     block_size, enable_prefix_caching, num_gpu_blocks_override, gpu_memory_utilization,
     kv_cache_memory_bytes, dtype, seed, load_format, attention_backend, tokenizer, revision.
+
+    On the CPU the model runs in this process, with the threads and the OpenMP wait policy that
+    `tram serve` gives its engine core (tram/executor/cpu_threads.py): every usable core but one,
+    unless TRAM_CPU_THREADS or OMP_NUM_THREADS says otherwise or the program called
+    torch.set_num_threads after importing Tram. Building an LLM sets this process's torch thread
+    count (`cpu_thread_policy` says what and why; entrypoints/offline_threads.py).
     """
 
     def __init__(self, model: str, **kwargs: Any) -> None:
-        self.llm_engine = LLMEngine.from_engine_args(EngineArgs.from_kwargs(model, **kwargs))
+        config = create_engine_config(EngineArgs.from_kwargs(model, **kwargs))
+        # The device decides whose threads these are; the weights load with them too, so set them first.
+        config.model_config.resolve()
+        self.cpu_thread_policy = offline_threads.apply(config)
+        self.llm_engine = LLMEngine(config)
         self._counter = itertools.count()
 
     def get_tokenizer(self):

@@ -23,8 +23,12 @@ The rules (docs/benchmarks.md, "Sharing the machine", has the measurements behin
 - Shares: a data-parallel replica gets an even share of the cores but one; a replica's ranks split
   its share (or the cores) evenly; a thread count the user set is per replica and per rank.
 
-The offline `LLM` runs in the user's process, where torch (and libgomp) is usually loaded before
-Tram could act, and where the user owns the threads: it changes neither.
+The offline `LLM` runs the model in the user's own process, and follows the same rules there (a
+busy process beside it hurts it exactly as it hurts the engine core; docs/benchmarks.md, "The
+offline API on a busy machine"): tram/entrypoints/offline_threads.py loads torch with the short spin
+when it can, sets the thread count when the `LLM` is built, and where libgomp loaded before Tram
+could act (torch imported first) and a team of 2+ threads would spin at libgomp's default, it warns
+with the fix (late_wait_warning).
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 # with the spin count, so it is short; alone, this keeps the default's speed, where not spinning at all
 # (PASSIVE) pays a futex wake-up per parallel region.
 DEFAULT_SPIN_COUNT = 3_000
+# libgomp's own, with neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT set.
+LIBGOMP_SPIN_COUNT = 300_000
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,7 @@ def _user_set_threads(environ: Mapping[str, str]) -> bool:
     return any(envs.read(name, environ) is not None for name in THREADS_VARS)
 
 
-def _thread_count(environ: Mapping[str, str], cores: int) -> tuple[int, str]:
+def _thread_count(environ: Mapping[str, str], cores: int, spare_for: str) -> tuple[int, str]:
     for name in THREADS_VARS:
         value = envs.read(name, environ)  # stripped; None where unset or empty
         if value is not None:
@@ -86,21 +92,30 @@ def _thread_count(environ: Mapping[str, str], cores: int) -> tuple[int, str]:
                 raise ValueError(f"{name} must be a whole number of threads, got {value!r}") from None
     if cores <= 1:
         return 1, "default: the one usable core"
-    return cores - 1, f"default: {cores} usable cores but one, left to the API server"
+    return cores - 1, f"default: {cores} usable cores but one, left to {spare_for}"
 
 
-def choose_cpu_threads(environ: Mapping[str, str], cores: int) -> CpuThreadPolicy:
-    """The policy for an engine core started with `environ` on a machine with `cores` usable cores."""
-    threads, source = _thread_count(environ, cores)
-    user_wait = {k: v for k in WAIT_VARS if (v := envs.read(k, environ)) is not None}
+def _user_wait(environ: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k in WAIT_VARS if (v := envs.read(k, environ)) is not None}
+
+
+def wait_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The wait variables Tram adds for a libgomp that loads with `environ`: none where the user set either."""
+    return {} if _user_wait(environ) else {"GOMP_SPINCOUNT": str(DEFAULT_SPIN_COUNT)}
+
+
+def choose_cpu_threads(environ: Mapping[str, str], cores: int, spare_for: str = "the API server") -> CpuThreadPolicy:
+    """The policy for an engine core started with `environ` on a machine with `cores` usable cores;
+    `spare_for` says who the core left over is for (in the log line)."""
+    threads, source = _thread_count(environ, cores, spare_for)
+    user_wait = _user_wait(environ)
     if user_wait:
         wait = ", ".join(f"{k}={v}" for k, v in user_wait.items()) + " (set by the user)"
         return CpuThreadPolicy(threads, source, {}, wait)
-    env = {"GOMP_SPINCOUNT": str(DEFAULT_SPIN_COUNT)}
     return CpuThreadPolicy(
         threads,
         source,
-        env,
+        wait_env(environ),
         f"GOMP_SPINCOUNT={DEFAULT_SPIN_COUNT} (Tram's default; set OMP_WAIT_POLICY or GOMP_SPINCOUNT to change)",
     )
 
@@ -144,6 +159,42 @@ def ray_rank_threads(environ: Mapping[str, str], replica_threads: int | None, wo
     if explicit is not None:
         return max(1, int(explicit))
     return max(1, (replica_threads or 1) // world_size)
+
+
+def omp_runtime_loaded(maps_path: str = "/proc/self/maps") -> bool:
+    """Whether a libgomp that torch would share is mapped into this process already: it read its wait
+    variables when it loaded, so setting them now changes nothing. A copy renamed by its wheel
+    (sentencepiece's libgomp-6a29c32d.so.1.0.0) is that wheel's own, and torch loads its libgomp.so.1
+    beside it. False where the maps cannot be read (not Linux)."""
+    try:
+        with open(maps_path, encoding="utf-8", errors="replace") as f:
+            return any(os.path.basename(line.split()[-1]).startswith("libgomp.so") for line in f if line.strip())
+    except OSError:
+        return False
+
+
+def late_wait_policy(policy: CpuThreadPolicy) -> CpuThreadPolicy:
+    """`policy` for a process whose libgomp loaded before Tram could add its spin count: the
+    threads wait with libgomp's own default, whatever `policy.env` says."""
+    return dataclasses.replace(
+        policy, env={}, wait=f"libgomp's default, GOMP_SPINCOUNT={LIBGOMP_SPIN_COUNT} (torch was loaded before Tram)"
+    )
+
+
+def late_wait_warning(policy: CpuThreadPolicy) -> str | None:
+    """The warning, with the fix, for a team of 2+ threads that spins at libgomp's default because
+    torch loaded before Tram (None when there is nothing to fix: one thread waits for nobody, and a
+    user's OMP_WAIT_POLICY or GOMP_SPINCOUNT is the user's choice)."""
+    if policy.threads < 2 or not policy.wait.startswith("libgomp's default"):
+        return None
+    return (
+        f"torch was imported before Tram, so its OpenMP threads ({policy.threads}) spin "
+        f"{LIBGOMP_SPIN_COUNT:,} times (milliseconds) before they sleep, burning the cores that other busy "
+        "processes need; beside them, generation can be many times slower. Fix: start Python with "
+        f"GOMP_SPINCOUNT={DEFAULT_SPIN_COUNT} in the environment (e.g. `GOMP_SPINCOUNT={DEFAULT_SPIN_COUNT} "
+        "python app.py`), or import tram's LLM before torch, or set os.environ['GOMP_SPINCOUNT'] = "
+        f"'{DEFAULT_SPIN_COUNT}' before the first `import torch`; or use one thread (TRAM_CPU_THREADS=1)."
+    )
 
 
 @contextlib.contextmanager

@@ -9,15 +9,22 @@ made in the engine core off the step loop (tram/structured_output/manager.py).
 from __future__ import annotations
 
 import json
+from contextvars import ContextVar
 from typing import Any
 
 import msgspec
 
 from tram.sampling_params.checks import SamplingParamError
+from tram.sampling_params.client_json import JSONTooDeepError, loads_bounded, too_deep
+from tram.sampling_params.short_repr import short_repr
 
 # The constraint fields: exactly one is set.
 CONSTRAINT_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 REPR_CHARS = 300
+# True while the engine core decodes a request that the API process built, and so checked, already:
+# the checks of a schema below (a parse, walks of every node: ~50-100 ms for a 400 KB schema) are not
+# run again on the engine core's step loop (engine/messages.py sets it).
+CHECKED_UPSTREAM: ContextVar[bool] = ContextVar("structured_outputs_checked_upstream", default=False)
 
 
 def _has_huge_int(value: Any) -> bool:
@@ -33,6 +40,16 @@ def _has_huge_int(value: Any) -> bool:
         elif isinstance(item, int) and not isinstance(item, bool) and not -(2**63) <= item < 2**64:
             return True
     return False
+
+
+def _parse(text: str, field: str, what: str) -> Any:
+    """A constraint's JSON text, parsed; a 400 naming `field` for text that is not JSON or nests too
+    deep for the readers after this one (the engine parses it again, as do the grammar engines)."""
+    try:
+        return loads_bounded(text)
+    except ValueError as e:
+        reason = str(e) if isinstance(e, JSONTooDeepError) else f"it is not valid JSON: {e}"
+        raise SamplingParamError(field, f"{what} in {field}: {reason}") from None
 
 
 class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -67,16 +84,20 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
                 "structured outputs need exactly one of json, regex, choice, grammar, json_object or "
                 f"structural_tag; got {', '.join(chosen) if chosen else 'none'}",
             )
+        if CHECKED_UPSTREAM.get():
+            return
         if isinstance(self.json, str):
-            try:
-                parsed = json.loads(self.json)
-            except ValueError as e:
-                raise SamplingParamError(field, f"the JSON schema is not valid JSON: {e}") from e
+            parsed = _parse(self.json, field, "the JSON schema")
             if not isinstance(parsed, (dict, bool)):
                 raise SamplingParamError(field, "a JSON schema must be an object")
-        elif self.json is not None and _has_huge_int(self.json):
-            # The schema crosses to the engine core as msgpack, which holds 64-bit integers only.
-            raise SamplingParamError(field, f"the JSON schema in {field} holds an integer beyond 64 bits")
+        elif self.json is not None:
+            if too_deep(self.json):
+                raise SamplingParamError(field, f"the JSON schema in {field}: {JSONTooDeepError()}")
+            if _has_huge_int(self.json):
+                # The schema crosses to the engine core as msgpack, which holds 64-bit integers only.
+                raise SamplingParamError(field, f"the JSON schema in {field} holds an integer beyond 64 bits")
+        if isinstance(self.structural_tag, str) and self.structural_tag.strip():
+            _parse(self.structural_tag, field, "the structural tag")
         if self.choice is not None:
             if not self.choice or not all(isinstance(c, str) and c for c in self.choice):
                 raise SamplingParamError(field, "choice must be a non-empty list of non-empty strings")
@@ -86,10 +107,9 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
                 raise SamplingParamError(field, f"{name} must be a non-empty string")
 
     def __repr__(self) -> str:
-        # Request log lines print the params: a schema of hundreds of KB must not fill the log.
-        value = repr(getattr(self, self.kind))
-        if len(value) > REPR_CHARS:
-            value = f"{value[:REPR_CHARS]}... ({len(value)} characters)"
+        # Request log lines print the params: a schema of hundreds of KB must neither fill the log
+        # nor be formatted whole first (tens of ms of the server's event loop, per request).
+        value = short_repr(getattr(self, self.kind), REPR_CHARS)
         options = "".join(
             f", {name}=True"
             for name in ("disable_any_whitespace", "disable_additional_properties")

@@ -9,7 +9,6 @@ import secrets
 import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 import uvicorn
@@ -26,12 +25,16 @@ from tram.server.handlers.chat import OpenAIServingChat
 from tram.server.handlers.completion import OpenAIServingCompletion
 from tram.server.handlers.generate import LegacyGenerate
 from tram.server.handlers.responses import OpenAIServingResponses
+from tram.server.handlers.tokenization import ServingTokenization
+from tram.server.handlers.tokenizer_threads import TokenizerThreads
 from tram.server.http.access_log import AccessLogMiddleware
 from tram.server.http.body_limit import BodySizeLimit
+from tram.server.http.body_timeout import BodyReadTimeout
+from tram.server.http.connections import ConnectionLimits, protocol_class, raise_open_file_limit
 from tram.server.http.gc_policy import FullCollections
 from tram.server.http.listen import bind_socket, server_url
 from tram.server.http.openapi import openapi_document
-from tram.server.protocol.errors import APIError, error_response, install_exception_handlers
+from tram.server.protocol.errors import error_response, install_exception_handlers
 from tram.server.protocol.generate import GenerateRequest
 from tram.server.protocol.openai import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from tram.server.protocol.responses import ResponsesRequest
@@ -66,20 +69,21 @@ class Handlers:
     ) -> None:
         template = load_chat_template(chat_template)
         self.engine = engine
-        # One tokenizer thread for every endpoint (see OpenAIServing).
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="tram-tokenize")
-        self.completion = OpenAIServingCompletion(engine, names, template, self.pool)
+        # The tokenizer threads every endpoint shares (tokenizer_threads.py).
+        self.threads = TokenizerThreads()
+        self.completion = OpenAIServingCompletion(engine, names, template, self.threads)
         self.chat = OpenAIServingChat(
             engine,
             names,
             template,
-            self.pool,
+            self.threads,
             response_role=response_role,
             tool_call_parser=tool_call_parser,
             enable_auto_tool_choice=enable_auto_tool_choice,
         )
         self.responses = OpenAIServingResponses(self.chat)
-        self.generate = LegacyGenerate(engine, names, template, self.pool)
+        self.generate = LegacyGenerate(engine, names, template, self.threads)
+        self.tokenization = ServingTokenization(self.chat)
 
 
 def _auth_middleware(app: FastAPI, api_key: str) -> None:
@@ -100,6 +104,7 @@ def _install_middleware(app: FastAPI, server_args: ServerArgs) -> None:
     if server_args.api_key:
         _auth_middleware(app, server_args.api_key)
     app.add_middleware(BodySizeLimit, max_bytes=server_args.max_request_body_bytes)
+    app.add_middleware(BodyReadTimeout, timeout=server_args.timeout_read_body)
     app.add_middleware(
         CORSMiddleware,
         allow_origins=server_args.allowed_origins,
@@ -144,7 +149,7 @@ def build_app(engine_args: EngineArgs, server_args: ServerArgs, engine_config: E
             if gc_task is not None:
                 gc_task.cancel()
             if hasattr(app.state, "handlers"):
-                app.state.handlers.pool.shutdown(wait=False, cancel_futures=True)
+                app.state.handlers.threads.shutdown()
             engine.shutdown()
 
     app = FastAPI(title="Tram", version=__version__, lifespan=lifespan, root_path=server_args.root_path or "")
@@ -208,27 +213,11 @@ def _add_routes(app: FastAPI) -> None:
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest, request: Request) -> dict:
-        h = _h(request)
-        h.completion.check_model(body.model)
-        if (body.prompt is None) == (body.messages is None):
-            raise APIError(400, "give exactly one of 'prompt' and 'messages'")
-        if body.messages is not None:
-            ids = await h.chat.render(body)
-        else:
-            ids = await h.completion.tokenize(body.prompt, body.add_special_tokens, check_length=False)
-        return {"tokens": ids, "count": len(ids), "max_model_len": h.completion.max_model_len}
+        return await _h(request).tokenization.tokenize(body)
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
-        h = _h(request)
-        h.completion.check_model(body.model)
-        vocab = h.engine.config.model_config.vocab_size
-        bad = [t for t in body.tokens if not 0 <= t < vocab]
-        if bad:
-            raise APIError(400, f"token ids outside the vocabulary [0, {vocab}): {bad[:5]}", "tokens")
-        if h.engine.tokenizer is None:
-            raise APIError(400, "This server has no tokenizer")
-        return {"prompt": h.engine.tokenizer.decode(body.tokens)}
+        return await _h(request).tokenization.detokenize(body)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics(request: Request) -> Response:
@@ -300,6 +289,7 @@ class _Server(uvicorn.Server):
 def run_server(engine_args: EngineArgs, server_args: ServerArgs, sock: socket.socket | None = None) -> None:
     """Serve on `sock` (bound to host:port before the engine starts) until SIGINT/SIGTERM; the engine
     process is stopped on the way out. SystemExit if the port is taken or the engine fails to start."""
+    raise_open_file_limit()  # every connection is a file descriptor
     sock = sock or bind_socket(server_args.host, server_args.port)
     url = server_url(server_args.host, server_args.port, tls=server_args.ssl_certfile is not None)
     logger.info(
@@ -309,8 +299,11 @@ def run_server(engine_args: EngineArgs, server_args: ServerArgs, sock: socket.so
         url,
     )
     app = build_app(engine_args, server_args)
+    limits = ConnectionLimits(server_args.timeout_read_headers, server_args.limit_concurrency)
     config = uvicorn.Config(
         app,
+        http=protocol_class(limits),
+        timeout_keep_alive=server_args.timeout_keep_alive,  # uvicorn declares int; a float works (call_later)
         log_level=server_args.uvicorn_log_level,
         timeout_graceful_shutdown=3,
         access_log=False,

@@ -26,6 +26,10 @@ KIND_NAMES = {
 }
 
 
+# Why a token the grammar does not allow was sampled: every token it allows was masked by another setting.
+MASKED_OUT = "every token the grammar allows here was masked by other settings (allowed_token_ids, logit_bias)"
+
+
 class GrammarCompileError(ValueError):
     """The engine refused a schema, regex or grammar; `param` names the request field."""
 
@@ -49,9 +53,20 @@ class Matcher(ABC):
     def is_terminated(self) -> bool:
         """The grammar is complete and has accepted its stop token."""
 
+    @abstractmethod
+    def refusal(self) -> str | None:
+        """Asked after accept_token refused a token. None when the text before it was a whole
+        sentence of the grammar, so the output may end there (the token was one that something
+        else forced past the mask: min_tokens banning the stop token); else why the grammar cannot
+        go on (the engine gave up on it, as at a parser's limit, or no token could follow)."""
+
 
 class GrammarBackend(ABC):
     name: str
+    # An engine whose compile cannot be interrupted and may run for minutes (xgrammar) proves each
+    # grammar in a child process first, where it can be killed (compile_pool.py): it sets this and
+    # implements prove / compile_proven. One that bounds its own work (llguidance) compiles in a thread.
+    proves_in_child = False
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
         self.vocab_size = vocab_size
@@ -61,6 +76,16 @@ class GrammarBackend(ABC):
     def compile(self, params: StructuredOutputsParams) -> Any:
         """A compiled grammar (opaque; shared by every request with the same key). Raises
         GrammarCompileError for a constraint the engine refuses. Runs on a worker thread."""
+
+    def prove(self, params: StructuredOutputsParams) -> Any:
+        """In a forked child process: compile in full (raising as `compile` does), and return what
+        `compile_proven` needs, small and picklable."""
+        raise NotImplementedError
+
+    def compile_proven(self, proof: Any) -> Any:
+        """In this process: `compile`'s result from what `prove` returned, in about the time the
+        proof took."""
+        raise NotImplementedError
 
     @abstractmethod
     def matcher(self, compiled: Any) -> Matcher:

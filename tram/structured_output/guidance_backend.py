@@ -12,21 +12,32 @@ import llguidance.numpy
 import numpy as np
 
 from tram.sampling_params import StructuredOutputsParams
-from tram.structured_output.backend import KIND_NAMES, GrammarBackend, GrammarCompileError, Matcher
+from tram.structured_output.backend import KIND_NAMES, MASKED_OUT, GrammarBackend, GrammarCompileError, Matcher
+from tram.structured_output.schema_finite import endless_message, endless_ref
 
 
 class GuidanceMatcher(Matcher):
     def __init__(self, matcher: llguidance.LLMatcher) -> None:
         self.matcher = matcher
+        self.could_end = False  # before the last token: a refused token leaves the matcher in error
 
     def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
         llguidance.numpy.fill_next_token_bitmask(self.matcher, bitmask, row)
 
     def accept_token(self, token_id: int) -> bool:
+        self.could_end = self.matcher.is_accepting()
         return bool(self.matcher.consume_token(token_id)) and not self.matcher.is_error()
 
     def is_terminated(self) -> bool:
         return self.matcher.is_stopped()
+
+    def refusal(self) -> str | None:
+        if self.could_end:
+            return None
+        # A parser's limit ("Current row has 2002 items; max is 2000") is only logged as a warning;
+        # a token outside the mask has no message of its own.
+        line = first_error_line(self.matcher.get_error())
+        return line if line and "no error message" not in line else MASKED_OUT
 
 
 def _json_options(params: StructuredOutputsParams) -> dict[str, Any]:
@@ -36,6 +47,13 @@ def _json_options(params: StructuredOutputsParams) -> dict[str, Any]:
     elif params.disable_any_whitespace:
         options["whitespace_flexible"] = False
     return options
+
+
+def choice_regex(choices: list[str]) -> str:
+    """The choices as one regex alternation, every character but letters and digits escaped: one
+    lexeme for llguidance, where its `choice` grammar gives each option a parser item and breaks
+    off past 2,000 of them (a parser row's limit)."""
+    return "|".join("".join(c if c.isalnum() else f"\\x{{{ord(c):x}}}" for c in choice) for choice in choices)
 
 
 _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
@@ -65,6 +83,9 @@ class GuidanceBackend(GrammarBackend):
         kind = params.kind
         if kind in ("json", "json_object"):
             schema = params.schema() if kind == "json" else {"type": "object"}
+            ref = endless_ref(schema)
+            if ref is not None:  # llguidance would break off after "{" (its parser's item limit)
+                raise ValueError(endless_message(ref))
             if isinstance(schema, dict):
                 if params.disable_additional_properties:
                     schema = no_additional_properties(schema)
@@ -73,7 +94,7 @@ class GuidanceBackend(GrammarBackend):
         if kind == "regex":
             return llguidance.grammar_from("regex", params.regex or "")
         if kind == "choice":
-            return llguidance.grammar_from("choice", json.dumps(params.choice))
+            return llguidance.grammar_from("regex", choice_regex(params.choice or []))
         if kind == "grammar":
             return llguidance.grammar_from("grammar", params.grammar or "")
         raise GrammarCompileError(
@@ -90,7 +111,31 @@ class GuidanceBackend(GrammarBackend):
         if error:
             raise GrammarCompileError(field, f"invalid {KIND_NAMES[params.kind]}: {error.strip().splitlines()[0]}")
         # The template matcher; each request deep-copies it.
-        return llguidance.LLMatcher(self.tokenizer, grammar)
+        template = llguidance.LLMatcher(self.tokenizer, grammar)
+        problem = self._first_token_problem(template)
+        if problem is not None:
+            raise GrammarCompileError(field, f"invalid {KIND_NAMES[params.kind]}: {problem}")
+        return template
+
+    def _first_token_problem(self, template: llguidance.LLMatcher) -> str | None:
+        """Why the grammar fails at its first token, or None. llguidance checks a grammar's parser
+        limits (a row of more than 2,000 items) only as it parses, so a grammar can validate and then
+        break off at the first token; trying one on a copy turns that into a 400 up front."""
+        probe = template.deep_copy()
+        bitmask = llguidance.numpy.allocate_token_bitmask(1, self.vocab_size)
+        llguidance.numpy.fill_next_token_bitmask(probe, bitmask, 0)
+        allowed = np.flatnonzero(np.unpackbits(bitmask.view(np.uint8), bitorder="little")[: self.vocab_size])
+        if probe.is_error() or allowed.size == 0:
+            return first_error_line(probe.get_error()) or "the grammar allows no output"
+        token = int(allowed[0])
+        if token in self.stop_token_ids or (probe.consume_token(token) and not probe.is_error()):
+            return None
+        return first_error_line(probe.get_error()) or "the grammar refuses its own first token"
 
     def matcher(self, compiled: llguidance.LLMatcher) -> Matcher:
         return GuidanceMatcher(compiled.deep_copy())
+
+
+def first_error_line(text: str) -> str:
+    """llguidance's error without the parser state dump that follows it."""
+    return text.strip().splitlines()[0] if text.strip() else ""

@@ -2,18 +2,19 @@
 their text, and fills the step's token bitmask for the constrained requests that sample.
 
 A new constrained request waits in the scheduler's queue until its grammar is ready (the scheduler
-asks `is_ready`, never waits); compiles run on a small pool of daemon threads (both engines release
-the GIL). A compile that fails, or is still running at its deadline, fails that request alone. The
-bitmask is built after scheduling and travels to the worker in the SchedulerOutput, so the worker
-needs no grammar engine; a step with no constrained request to sample sends none and costs nothing.
+asks `is_ready`, never waits); compiles run off it (compile_pool.py: xgrammar's in child processes,
+killed once no request waits for them). A compile that fails, or is still running at its deadline,
+fails that request alone. The bitmask is built after scheduling and travels to the worker in the
+SchedulerOutput, so the worker needs no grammar engine; a step with no constrained request to
+sample sends none and costs nothing.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
-from collections.abc import Iterable
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
@@ -40,6 +41,9 @@ class StructuredOutputStats:
         self.cache_hits = 0
         self.compile_seconds: list[float] = []
 
+    def add_compile(self, seconds: float) -> None:
+        self.compile_seconds.append(seconds)
+
     def take_compile_seconds(self) -> list[float]:
         out, self.compile_seconds = self.compile_seconds, []
         return out
@@ -60,11 +64,15 @@ class StructuredOutputManager:
         self.backend = make_backend(backend, tokenizer, vocab_size, stop_token_ids, num_threads)
         self.compile_timeout = compile_timeout
         self.disable_any_whitespace = disable_any_whitespace  # the server's default for JSON constraints
-        self.pool = CompilePool(num_threads)  # daemon threads: see compile_pool.py
+        prove = self._prove if self.backend.proves_in_child else None
+        self.stats = StructuredOutputStats()
+        # Child processes and threads: see there.
+        self.pool = CompilePool(self._finish, prove, num_threads, observe=self.stats.add_compile)
         self.cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
         self.pending: dict[str, StructuredOutputRequest] = {}  # request id -> still compiling
+        self.pending_keys: dict[str, tuple[str, str]] = {}  # request id -> the grammar it waits for
+        self.key_waiters: Counter[tuple[str, str]] = Counter()  # grammar -> pending requests for it
         self.live: set[str] = set()  # constrained requests not yet seen finished
-        self.stats = StructuredOutputStats()
         self.words = -(-vocab_size // 32)
         # Every word -1: all tokens allowed; rows are overwritten by the matchers that fill them.
         self.bitmask = np.full((max_num_seqs, self.words), -1, dtype=np.int32)
@@ -74,50 +82,75 @@ class StructuredOutputManager:
         if self.disable_any_whitespace and not params.disable_any_whitespace:
             params = msgspec.structs.replace(params, disable_any_whitespace=True)
         key = params.key()
+        deadline = time.monotonic() + self.compile_timeout
         future = self.cache.get(key)
-        if future is not None and not (future.done() and future.exception() is not None):
+        failed = future is not None and future.done() and future.exception() is not None
+        if future is not None and not failed:
             self.cache.move_to_end(key)
             self.stats.cache_hits += 1
-        else:
-            future = self.pool.submit(self._compile, params)
+        if future is None or failed or not future.done():
+            # A new compile, or this request joins the one in flight (and may extend its deadline).
+            future = self.pool.submit(key, params, request_id, deadline)
             self.cache[key] = future
             while len(self.cache) > CACHE_ENTRIES:
                 self.cache.popitem(last=False)
         self.stats.requests += 1
         self.live.add(request_id)
-        state = StructuredOutputRequest(params, future, self.backend, time.monotonic() + self.compile_timeout)
+        state = StructuredOutputRequest(params, future, self.backend, deadline)
         if not state.is_ready():
             self.pending[request_id] = state
+            self.pending_keys[request_id] = key
+            self.key_waiters[key] += 1
         return state
 
-    def _compile(self, params: StructuredOutputsParams) -> Any:
-        start = time.perf_counter()
-        try:
-            return self.backend.compile(params)
-        except GrammarCompileError:
-            raise
-        except Exception as e:  # noqa: BLE001 - any engine error is this request's, never the loop's
-            raise GrammarCompileError(
-                params.source_field or "structured_outputs", f"could not compile the {params.kind} constraint: {e}"
-            ) from e
-        finally:
-            self.stats.compile_seconds.append(time.perf_counter() - start)
+    def forget(self, request_ids: Iterable[str]) -> None:
+        """These requests wait for no grammar any more (failed, aborted, or theirs is ready): a
+        compile that no other request waits for is dropped, its child process killed."""
+        for rid in request_ids:
+            self.pending.pop(rid, None)
+            key = self.pending_keys.pop(rid, None)
+            if key is None:
+                continue
+            self.pool.release(key, rid)
+            self.key_waiters[key] -= 1
+            if self.key_waiters[key] <= 0:
+                del self.key_waiters[key]
+                self._uncache_unless_compiled(key)
+
+    def _uncache_unless_compiled(self, key: tuple[str, str]) -> None:
+        """The cache keeps compiled grammars only: a failed or abandoned compile's entry (its key
+        holds the whole schema text, hundreds of KB for the schemas that fail) goes."""
+        future = self.cache.get(key)
+        if future is not None and not (future.done() and future.exception() is None):
+            del self.cache[key]
+
+    def _prove(self, params: StructuredOutputsParams) -> Any:
+        """In a compile's child process: the backend's proof."""
+        return _as_compile_error(params, self.backend.prove, params)
+
+    def _finish(self, params: StructuredOutputsParams, proof: Any) -> Any:
+        """On a compile thread: the grammar the requests use, compiled here (from the proof, if any)."""
+        if proof is None:
+            return _as_compile_error(params, self.backend.compile, params)
+        return _as_compile_error(params, self.backend.compile_proven, proof)
 
     def take_failures(self, live: dict[str, Request]) -> list[tuple[str, GrammarCompileError]]:
         """Requests whose grammar failed or timed out (their ids, and why); forgets ready or gone ones."""
         failed = []
         now = time.monotonic()
-        for rid, state in list(self.pending.items()):
+        done = []
+        for rid, state in self.pending.items():
             if rid not in live:
-                del self.pending[rid]
+                done.append(rid)
                 continue
             error = state.failure(now)
             if error is not None:
                 failed.append((rid, error))
                 self.stats.compile_failures += 1
-                del self.pending[rid]
+                done.append(rid)
             elif state.is_ready():
-                del self.pending[rid]
+                done.append(rid)
+        self.forget(done)
         return failed
 
     def wait_for_compiles(self, timeout: float) -> None:
@@ -144,17 +177,23 @@ class StructuredOutputManager:
         """Before the step runs: give `sched` the rows its constrained requests sample with."""
         sched.grammar_bitmask = self.grammar_bitmask(sched, requests)
 
-    def advance(self, sched: SchedulerOutput, result: ModelRunnerOutput, requests: dict[str, Request]) -> None:
+    def advance(
+        self, sched: SchedulerOutput, result: ModelRunnerOutput, requests: dict[str, Request]
+    ) -> list[tuple[str, GrammarCompileError]]:
         """After the step ran: move each constrained request's grammar past the token it sampled.
         Called before the scheduler's update, whose stop check asks the grammar if it has ended.
-        Requests finished while the step ran are gone from `requests` and skipped, as there."""
+        Requests finished while the step ran are gone from `requests` and skipped, as there.
+        Returns the requests whose grammar broke off (their ids, and why): the caller fails them."""
+        broken = []
         for rid in self.live:
             token = result.sampled_token_ids.get(rid)
             if token is None or rid not in sched.num_scheduled_tokens:
                 continue
             req = requests.get(rid)
-            if req is not None and req.structured_output is not None:
-                req.structured_output.accept_token(token)
+            state = req.structured_output if req is not None else None
+            if state is not None and not state.accept_token(token) and state.error is not None:
+                broken.append((rid, state.error))
+        return broken
 
     def grammar_bitmask(self, sched: SchedulerOutput, requests: dict[str, Request]) -> GrammarBitmask | None:
         """Rows for the scheduled constrained requests that sample this step (their prompt and
@@ -179,3 +218,15 @@ class StructuredOutputManager:
 
     def shutdown(self) -> None:
         self.pool.shutdown()
+
+
+def _as_compile_error(params: StructuredOutputsParams, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)`, any error from the grammar engine turned into a GrammarCompileError for `params`."""
+    try:
+        return fn(*args)
+    except GrammarCompileError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any engine error is this request's, never the loop's
+        raise GrammarCompileError(
+            params.source_field or "structured_outputs", f"could not compile the {params.kind} constraint: {e}"
+        ) from e

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from tram.sampling_params import StructuredOutputsParams
-from tram.structured_output.backend import GrammarBackend, GrammarCompileError, Matcher
+from tram.structured_output.backend import KIND_NAMES, GrammarBackend, GrammarCompileError, Matcher
+from tram.structured_output.compile_pool import too_long_message
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +30,7 @@ class StructuredOutputRequest:
         self.deadline = deadline  # time.monotonic() by which the grammar must be compiled
         self.matcher: Matcher | None = None
         self.rejected = False  # a sampled token the grammar did not allow (see accept_token)
+        self.error: GrammarCompileError | None = None  # the grammar broke off: the request fails
         self.last_token: int | None = None
 
     def is_ready(self) -> bool:
@@ -41,7 +43,7 @@ class StructuredOutputRequest:
 
     def failure(self, now: float | None = None) -> GrammarCompileError | None:
         """Why this request can never start: the engine refused its constraint, or compiling took
-        longer than the deadline (the compile goes on in its thread; only this request fails)."""
+        longer than the deadline (only this request fails; the compile ends once no request waits for it)."""
         if self.compiled.done():
             e = self.compiled.exception()
             if e is None:
@@ -50,11 +52,7 @@ class StructuredOutputRequest:
             reason = e.args[0] if isinstance(e, GrammarCompileError) else f"could not compile it: {e}"
             return GrammarCompileError(self.field, f"{self.field}: {reason}")
         if (time.monotonic() if now is None else now) > self.deadline:
-            return GrammarCompileError(
-                self.field,
-                f"{self.field}: compiling the {self.params.kind} constraint took too long (the limit "
-                "is set by --structured-outputs-compile-timeout); simplify the schema",
-            )
+            return GrammarCompileError(self.field, f"{self.field}: {too_long_message(self.params.kind)}")
         return None
 
     @property
@@ -69,12 +67,23 @@ class StructuredOutputRequest:
         assert self.matcher is not None
         self.last_token = token_id
         ok = self.matcher.accept_token(token_id)
-        if not ok:
-            # Only when every allowed token was masked by something else (min_tokens banning the
-            # grammar's stop token): the request ends rather than produce text the grammar refuses.
+        if ok:
+            return True
+        reason = self.matcher.refusal()
+        if reason is None:
+            # Every allowed token was masked by something else (min_tokens banning the grammar's
+            # stop token) once the output was whole: the request ends rather than go past it.
             self.rejected = True
             logger.warning("the grammar refused sampled token %d; ending the request", token_id)
-        return ok
+        else:
+            # The engine gave up on the grammar (a parser's limit) or nothing could follow: an error
+            # for the client, never an empty or cut-off answer passed off as finished.
+            kind = KIND_NAMES[self.params.kind]
+            self.error = GrammarCompileError(
+                self.field, f"{self.field}: the grammar engine could not follow the {kind}: {reason}"
+            )
+            logger.warning("the grammar engine gave up on a request: %s", reason)
+        return False
 
     def is_terminated(self) -> bool:
         """The request must end now: its grammar is complete and the model has said so with a stop

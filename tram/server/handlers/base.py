@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 from transformers import GenerationConfig
 
 from tram.engine.async_llm import AsyncLLM
 from tram.engine.input_processor import LengthRule
 from tram.outputs import PromptLogprobs
+from tram.server.handlers.tokenizer_threads import TokenizerThreads, check_token_count
 from tram.server.protocol.errors import APIError
-
-T = TypeVar("T")
 
 # Sampling fields a model's generation_config.json may set as defaults (vLLM's `--generation-config auto`).
 _GENERATION_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -64,18 +60,17 @@ def random_id(prefix: str) -> str:
 
 
 class OpenAIServing:
-    """Tokenizing and rendering chat templates run on `pool`, never on the event loop: a long prompt
-    must not stall every other client and /health (Hugging Face's fast tokenizers release the GIL
-    while they encode). One thread, as vLLM's, keeps tokenizations in arrival order."""
+    """Tokenizing and rendering chat templates run on `threads`, never on the event loop: a long
+    prompt must not stall every other client and /health (tokenizer_threads.py)."""
 
     def __init__(
         self,
         engine: AsyncLLM,
         served_model_names: list[str],
         chat_template: str | None = None,
-        pool: ThreadPoolExecutor | None = None,
+        threads: TokenizerThreads | None = None,
     ) -> None:
-        self.pool = pool or ThreadPoolExecutor(1, thread_name_prefix="tram-tokenize")
+        self.threads = threads or TokenizerThreads()
         self.engine = engine
         self.served_model_names = served_model_names
         self.model_name = served_model_names[0]
@@ -88,9 +83,6 @@ class OpenAIServing:
         if model is not None and model not in self.served_model_names:
             raise APIError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
 
-    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
-
     async def tokenize(
         self,
         text: str,
@@ -98,11 +90,23 @@ class OpenAIServing:
         check_length: bool = True,
         rule: LengthRule = PROMPT_LENGTH_RULE,
     ) -> list[int]:
-        """Token ids of a prompt; a text whose length alone proves it cannot fit is refused first."""
+        """Token ids of a prompt; with `check_length`, a text that provably cannot fit is refused first."""
         if self.tokenizer is None:
             raise APIError(400, "This server has no tokenizer; send token ids")
-        processor = self.engine.input_processor
-        return await self.off_loop(processor.tokenize, text, add_special_tokens, check_length, rule)
+        if check_length:  # at once, before the text waits for a thread
+            self.engine.input_processor.check_text_length(len(text), rule)
+        return await self.threads.run(len(text), self._tokenize_now, text, add_special_tokens, check_length, rule)
+
+    def _tokenize_now(self, text: str, add_special_tokens: bool, check_length: bool, rule: LengthRule) -> list[int]:
+        if check_length:
+            self.check_fits(text, rule)
+        return self.engine.input_processor.tokenize(text, add_special_tokens, False, rule)
+
+    def check_fits(self, text: str, rule: LengthRule) -> None:
+        """On a tokenizer thread: PromptTooLongError for a text that cannot fit in the context, known
+        by its length in characters, else (a long one) by the tokens of its first pieces."""
+        self.engine.input_processor.check_text_length(len(text), rule)
+        check_token_count(self.tokenizer, text, self.max_model_len, rule)
 
     @staticmethod
     def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

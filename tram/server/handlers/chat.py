@@ -9,7 +9,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from tram.engine.async_llm import RequestStream
-from tram.engine.input_processor import PromptTooLongError
+from tram.engine.input_processor import LengthRule, PromptTooLongError
 from tram.engine.logprob_text import token_text_table
 from tram.engine.tokenizer import MissingChatTemplateError, apply_chat_template
 from tram.outputs import CompletionOutput, RequestOutput
@@ -37,6 +37,17 @@ def _message_dict(m: ChatMessage) -> dict[str, Any]:
     return d
 
 
+def _text_chars(messages: list[ChatMessage]) -> int:
+    """The messages' text in characters, which picks the tokenizer thread that renders them."""
+    total = 0
+    for m in messages:
+        if isinstance(m.content, str):
+            total += len(m.content)
+        elif m.content is not None:
+            total += sum(len(part.text) for part in m.content)
+    return total
+
+
 class OpenAIServingChat(OpenAIServing):
     def __init__(
         self,
@@ -52,20 +63,20 @@ class OpenAIServingChat(OpenAIServing):
         self.enable_auto_tool_choice = enable_auto_tool_choice
 
     def _render_now(
-        self, req: ChatCompletionRequest | TokenizeRequest, tools: list[dict[str, Any]] | None = None
+        self, req: ChatCompletionRequest | TokenizeRequest, tools: list[dict[str, Any]] | None, rule: LengthRule
     ) -> list[int]:
-        """On the tokenizer thread: render, refuse a text too long by its length alone, tokenize."""
-        processor = self.engine.input_processor
+        """On a tokenizer thread: render, refuse a text that provably cannot fit, tokenize."""
         template = getattr(req, "chat_template", None) or self.chat_template
+        messages = template_messages([_message_dict(m) for m in req.messages])  # its 400s name their field
         try:
             return apply_chat_template(
                 self.tokenizer,
-                template_messages([_message_dict(m) for m in req.messages]),
+                messages,
                 template,
                 add_generation_prompt=req.add_generation_prompt,
                 continue_final_message=req.continue_final_message,
                 add_special_tokens=getattr(req, "add_special_tokens", False),
-                check_text=lambda text: processor.check_text_length(len(text), MESSAGES_LENGTH_RULE),
+                check_text=lambda text: self.check_fits(text, rule),
                 **({"tools": tools} if tools else {}),
                 **(getattr(req, "chat_template_kwargs", None) or {}),
             )
@@ -77,8 +88,12 @@ class OpenAIServingChat(OpenAIServing):
             raise APIError(400, f"The chat template could not render these messages: {e}", "messages") from e
 
     async def render(
-        self, req: ChatCompletionRequest | TokenizeRequest, tools: list[dict[str, Any]] | None = None
+        self,
+        req: ChatCompletionRequest | TokenizeRequest,
+        tools: list[dict[str, Any]] | None = None,
+        rule: LengthRule = MESSAGES_LENGTH_RULE,
     ) -> list[int]:
+        """The messages' prompt token ids; length errors name `rule`'s field (Responses: `input`)."""
         if self.tokenizer is None:
             raise APIError(400, "This server has no tokenizer; chat needs one")
         if req.continue_final_message and req.add_generation_prompt:
@@ -88,7 +103,9 @@ class OpenAIServingChat(OpenAIServing):
                 "set add_generation_prompt to false",
                 "continue_final_message",
             )
-        return await self.off_loop(self._render_now, req, tools)
+        chars = _text_chars(req.messages)
+        self.engine.input_processor.check_text_length(chars, rule)  # the rendered text is longer still
+        return await self.threads.run(chars, self._render_now, req, tools, rule)
 
     async def create_chat_completion(self, req: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)

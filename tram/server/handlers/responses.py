@@ -4,6 +4,7 @@ object or streamed as Responses events (`event:` + `data:` lines, as OpenAI and 
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -26,6 +27,24 @@ from tram.server.protocol.responses import ResponsesRequest
 
 # Prompt-length errors blame `input`, as the chat endpoint's blame `messages`.
 INPUT_LENGTH_RULE = LengthRule(completion_must_fit=True, prompt_field="input")
+# Chat's names for the fields this API spells otherwise: errors raised by code shared with chat
+# reach a Responses client in its own words.
+_CHAT_NAMES = re.compile(r"\b(response_format\.json_schema|response_format|max_tokens)\b")
+_RESPONSES_NAMES = {
+    "response_format.json_schema": "text.format",
+    "response_format": "text.format",
+    "max_tokens": "max_output_tokens",
+}
+
+
+def in_responses_words(e: BaseException) -> APIError:
+    """The error a chat-shaped failure is to a Responses client: its fields under their names here."""
+    err = exception_to_error(e)
+
+    def rename(text: str) -> str:
+        return _CHAT_NAMES.sub(lambda m: _RESPONSES_NAMES[m.group(1)], text)
+
+    return APIError(err.status, rename(err.message), err.param and rename(err.param), err.code)
 
 
 def new_id(prefix: str) -> str:
@@ -187,7 +206,7 @@ class _Conversation:
 
 class OpenAIServingResponses(OpenAIServing):
     def __init__(self, chat: OpenAIServingChat) -> None:
-        super().__init__(chat.engine, chat.served_model_names, chat.chat_template, chat.pool)
+        super().__init__(chat.engine, chat.served_model_names, chat.chat_template, chat.threads)
         self.chat = chat
 
     async def create_response(self, req: ResponsesRequest, raw: Request) -> Response:
@@ -197,7 +216,10 @@ class OpenAIServingResponses(OpenAIServing):
             param, message = problem
             raise APIError(400, message, param)
         ids = await self._render(req)
-        params = req.sampling_fields().to_sampling_params(req.max_output_tokens, self.defaults, None)
+        try:
+            params = req.sampling_fields().to_sampling_params(req.max_output_tokens, self.defaults, None)
+        except ValueError as e:
+            raise in_responses_words(e) from e
         if params.structured_outputs is not None:  # errors name this API's field
             params.structured_outputs = msgspec.structs.replace(params.structured_outputs, source_field="text.format")
         response = ResponseBuilder(req, params, self.model_name)
@@ -211,7 +233,7 @@ class OpenAIServingResponses(OpenAIServing):
     async def _render(self, req: ResponsesRequest) -> list[int]:
         """The chat endpoint's rendering of these messages; its errors blame `input` here."""
         try:
-            return await self.chat.render(_Conversation(req.messages()))
+            return await self.chat.render(_Conversation(req.messages()), rule=INPUT_LENGTH_RULE)
         except APIError as e:
             raise APIError(e.status, e.message, "input" if e.param == "messages" else e.param, e.code) from e
         except PromptTooLongError as e:
@@ -221,9 +243,7 @@ class OpenAIServingResponses(OpenAIServing):
         try:
             return self.engine.add_request({"prompt_token_ids": ids}, params, request_id, INPUT_LENGTH_RULE)
         except PromptTooLongError as e:
-            # The input processor names the chat field for the completion's length.
-            param = "max_output_tokens" if e.param == "max_tokens" else e.param
-            raise APIError(400, str(e), param, e.code) from e
+            raise in_responses_words(e) from e  # the input processor names chat's max_tokens
 
     async def _collect(self, response: ResponseBuilder, stream: RequestStream) -> dict[str, Any]:
         final: RequestOutput | None = None

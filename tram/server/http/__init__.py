@@ -1,2 +1,2 @@
-"""HTTP plumbing under the handlers: the listening socket, body limits, access log, the OpenAPI
-document, garbage-collector policy, and keeping the API process free of torch."""
+"""HTTP plumbing under the handlers: the listening socket, connection and read limits, body limits,
+access log, the OpenAPI document, garbage-collector policy, and keeping the API process free of torch."""

@@ -30,14 +30,15 @@ _DESCRIPTIONS = {
     400: "Invalid request (OpenAI's invalid_request_error)",
     401: "Missing or wrong API key",
     404: "Unknown model or route",
+    408: "The request body stopped arriving (--timeout-read-body)",
     413: "Request body too large (--max-request-body-bytes)",
     429: "Too many requests waiting (--max-queued-requests)",
     500: "The engine failed this request",
-    503: "The engine is not running",
+    503: "The engine is not running, or the server is at --limit-concurrency",
 }
 # Every route may meet a dead engine (503) or a missing key (401, /v1 only); a route with a body
-# may also get a 400, 413, 404 (unknown model) or 429 (queue full).
-_BODY_STATUSES = (400, 404, 413, 429, 500, 503)
+# may also get a 400, 408 (a stalled body), 413, 404 (unknown model) or 429 (queue full).
+_BODY_STATUSES = (400, 404, 408, 413, 429, 500, 503)
 # One server-sent event (OpenAPI 3.2's reading of a text/event-stream body): `data` holds a JSON
 # chunk, or "[DONE]" at the end of a completions stream.
 _SSE_EVENT = {

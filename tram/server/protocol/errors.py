@@ -23,6 +23,7 @@ _TYPES = {
     401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",  # the request never arrived whole (a read timeout)
     413: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",

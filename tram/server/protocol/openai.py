@@ -184,7 +184,7 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False  # templates write their own BOS
-    chat_template: str | None = None
+    chat_template: Text | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[ChatTool] | None = None
     tool_choice: ToolChoice | None = None

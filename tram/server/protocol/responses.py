@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from tram.sampling_params import SAMPLING_RANGES as RANGES
-from tram.server.protocol.openai import ChatMessage, SamplingFields
+from tram.server.protocol.field_rules import check_text, find_lone_surrogate
+from tram.server.protocol.openai import ChatMessage, SamplingFields, Text
 from tram.server.protocol.structured import ResponseFormat
 
 # OpenAI's cap on temperature in the Responses API (chat and completions take any finite one).
@@ -42,8 +44,8 @@ _OFF_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
     "stream_options": ((None,), "no stream options"),
     "service_tier": ((None, "auto", "default"), "this server has one service tier"),
 }
-_PLAIN_TEXT = {"format": {"type": "text"}}
 _FORMATS = ("text", "json_object", "json_schema")  # text.format types (structured outputs)
+_SCHEMA_FIELDS = ("name", "description", "schema", "strict")  # json_schema's, flat in text.format
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -83,6 +85,20 @@ class InputMessage(BaseModel):
         return ChatMessage(role=self.role, content=text)
 
 
+def _check_item_text(where: str, message: InputMessage) -> None:
+    """A lone surrogate in a message's text is the client's error, named here: the tokenizer's codec
+    error names nothing. (Not a validator of the content's union: that would report both branches.)"""
+    if isinstance(message.content, str):
+        texts = [(f"{where}.content", message.content)]
+    else:
+        texts = [(f"{where}.content[{j}].text", part.text) for j, part in enumerate(message.content)]
+    for at, text in texts:
+        try:
+            check_text(text)
+        except ValueError as e:
+            raise ValueError(f"{at}: {e}") from None
+
+
 def _parse_item(index: int, item: Any) -> InputMessage:
     where = f"input[{index}]"
     if not isinstance(item, dict):
@@ -100,11 +116,63 @@ def _parse_item(index: int, item: Any) -> InputMessage:
                     "yet; only input_text and output_text"
                 )
     try:
-        return InputMessage.model_validate(item)
+        message = InputMessage.model_validate(item)
     except ValidationError as e:
         first = e.errors()[0]
         loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
         raise ValueError(f"{where}{loc}: {first['msg']}") from None
+    _check_item_text(where, message)
+    return message
+
+
+class TextFormat(BaseModel):
+    """`text.format`: text, json_object, or json_schema with its name, schema, description and
+    strict in the format object itself (chat's response_format nests them under `json_schema`).
+    Each mistake is a 400 naming `text.format.<field>`. Other types are named by `unsupported()`."""
+
+    model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
+
+    type: str
+    name: str | None = Field(default=None, min_length=1, max_length=64)
+    description: Text | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _schema_text(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        where = find_lone_surrogate(v)
+        if where is not None:
+            raise ValueError(f"the schema contains a lone surrogate ({where}); text must be valid Unicode")
+        return v
+
+    @model_validator(mode="after")
+    def _fields_of_its_type(self) -> TextFormat:
+        if self.type not in _FORMATS:
+            return self
+        takes = _SCHEMA_FIELDS if self.type == "json_schema" else ()
+        given = [k for k in _SCHEMA_FIELDS if getattr(self, "schema_" if k == "schema" else k) is not None]
+        for key in [k for k in given if k not in takes] + list(self.model_extra or {}):
+            why = f"text.format of type {self.type!r} takes only {', '.join(('type',) + takes)}"
+            raise PydanticCustomError(
+                "unsupported_field", "'{field}': {why}", {"field": f"text.format.{key}", "why": why}
+            )
+        if self.type == "json_schema" and (self.name is None or self.schema_ is None):
+            missing = "name" if self.name is None else "schema"
+            raise PydanticCustomError(
+                "unsupported_field",
+                "'{field}': text.format of type json_schema needs a name and a schema",
+                {"field": f"text.format.{missing}"},
+            )
+        return self
+
+
+class TextSettings(BaseModel):
+    """`text`: its `format`; anything else in it is named by `unsupported()`."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    format: TextFormat | None = None
 
 
 class ResponsesRequest(BaseModel):
@@ -117,15 +185,15 @@ class ResponsesRequest(BaseModel):
 
     model: str | None = None
     input: str | list[Any]
-    instructions: str | None = None
+    instructions: Text | None = None
     max_output_tokens: int | None = Field(default=None, **RANGES["max_tokens"].bounds())
     temperature: float | None = Field(default=None, **RANGES["temperature"].bounds(high=_MAX_TEMPERATURE))
     top_p: float | None = Field(default=None, **RANGES["top_p"].bounds())
     stream: bool = False
-    user: str | None = None
+    user: Text | None = None
     metadata: dict[str, str] | None = None
     parallel_tool_calls: bool = True
-    text: dict[str, Any] | None = None
+    text: TextSettings | None = None
     # Accepted only when off (see _OFF_VALUES).
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -150,7 +218,7 @@ class ResponsesRequest(BaseModel):
         if isinstance(v, str):
             if not v:
                 raise ValueError("input must not be empty")
-            return v
+            return check_text(v)
         if not v:
             raise ValueError("input must not be an empty list")
         return [_parse_item(i, item) for i, item in enumerate(v)]
@@ -163,6 +231,8 @@ class ResponsesRequest(BaseModel):
         if len(v) > _MAX_METADATA_PAIRS:
             raise ValueError(f"metadata holds at most {_MAX_METADATA_PAIRS} pairs, got {len(v)}")
         for key, value in v.items():
+            check_text(key)  # echoed in the response, which is UTF-8
+            check_text(value)
             if len(key) > _MAX_METADATA_KEY or len(value) > _MAX_METADATA_VALUE:
                 raise ValueError(
                     f"metadata keys are at most {_MAX_METADATA_KEY} characters and values at "
@@ -177,27 +247,27 @@ class ResponsesRequest(BaseModel):
             # `x in off` would take False for 0 and True for 1; compare types too.
             if not any(value == o and type(value) is type(o) for o in off):
                 return name, f"'{name}'={_short(value)} is not supported yet ({why})"
-        if self.text not in (None, {}, _PLAIN_TEXT):
-            fmt = self.text.get("format")
-            if isinstance(fmt, dict) and fmt.get("type") in _FORMATS and set(self.text) == {"format"}:
-                return None
-            if isinstance(fmt, dict) and fmt.get("type") != "text":
-                return "text.format", (
-                    f"text.format of type {fmt.get('type')!r} is not supported; only {', '.join(_FORMATS)}"
-                )
-            return "text", f"'text'={_short(self.text)} is not supported yet (only {_PLAIN_TEXT!r})"
+        text = self.text
+        if text is not None and text.format is not None and text.format.type not in _FORMATS:
+            return (
+                "text.format",
+                f"text.format of type {text.format.type!r} is not supported; only {', '.join(_FORMATS)}",
+            )
+        if text is not None and text.model_extra:
+            return "text", f"'text' with {_short(text.model_extra)} is not supported yet (only text.format)"
         return None
 
     def response_format(self) -> ResponseFormat | None:
         """`text.format` as chat's `response_format` (the Responses API flattens json_schema's
         name/schema/strict into the format object)."""
-        fmt = (self.text or {}).get("format")
-        if not isinstance(fmt, dict) or fmt.get("type") == "text":
+        fmt = self.text.format if self.text is not None else None
+        if fmt is None or fmt.type == "text":
             return None
-        if fmt.get("type") == "json_schema":
-            spec = {k: fmt[k] for k in ("name", "description", "schema", "strict") if k in fmt}
+        if fmt.type == "json_schema":
+            values = (fmt.name, fmt.description, fmt.schema_, fmt.strict)  # not a dump: a schema may nest deep
+            spec = {k: v for k, v in zip(_SCHEMA_FIELDS, values) if v is not None}
             return ResponseFormat.model_validate({"type": "json_schema", "json_schema": spec})
-        return ResponseFormat.model_validate(fmt)
+        return ResponseFormat.model_validate({"type": fmt.type})
 
     def messages(self) -> list[ChatMessage]:
         """The conversation for the chat template: `instructions` as a system message first."""

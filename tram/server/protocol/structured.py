@@ -13,6 +13,8 @@ import msgspec
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from tram.sampling_params import SamplingParamError, StructuredOutputsParams
+from tram.sampling_params.client_json import JSONTooDeepError, too_deep
+from tram.server.protocol.field_rules import check_constraint_text
 
 
 def _mirrored_fields() -> dict[str, Any]:
@@ -57,6 +59,18 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaSpec | None = None
 
 
+# The request fields that carry a constraint's text.
+_CONSTRAINT_FIELDS = (
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "guided_whitespace_pattern",
+)
+
+
 class StructuredFields(BaseModel):
     """Mixed into the completion and chat request models."""
 
@@ -71,6 +85,7 @@ class StructuredFields(BaseModel):
     def structured_params(self) -> StructuredOutputsParams | None:
         """The one constraint this request asks for (None: free text). ValueError naming the field
         for two at once or a malformed one; whether it compiles is the engine core's call."""
+        check_constraint_text(self, _CONSTRAINT_FIELDS)  # before anything reads or encodes the text
         sources = self._sources()
         if len(sources) > 1:
             raise SamplingParamError(
@@ -109,6 +124,8 @@ class StructuredFields(BaseModel):
         if rf.type == "json_object":
             return {"json_object": True}
         if rf.type == "structural_tag":
+            if too_deep(rf.model_extra):  # before the dump: pydantic and json recurse per level
+                raise SamplingParamError("response_format", f"the structural tag: {JSONTooDeepError()}")
             return {"structural_tag": json.dumps(rf.model_dump(exclude_none=True))}
         if rf.json_schema is None or rf.json_schema.schema_ is None:
             raise SamplingParamError("response_format", "response_format of type json_schema needs json_schema.schema")

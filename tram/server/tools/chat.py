@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tram.sampling_params import SamplingParamError, StructuredOutputsParams
+from tram.sampling_params.client_json import JSONTooDeepError, loads_bounded, too_deep
 from tram.server.protocol.errors import APIError
 from tram.server.tools.parsers import DeltaMessage, ToolCall, ToolCallStream, ToolParser
 from tram.server.tools.parsers.forced import ForcedToolStream, forced_tool_schema, parse_forced_tool_calls
@@ -110,6 +111,10 @@ def plan_tools(
 ) -> ToolPlan:
     """vLLM's rules for tools and tool_choice; a 400 naming the field when they do not fit."""
     tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
+    for i, tool in enumerate(tool_dicts or []):
+        # The template renders them with a recursive `tojson`, the grammar engine converts them.
+        if too_deep(tool["function"].get("parameters")):
+            raise APIError(400, f"The tool's parameters: {JSONTooDeepError()}", f"tools.{i}.function.parameters")
     choice: str | dict[str, Any] = (
         tool_choice.model_dump()
         if isinstance(tool_choice, NamedToolChoice)
@@ -175,13 +180,18 @@ def delta_json(delta: DeltaMessage) -> dict[str, Any]:
 
 def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Assistant tool calls carry `arguments` as JSON text; chat templates iterate them as objects
-    (`tool_call.arguments | items`), so they get the parsed object, as vLLM does."""
-    for m in messages:
-        for call in m.get("tool_calls") or []:
+    (`tool_call.arguments | items`), so they get the parsed object, as vLLM does. Arguments nested
+    too deep for the template's recursive `tojson` are a 400 naming them."""
+    for i, m in enumerate(messages):
+        for j, call in enumerate(m.get("tool_calls") or []):
             fn = call.get("function") if isinstance(call, dict) else None
             if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
                 try:
-                    fn["arguments"] = json.loads(fn["arguments"])
+                    fn["arguments"] = loads_bounded(fn["arguments"])
+                except JSONTooDeepError as e:
+                    raise APIError(
+                        400, f"The tool call's arguments: {e}", f"messages.{i}.tool_calls.{j}.function.arguments"
+                    ) from None
                 except ValueError:
                     pass  # not JSON: the template gets the text as the client sent it
     return messages

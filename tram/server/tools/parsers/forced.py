@@ -10,8 +10,10 @@ grammar-valid output to read back.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from tram.sampling_params.schema_walk import iterate_schemas
 from tram.server.tools.parsers.base import ToolCall, collect_deltas
 from tram.server.tools.parsers.forced_stream import ForcedToolStream, forced_function_name
 
@@ -28,8 +30,10 @@ def forced_tool_schema(tools: list[dict[str, Any]], tool_choice: str | dict[str,
     if name is None:
         if not functions:
             raise ValueError('tool_choice "required" needs at least one tool')
-        items = [_item_schema(n, f) for n, f in functions.items()]
-        return {"type": "array", "minItems": 1, "items": {"anyOf": items}}
+        defs: dict[str, Any] = {}
+        items = [_item_schema(n, f, defs) for n, f in functions.items()]
+        schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": items}}
+        return {**schema, "$defs": defs} if defs else schema
     if name not in functions:
         raise ValueError(f"tool_choice names the function {name!r}, which is not among the tools")
     return _parameters(functions[name])
@@ -57,10 +61,37 @@ def _parameters(function: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "properties": {}} if parameters is None else parameters
 
 
-def _item_schema(name: str, function: dict[str, Any]) -> dict[str, Any]:
+def _item_schema(name: str, function: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """One call's schema. Parameters with local references ("#/$defs/Address", what pydantic writes
+    for a nested model; "#" for a recursive one) are moved whole into the array's `$defs` under the
+    function's name, each reference rebased onto their new place: nested in the array as they are,
+    "#/$defs/..." would point at the array's root, which has no such definitions."""
+    parameters = _parameters(function)
+    if _has_local_ref(parameters):
+        defs[name] = _rebase_refs(parameters, f"#/$defs/{name}")  # names match [a-zA-Z0-9_.-]: no escaping
+        parameters = {"$ref": f"#/$defs/{name}"}
     return {
         "type": "object",
-        "properties": {"name": {"type": "string", "enum": [name]}, "parameters": _parameters(function)},
+        "properties": {"name": {"type": "string", "enum": [name]}, "parameters": parameters},
         "required": ["name", "parameters"],
         "additionalProperties": False,
     }
+
+
+def _has_local_ref(schema: Any) -> bool:
+    return any(_local_ref(node) is not None for _, node in iterate_schemas(schema))
+
+
+def _local_ref(node: dict[str, Any]) -> str | None:
+    ref = node.get("$ref")
+    return ref if isinstance(ref, str) and ref.startswith("#") else None
+
+
+def _rebase_refs(schema: Any, base: str) -> Any:
+    """A copy of `schema` whose local references ("#...") point below `base` instead of the root."""
+    copy = json.loads(json.dumps(schema))  # C-level copy: plan_tools bounded the depth already
+    for _, node in iterate_schemas(copy):
+        ref = _local_ref(node)
+        if ref is not None:
+            node["$ref"] = base + ref[1:]
+    return copy
