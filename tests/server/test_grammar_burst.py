@@ -88,7 +88,8 @@ def assert_compiles_stopped(server: RemoteServer, children_before: list[int]) ->
     while set(child_pids(engine)) - set(children_before) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not set(child_pids(engine)) - set(children_before), "a compile process outlived its requests"
-    assert engine_busy(engine) < 0.25, "the engine core keeps compiling for requests that are gone"
+    busy = engine_busy(engine)
+    assert busy < 0.3, f"the engine core keeps compiling for requests that are gone ({busy:.2f} cores)"
     status, seconds, body = complete(server.url, trivial_schema(f"t{time.monotonic_ns()}"))
     assert status == 200, body
     assert seconds < 2.0, f"a trivial schema took {seconds:.2f} s after the burst"
@@ -112,11 +113,12 @@ def test_a_burst_of_slow_schemas_stops_compiling_when_its_requests_fail(server: 
     trivial_status, trivial_seconds, body = complete(server.url, trivial_schema(f"during{tag}"))
     for t in burst:
         t.join(30)
-    assert status == 200 and plain_seconds < 2.0, plain_seconds
-    assert trivial_status == 200 and trivial_seconds < 2.0, (trivial_seconds, body)
+    # Loose bounds (a shared 2-core machine): before the fix the trivial schema got a 400.
+    assert status == 200 and plain_seconds < 3.0, plain_seconds
+    assert trivial_status == 200 and trivial_seconds < 3.0, (trivial_seconds, body)
     assert [o[0] for o in outcomes] == [400] * 4, outcomes
     assert all("took too long" in o[2]["error"]["message"] for o in outcomes), outcomes
-    assert max(o[1] for o in outcomes) < COMPILE_TIMEOUT_S + 4, outcomes
+    assert max(o[1] for o in outcomes) < COMPILE_TIMEOUT_S + 6, outcomes
     assert_compiles_stopped(server, children)
 
 

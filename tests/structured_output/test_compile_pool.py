@@ -7,6 +7,7 @@ ones within a quantum, and a child's error reaches the future with the request's
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -15,7 +16,9 @@ import pytest
 
 from tram.sampling_params import StructuredOutputsParams
 from tram.structured_output.backend import GrammarCompileError
-from tram.structured_output.compile_pool import MAX_PAUSED_PER_SLOT, QUANTUM_S, CompilePool
+from tram.structured_output.compile_child import SLOW_NICE
+from tram.structured_output.compile_pool import CompilePool
+from tram.structured_output.compile_queues import MAX_PAUSED_PER_SLOT, QUANTUM_S
 
 
 def params(regex: str) -> StructuredOutputsParams:
@@ -24,9 +27,9 @@ def params(regex: str) -> StructuredOutputsParams:
 
 def prove(p: StructuredOutputsParams) -> tuple[str, int]:
     """In the child: "spin..." runs until killed, "bad..." raises as a grammar engine would,
-    "sleep <s>..." answers after s seconds, anything else at once, with its text and the child's pid."""
+    "sleep|hold <s>..." answers after s seconds, anything else at once, with its text and the child's pid."""
     assert p.regex is not None
-    if p.regex.startswith("sleep"):
+    if p.regex.startswith(("sleep", "hold")):
         time.sleep(float(p.regex.split()[1]))
     if p.regex.startswith("spin"):
         while True:
@@ -37,14 +40,15 @@ def prove(p: StructuredOutputsParams) -> tuple[str, int]:
 
 
 FINISHED: list[str] = []
+RELEASE = threading.Event()
 
 
 def finish(p: StructuredOutputsParams, proof: tuple[str, int]) -> tuple[str, int]:
-    """In this process: "sleep <s> <t>" takes t seconds more."""
+    """In this process: "hold ..." waits for RELEASE."""
     assert p.regex is not None
     FINISHED.append(p.regex)
-    if p.regex.startswith("sleep") and len(p.regex.split()) > 2:
-        time.sleep(float(p.regex.split()[2]))
+    if p.regex.startswith("hold"):
+        RELEASE.wait(30)
     return proof
 
 
@@ -117,6 +121,22 @@ def killed_and_never_run(pool: CompilePool) -> None:
     assert wait_until(lambda: spinning.done() and queued.done())
     assert wait_until(lambda: not children() - before), "a child outlived its compile"
     assert isinstance(spinning.exception(), GrammarCompileError)
+
+
+def nice_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])
+
+
+def test_a_compile_past_its_quantum_drops_to_a_low_priority(pool: CompilePool) -> None:
+    """Small compiles run at the engine's priority; one past its quantum yields the CPU to serving."""
+    future = pool.submit(("regex", "spin6"), params("spin6"), "r1", later(60))
+    assert wait_until(lambda: len(children()) == 1)
+    (pid,) = children()
+    assert nice_of(pid) == os.getpriority(os.PRIO_PROCESS, 0)
+    assert wait_until(lambda: nice_of(pid) == SLOW_NICE, QUANTUM_S + 2)
+    pool.release(("regex", "spin6"), "r1")
+    assert isinstance(future.exception(timeout=5), GrammarCompileError)
 
 
 def test_a_deadline_ends_the_child(pool: CompilePool) -> None:
@@ -192,18 +212,19 @@ def test_a_finish_that_cannot_end_in_time_never_starts(pool: CompilePool) -> Non
 
 
 def test_a_thread_stays_free_for_short_finishes() -> None:
-    """Two threads, two grammars whose proofs were long (over short_proof) and whose finishes take a
-    second: one finishes at a time, so a short one after them is done at once."""
+    """Two threads, two grammars whose proofs were long (over short_proof) and whose finishes hold
+    their thread until released: one finishes at a time, so a short one after them is done while
+    the first still holds its thread."""
     pool = CompilePool(finish, prove, slots=2, short_proof=0.2)
+    RELEASE.clear()
     try:
-        long = [
-            pool.submit(("regex", f"sleep 0.3 {i}"), params(f"sleep 0.3 {i}"), f"l{i}", later(20)) for i in (1, 1.01)
-        ]
-        assert wait_until(lambda: any(f"sleep 0.3 {i}" in FINISHED for i in (1, 1.01)))
-        start = time.monotonic()
-        assert pool.submit(("regex", "b+"), params("b+"), "s", later(20)).result(timeout=5)[0] == "b+"
-        assert time.monotonic() - start < 0.8
-        assert sum(f.done() for f in long) == 0 and sum(f"sleep 0.3 {i}" in FINISHED for i in (1, 1.01)) == 1
-        assert all(f.result(timeout=10) for f in long)
+        long = [pool.submit(("regex", f"hold 0.3 {i}"), params(f"hold 0.3 {i}"), f"l{i}", later(60)) for i in (1, 2)]
+        assert wait_until(lambda: any(f"hold 0.3 {i}" in FINISHED for i in (1, 2)))
+        assert pool.submit(("regex", "b+"), params("b+"), "s", later(60)).result(timeout=20)[0] == "b+"
+        assert not any(f.done() for f in long)
+        assert sum(f"hold 0.3 {i}" in FINISHED for i in (1, 2)) == 1, "both long finishes took a thread"
+        RELEASE.set()
+        assert all(f.result(timeout=20) for f in long)
     finally:
+        RELEASE.set()
         pool.shutdown()

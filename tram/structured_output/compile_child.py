@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-CHILD_NICE = 10  # the step loop comes first: a compile runs on the CPU the batch leaves
+SLOW_NICE = 10  # a compile past its quantum runs on the CPU the step loop leaves
 _PR_SET_PDEATHSIG = 1
 try:
     # Looked up now: a dlopen in the child could wait forever on a loader lock some other thread of
@@ -72,6 +72,13 @@ class ChildCall:
         except Exception:  # noqa: BLE001 - no whole answer: the child died before it could send one
             return False, (None, f"the compile process ended without an answer ({_describe(status)})")
 
+    def lower_priority(self) -> None:
+        """From now on the child runs only on CPU that nothing else of normal priority wants."""
+        try:
+            os.setpriority(os.PRIO_PROCESS, self.pid, SLOW_NICE)
+        except (ProcessLookupError, PermissionError):  # gone already; or not ours to lower
+            pass
+
     def pause(self) -> None:
         os.kill(self.pid, signal.SIGSTOP)
 
@@ -100,7 +107,6 @@ def _child_main(read_fd: int, write_fd: int, parent: int, fn: Callable[..., Any]
         # Ctrl-C reaches the whole process group: the engine core ends its compiles itself.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.nice(CHILD_NICE)
         try:
             answer: tuple[bool, Any] = (True, fn(*args))
         except BaseException as e:  # noqa: BLE001 - the answer carries it to the engine core

@@ -15,12 +15,8 @@ one running in a child process is killed. Two stages:
   that could not end by the deadline never starts, and one thread is kept for short ones (a finish
   cannot be stopped); an engine that bounds its own work (llguidance) finishes without a proof.
 
-Fairness, a multilevel feedback queue: a child that has held a slot for QUANTUM_S yields it (it is
-paused, SIGSTOP) whenever a job not yet started waits, and continues when none does; jobs not yet
-started go newest first. So a burst of slow schemas, from one client or many, keeps a new one
-waiting a quantum at most, and the slow ones go on with the slots the new ones leave, until their
-deadline. A paused child keeps its memory, so at most MAX_PAUSED_PER_SLOT per slot stay paused: past
-that, the one that has held a slot longest is ended as too slow.
+Which proofs run, yield, drop to a low priority or end is compile_queues.py's policy (a multilevel
+feedback queue): a burst of slow schemas cannot keep a small one waiting for more than a quantum.
 """
 
 from __future__ import annotations
@@ -31,51 +27,19 @@ import os
 import selectors
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 from tram.sampling_params import StructuredOutputsParams
 from tram.structured_output.backend import GrammarCompileError
 from tram.structured_output.compile_child import ChildCall
+from tram.structured_output.compile_queues import QUANTUM_S, CompileJob, Doomed, Key, ProofQueues, too_long_message
 
-QUANTUM_S = 0.25  # seconds a child may hold a slot before it yields it to a job not yet started
-# A paused child keeps its memory, and the pages the engine core writes while it lives are copied
-# (copy-on-write: the child keeps the old ones), so few stay paused.
-MAX_PAUSED_PER_SLOT = 2
 SHORT_PROOF_S = 1.0  # a proof that held its slot less long is short: its finish has a thread kept free
 
-Key = tuple[str, str]
 Prove = Callable[[StructuredOutputsParams], Any]
 Finish = Callable[[StructuredOutputsParams, Any], Any]
-
-
-def too_long_message(kind: str) -> str:
-    return (
-        f"compiling the {kind} constraint took too long (the limit is set by "
-        "--structured-outputs-compile-timeout); simplify the schema"
-    )
-
-
-@dataclass(eq=False)
-class CompileJob:
-    key: Key
-    params: StructuredOutputsParams
-    deadline: float  # time.monotonic(): the latest of its waiters' deadlines
-    seq: int
-    waiters: set[str] = field(default_factory=set)
-    future: Future = field(default_factory=Future)
-    child: ChildCall | None = None
-    demoted: bool = False  # used its quantum and yielded once: any job not yet started goes first
-    ran: float = 0.0  # seconds its child held a slot before the last time it got one
-    since: float = 0.0  # time.monotonic() when it last got a slot
-    proof: Any = None
-
-    def fail(self, reason: str) -> None:
-        if not self.future.done():
-            self.future.set_exception(GrammarCompileError(self.params.source_field or "structured_outputs", reason))
 
 
 class CompilePool:
@@ -92,14 +56,12 @@ class CompilePool:
         """`observe` is told the seconds of each compile that ended (its proof's and its finish's),
         whether the engine compiled or refused the grammar; not of those dropped or killed."""
         self._finish, self._prove, self.slots = finish, prove, slots
-        self.quantum, self.short_proof = quantum, short_proof
+        self.short_proof = short_proof
         self._observe = observe or (lambda seconds: None)
         self._lock = threading.Lock()
         self._ready_cond = threading.Condition(self._lock)
         self._jobs: dict[Key, CompileJob] = {}  # jobs not done, by grammar
-        self._fresh: deque[CompileJob] = deque()  # to prove, not started
-        self._running: list[CompileJob] = []  # proving, their child holds a slot
-        self._paused: deque[CompileJob] = deque()  # proving, their child yielded its slot
+        self._queues = ProofQueues(slots, quantum)  # jobs to prove (compile_queues.py decides)
         self._ready: list[tuple[float, int, CompileJob]] = []  # heap: to finish, cheapest proof first
         self._closed = False
         self._long_finishes = 0  # threads finishing a grammar whose proof was not short
@@ -129,7 +91,7 @@ class CompilePool:
                 if self._prove is None:
                     self._push_ready(job)
                 else:
-                    self._fresh.append(job)
+                    self._queues.fresh.append(job)
             job.waiters.add(waiter)
             job.deadline = max(job.deadline, deadline)
             self._wake()
@@ -237,7 +199,8 @@ class CompilePool:
                 else:
                     self._collect(key.data)
         with self._lock:
-            doomed = [(job, "the engine is shutting down") for job in self._take_all()]
+            doomed = [(job, "the engine is shutting down") for job in self._queues.take_all()]
+            self._forget_all(doomed)
         self._end(doomed)
         self._selector.close()
         os.close(self._wake_r)
@@ -253,11 +216,17 @@ class CompilePool:
         """Drop what nobody can use, let slow children yield to new jobs, fill the slots; the
         seconds until the next thing to look at (None: nothing to do until woken)."""
         with self._lock:
-            doomed = self._take_unwanted(now)
-            paused, too_slow = self._take_yielding(now)
-            started, resumed = self._take_slots(now)
-            timeout = self._next_wake(now)
+            queues = self._queues
+            doomed = queues.take_unwanted(now)
+            lowered = queues.take_to_lower(now)
+            paused, too_slow = queues.take_yielding(now)
+            started, resumed = queues.take_slots(now)
+            timeout = queues.next_wake(now)
+            self._forget_all(doomed + too_slow)
         self._end(doomed + too_slow)
+        for job in lowered:
+            if job.child is not None:
+                job.child.lower_priority()
         for job in paused:
             assert job.child is not None
             job.child.pause()
@@ -268,81 +237,13 @@ class CompilePool:
             self._start(job)
         return timeout
 
-    def _take_all(self) -> list[CompileJob]:
-        jobs = [*self._fresh, *self._running, *self._paused]
-        for job in jobs:
-            self._unqueue(job)
-            self._forget(job)
-        return jobs
-
-    def _take_unwanted(self, now: float) -> list[tuple[CompileJob, str]]:
-        doomed = []
-        for job in [*self._fresh, *self._running, *self._paused]:
-            if not job.waiters:
-                doomed.append((job, "nobody waits for this compile any more"))
-            elif now > job.deadline:
-                doomed.append((job, too_long_message(job.params.kind)))
-        for job, _ in doomed:
-            self._unqueue(job)
-            self._forget(job)
-        return doomed
-
-    def _take_yielding(self, now: float) -> tuple[list[CompileJob], list[tuple[CompileJob, str]]]:
-        """While a job not yet started waits and no slot is free, the running child furthest past its
-        quantum yields (to pause); past MAX_PAUSED_PER_SLOT, the paused one that held a slot longest
-        is ended."""
-        paused: list[CompileJob] = []
-        too_slow: list[tuple[CompileJob, str]] = []
-        while self._fresh and len(self._running) >= self.slots:
-            over = [
-                j for j in self._running if j.child is not None and (j.demoted or j.ran + now - j.since >= self.quantum)
-            ]
-            if not over:
-                break
-            victim = max(over, key=lambda j: j.ran + now - j.since)
-            victim.demoted, victim.ran = True, victim.ran + now - victim.since
-            self._running.remove(victim)
-            self._paused.append(victim)
-            paused.append(victim)
-        while len(self._paused) > MAX_PAUSED_PER_SLOT * self.slots:
-            doomed = max(self._paused, key=lambda j: j.ran)
-            self._unqueue(doomed)
-            self._forget(doomed)
-            if doomed in paused:
-                paused.remove(doomed)
-            kind = doomed.params.kind
-            reason = f"compiling the {kind} constraint took too long while other compiles waited; simplify the schema"
-            too_slow.append((doomed, reason))
-        return paused, too_slow
-
-    def _take_slots(self, now: float) -> tuple[list[CompileJob], list[CompileJob]]:
-        """Free slots to jobs not yet started first, the newest first (it waits at most a quantum
-        however many came before it, and the oldest are the nearest to their deadline anyway),
-        then to paused ones, the oldest first: (to start, to resume)."""
-        started, resumed = [], []
-        while len(self._running) < self.slots and (self._fresh or self._paused):
-            job = self._fresh.pop() if self._fresh else self._paused.popleft()
-            (resumed if job.child is not None else started).append(job)
-            job.since = now
-            self._running.append(job)
-        return started, resumed
-
-    def _next_wake(self, now: float) -> float | None:
-        jobs = [*self._fresh, *self._running, *self._paused]
-        if not jobs:
-            return None
-        wake = min(j.deadline for j in jobs) - now
-        if self._fresh:  # when the next running child reaches its quantum
-            wake = min([wake, *(j.since + self.quantum - j.ran - now for j in self._running if not j.demoted)])
-        return max(0.0, wake)
-
     def _start(self, job: CompileJob) -> None:
         assert self._prove is not None
         try:
             child = ChildCall(self._prove, (job.params,))
         except OSError as e:  # no process could be started (memory, the process limit)
             with self._lock:
-                self._unqueue(job)
+                self._queues.unqueue(job)
                 self._forget(job)
             job.fail(f"could not start a compile process: {e}")
             return
@@ -358,9 +259,9 @@ class CompilePool:
         ok, value = child.result()
         job.child = None
         with self._lock:
-            if job in self._running:
-                job.ran += time.monotonic() - job.since
-            self._unqueue(job)
+            if job in self._queues.running:
+                job.ran = job.held(time.monotonic())
+            self._queues.unqueue(job)
             if ok and job.waiters:
                 job.proof = value
                 self._push_ready(job)
@@ -374,12 +275,11 @@ class CompilePool:
         else:
             job.fail("nobody waits for this compile any more")
 
-    def _unqueue(self, job: CompileJob) -> None:
-        for queue in (self._fresh, self._running, self._paused):
-            if job in queue:
-                queue.remove(job)
+    def _forget_all(self, doomed: Doomed) -> None:
+        for job, _ in doomed:
+            self._forget(job)
 
-    def _end(self, doomed: list[tuple[CompileJob, str]]) -> None:
+    def _end(self, doomed: Doomed) -> None:
         """Kill the children of jobs already taken out of the queues, and fail them."""
         for job, reason in doomed:
             if job.child is not None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from tram.sampling_params import StructuredOutputsParams
 from tram.structured_output.backend import KIND_NAMES, GrammarBackend, GrammarCompileError, Matcher
-from tram.structured_output.compile_pool import too_long_message
+from tram.structured_output.compile_queues import too_long_message
 
 logger = logging.getLogger(__name__)
 
