@@ -15,26 +15,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-from llama_cpp_peer import CACHE, build_dir, resident_mib, source_dir, start_llama_server, tool_binary
+from llama_cpp_peer import CACHE, build_dir, gguf_path, quantized, resident_mib, start_llama_server
 
 import tram
 from tram.bench.presets import PRESETS_DIR
 from tram.bench.report import machine_summary
 from tram.bench.server_process import ServerProcess, TramServer, free_port
 
-GGUF = CACHE / "gguf" / "smollm2-135m-shape-Q4_K_M.gguf"
+# The checkpoint; llama_cpp_peer names its Q4_K_M file after it (smollm2-135m-shape-Q4_K_M.gguf).
+CHECKPOINT = CACHE / "checkpoints" / "smollm2-135m-shape"
 
 
-def build_gguf() -> Path:
-    if GGUF.exists():
-        return GGUF
+def build_checkpoint() -> None:
     import shutil
 
     import torch
@@ -51,20 +48,19 @@ def build_gguf() -> Path:
         rope_theta=100000.0,
         tie_word_embeddings=True,
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / "model"
-        torch.manual_seed(0)
-        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-        for item in (PRESETS_DIR / "tokenizer").iterdir():
-            shutil.copy(item, folder / item.name)
-        f32 = Path(tmp) / "model-f32.gguf"
-        converter = source_dir() / "convert_hf_to_gguf.py"
-        subprocess.run(
-            [sys.executable, str(converter), str(folder), "--outtype", "f32", "--outfile", str(f32)], check=True
-        )
-        GGUF.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([str(tool_binary("llama-quantize")), str(f32), str(GGUF), "Q4_K_M"], check=True)
-    return GGUF
+    torch.manual_seed(0)
+    tmp = CHECKPOINT.with_suffix(".tmp")
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp)
+    for item in (PRESETS_DIR / "tokenizer").iterdir():
+        shutil.copy(item, tmp / item.name)
+    tmp.rename(CHECKPOINT)
+
+
+def build_gguf() -> Path:
+    """The file as users make theirs (converted at float32, then llama-quantize), via the peer's cache."""
+    if not gguf_path(str(CHECKPOINT), "Q4_K_M").exists() and not CHECKPOINT.exists():
+        build_checkpoint()
+    return quantized(str(CHECKPOINT), "float32", 0, "Q4_K_M")
 
 
 def complete(port: int, model: str) -> None:

@@ -108,7 +108,7 @@ DEEP_CASES = {
     "responses text.format": (
         "/v1/responses",
         {"model": STORIES, "input": "Hi", "max_output_tokens": 3, "text": TEXT_FORMAT},
-        "text.format|response_format",  # the Responses API's own name once errors use it
+        "text.format.schema",
     ),
 }
 

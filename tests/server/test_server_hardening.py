@@ -133,7 +133,7 @@ RESPONSES_ERRORS = [
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}, "strict": "yes"}}}, "text.format.strict"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}, "extra": 1}}}, "text.format.extra"),
     ({"text": {"format": {"type": "json_object", "schema": {}}}}, "text.format.schema"),
-    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"maximum": 2**70}}}}, "text.format"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"maximum": 2**70}}}}, "text.format.schema"),
     ({"input": [{"role": "user", "content": "x " * 10_000}]}, "input"),
 ]
 

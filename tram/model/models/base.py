@@ -18,17 +18,22 @@ def resolve_backend(attention_backend: AttentionBackend | str) -> AttentionBacke
 
 
 def spec_attention(
-    spec: DecoderSpec, layer_idx: int, backend: AttentionBackend, dtype: torch.dtype, **extras: object
+    spec: DecoderSpec,
+    layer_idx: int,
+    backend: AttentionBackend,
+    dtype: torch.dtype,
+    kind: type[Attention] = Attention,
+    **extras: object,
 ) -> Attention:
-    """Layer layer_idx's attention as the spec shapes it; extras: a family's own (scale, head_norm,
-    logits_soft_cap)."""
-    return Attention(
-        spec.hidden_size,
-        spec.num_heads,
-        spec.num_kv_heads,
-        spec.head_dim,
-        backend,
-        dtype,
+    """Layer layer_idx's attention as the spec shapes it; `kind`: a family's Attention subclass that
+    takes Attention's arguments; extras: a family's own (scale, head_norm, logits_soft_cap)."""
+    return kind(
+        hidden_size=spec.hidden_size,
+        num_heads=spec.num_heads,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        backend=backend,
+        dtype=dtype,
         qkv_bias=spec.qkv_bias,
         o_bias=spec.o_bias,
         sliding_window=spec.sliding_windows[layer_idx],

@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from tram.sampling_params import SAMPLING_RANGES as RANGES
-from tram.server.protocol.field_rules import check_text, find_lone_surrogate
+from tram.sampling_params.json_scan import json_fault
+from tram.server.protocol.field_rules import check_text
 from tram.server.protocol.openai import ChatMessage, SamplingFields, Text
 from tram.server.protocol.structured import ResponseFormat
 
@@ -141,9 +142,9 @@ class TextFormat(BaseModel):
     @field_validator("schema_")
     @classmethod
     def _schema_text(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        where = find_lone_surrogate(v)
-        if where is not None:
-            raise ValueError(f"the schema contains a lone surrogate ({where}); text must be valid Unicode")
+        fault = json_fault(v)  # the one walk of this schema: what the engine core cannot take
+        if fault is not None:
+            raise ValueError(f"the schema: {fault}")
         return v
 
     @model_validator(mode="after")

@@ -13,7 +13,6 @@ import msgspec
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from tram.sampling_params import SamplingParamError, StructuredOutputsParams
-from tram.sampling_params.client_json import JSONTooDeepError, too_deep
 from tram.server.protocol.field_rules import check_constraint_text
 
 
@@ -71,6 +70,16 @@ _CONSTRAINT_FIELDS = (
 )
 
 
+def _set_fields(model: BaseModel) -> dict[str, Any]:
+    """A model's fields that differ from their defaults, by their JSON names: `model_dump` would
+    copy a schema of hundreds of KB node by node."""
+    return {
+        f.alias or name: value
+        for name, f in type(model).model_fields.items()
+        if (value := getattr(model, name)) != f.default
+    }
+
+
 class StructuredFields(BaseModel):
     """Mixed into the completion and chat request models."""
 
@@ -85,7 +94,8 @@ class StructuredFields(BaseModel):
     def structured_params(self) -> StructuredOutputsParams | None:
         """The one constraint this request asks for (None: free text). ValueError naming the field
         for two at once or a malformed one; whether it compiles is the engine core's call."""
-        check_constraint_text(self, _CONSTRAINT_FIELDS)  # before anything reads or encodes the text
+        # Before anything reads or encodes the text; also the depth check a structural tag's dump needs.
+        check_constraint_text(self, _CONSTRAINT_FIELDS, self._schemas())
         sources = self._sources()
         if len(sources) > 1:
             raise SamplingParamError(
@@ -97,10 +107,20 @@ class StructuredFields(BaseModel):
         field, kwargs = sources[0]
         return StructuredOutputsParams(**kwargs, source_field=field)
 
+    def _schemas(self) -> tuple[Any, ...]:
+        """The JSON schemas given as objects: StructuredOutputsParams checks each itself."""
+        so, rf = self.structured_outputs, self.response_format
+        candidates = (
+            self.guided_json,
+            so.json_ if so is not None else None,
+            rf.json_schema.schema_ if rf is not None and rf.json_schema is not None else None,
+        )
+        return tuple(c for c in candidates if isinstance(c, dict))
+
     def _sources(self) -> list[tuple[str, dict[str, Any]]]:
         out: list[tuple[str, dict[str, Any]]] = []
         if self.structured_outputs is not None:
-            so = self.structured_outputs.model_dump(exclude_defaults=True, by_alias=True)
+            so = _set_fields(self.structured_outputs)
             out.append(("structured_outputs", so))
         guided = {
             "json": self.guided_json,
@@ -124,8 +144,6 @@ class StructuredFields(BaseModel):
         if rf.type == "json_object":
             return {"json_object": True}
         if rf.type == "structural_tag":
-            if too_deep(rf.model_extra):  # before the dump: pydantic and json recurse per level
-                raise SamplingParamError("response_format", f"the structural tag: {JSONTooDeepError()}")
             return {"structural_tag": json.dumps(rf.model_dump(exclude_none=True))}
         if rf.json_schema is None or rf.json_schema.schema_ is None:
             raise SamplingParamError("response_format", "response_format of type json_schema needs json_schema.schema")
