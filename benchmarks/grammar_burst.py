@@ -17,8 +17,9 @@ the burst and after.
 from __future__ import annotations
 
 import argparse
+import json
+import multiprocessing
 import statistics
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -49,19 +50,26 @@ def burst_schemas(n: int, run: str) -> list[dict[str, Any]]:
     return [nested_one_of(8, f"{run}_{i}_") for i in range(n)]
 
 
-def constrained(url: str, schema: dict[str, Any], timeout: float = 600) -> tuple[int, float, str]:
-    """A completion under `schema`: its status, seconds and (for an error) the message's start."""
+def completion_body(schema: dict[str, Any]) -> bytes:
     body = {"model": STORIES, "prompt": PROMPT, "max_tokens": 5, "temperature": 0, "guided_json": schema}
+    return json.dumps(body).encode()
+
+
+def constrained(url: str, body: bytes, timeout: float = 600) -> tuple[int, float, str]:
+    """A completion under the schema in `body`: its status, seconds and (for an error) the message's start."""
     start = time.perf_counter()
     with httpx.Client(base_url=url, timeout=timeout) as c:
-        resp = c.post("/v1/completions", json=body)
+        resp = c.post("/v1/completions", content=body, headers={"content-type": "application/json"})
     elapsed = time.perf_counter() - start
     message = "" if resp.status_code == 200 else resp.json().get("error", {}).get("message", "")[:90]
     return resp.status_code, elapsed, message
 
 
-def plain_loop(url: str, stop: threading.Event, latencies: list[float]) -> None:
-    """Short plain completions one after another (20 ms apart) until `stop`."""
+def plain_loop(url: str, stop: Any, out: Any) -> None:
+    """Short plain completions one after another (20 ms apart) until `stop`; their latencies go to
+    `out`. A process of its own: in the burst's process, the burst's threads would hold the GIL
+    while this one waits to time its requests."""
+    latencies: list[float] = []
     body = {"model": STORIES, "prompt": PROMPT, "max_tokens": 8, "temperature": 0}
     with httpx.Client(base_url=url, timeout=600) as c:
         while not stop.is_set():
@@ -69,6 +77,7 @@ def plain_loop(url: str, stop: threading.Event, latencies: list[float]) -> None:
             c.post("/v1/completions", json=body).raise_for_status()
             latencies.append(time.perf_counter() - start)
             time.sleep(0.02)
+    out.send(latencies)
 
 
 def _tree(pid: int) -> list[int]:
@@ -112,15 +121,18 @@ def pct(values: list[float], q: float) -> float:
 
 
 def run_burst(url: str, n: int, run: str) -> tuple[list[tuple[int, float, str]], list[float]]:
-    """The burst with the plain loop beside it: each burst request's outcome, the plain latencies."""
-    latencies: list[float] = []
-    stop = threading.Event()
-    plain = threading.Thread(target=plain_loop, args=(url, stop, latencies))
+    """The burst with the plain loop beside it: each burst request's outcome, the plain latencies.
+    The bodies are built and encoded first, so the burst's start costs this process nothing."""
+    bodies = [completion_body(schema) for schema in burst_schemas(n, run)]
+    ctx = multiprocessing.get_context("spawn")
+    stop, (receive, send) = ctx.Event(), ctx.Pipe(duplex=False)
+    plain = ctx.Process(target=plain_loop, args=(url, stop, send))
     plain.start()
-    time.sleep(0.5)
+    time.sleep(2.0)  # the loop's process has started and sends requests
     with ThreadPoolExecutor(n) as pool:
-        outcomes = list(pool.map(lambda s: constrained(url, s), burst_schemas(n, run)))
+        outcomes = list(pool.map(lambda body: constrained(url, body), bodies))
     stop.set()
+    latencies = receive.recv()
     plain.join()
     return outcomes, latencies
 
@@ -143,7 +155,7 @@ def one_round(url: str, engine: int, schemas: int, run: str, after: float) -> No
     outcomes, latencies = run_burst(url, schemas, run)
     report_burst(outcomes, latencies)
     trivial = {"type": "object", "properties": {f"t{run}": {"type": "integer"}}, "required": [f"t{run}"]}
-    status, seconds, message = constrained(url, trivial)
+    status, seconds, message = constrained(url, completion_body(trivial))
     print(f"trivial schema after the burst: {status} in {seconds:.2f} s {message}")
     cpu0, t0 = cpu_seconds(engine), time.perf_counter()
     time.sleep(after)
@@ -164,7 +176,7 @@ def main() -> None:
     run = str(int(time.time()) % 100_000)
     try:
         engine = server.engine_core_pid()
-        constrained(server.url, {"type": "object", "properties": {"warm": {"type": "integer"}}})
+        constrained(server.url, completion_body({"type": "object", "properties": {"warm": {"type": "integer"}}}))
         before = rss_mb(engine)
         for i in range(args.rounds):
             one_round(server.url, engine, args.schemas, f"{run}r{i}", args.after)

@@ -109,7 +109,8 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         """(kind, spec text): equal keys compile to the same grammar, so this keys the cache."""
         kind = self.kind
         if kind == "json":
-            spec = self.json if isinstance(self.json, str) else json.dumps(self.json, sort_keys=True)
+            # msgspec: a tenth of json.dumps' time (~1 ms for a 450 KB schema), on the step loop.
+            spec = self.json if isinstance(self.json, str) else msgspec.json.encode(self.json, order="sorted").decode()
             spec = json.dumps(
                 [spec, self.disable_any_whitespace, self.disable_additional_properties, self.whitespace_pattern]
             )

@@ -32,6 +32,7 @@ from tram.server.http.body_limit import BodySizeLimit
 from tram.server.http.body_timeout import BodyReadTimeout
 from tram.server.http.connections import ConnectionLimits, protocol_class, raise_open_file_limit
 from tram.server.http.gc_policy import FullCollections
+from tram.server.http.large_json import LargeJSONRoute
 from tram.server.http.listen import bind_socket, server_url
 from tram.server.http.openapi import openapi_document
 from tram.server.protocol.errors import error_response, install_exception_handlers
@@ -156,6 +157,7 @@ def build_app(engine_args: EngineArgs, server_args: ServerArgs, engine_config: E
     app.openapi = lambda: openapi_document(app)  # type: ignore[method-assign]
     install_exception_handlers(app)
     _install_middleware(app, server_args)
+    app.router.route_class = LargeJSONRoute  # before the routes: each takes its class when added
     _add_routes(app)
     _add_vllm_routes(app)
     if envs.TRAM_SERVER_DEV_MODE:

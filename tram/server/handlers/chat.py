@@ -22,6 +22,7 @@ from tram.server.handlers.base import (
 )
 from tram.server.handlers.choice_ledger import ChoiceLedger
 from tram.server.handlers.streams import DONE_EVENT, respond_unless_disconnected, sse
+from tram.server.http.large_json import off_loop_if_large
 from tram.server.protocol.errors import APIError, stream_error_event
 from tram.server.protocol.openai import ChatCompletionRequest, ChatMessage, TokenizeRequest
 from tram.server.tools.chat import ToolPlan, merge_structured, plan_tools, template_messages, tool_calls_json
@@ -117,7 +118,9 @@ class OpenAIServingChat(OpenAIServing):
         ids = await self.render(req, plan.tools)
         max_tokens = req.max_completion_tokens or req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = req.to_sampling_params(max_tokens, self.defaults, logprobs, req.prompt_logprobs)
+        params = await off_loop_if_large(
+            raw, req.to_sampling_params, max_tokens, self.defaults, logprobs, req.prompt_logprobs
+        )
         params.structured_outputs = merge_structured(plan, req.parallel_tool_calls, params.structured_outputs)
         request_id = random_id("chatcmpl")
         stream = self.engine.add_request({"prompt_token_ids": ids}, params, request_id, MESSAGES_LENGTH_RULE)

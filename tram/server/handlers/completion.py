@@ -25,6 +25,7 @@ from tram.server.handlers.base import (
 from tram.server.handlers.beam_search import BeamSearchCompletion
 from tram.server.handlers.choice_ledger import ChoiceLedger
 from tram.server.handlers.streams import DONE_EVENT, merge_async_iterators, respond_unless_disconnected, sse
+from tram.server.http.large_json import off_loop_if_large
 from tram.server.protocol.errors import APIError, stream_error_event
 from tram.server.protocol.openai import CompletionRequest
 
@@ -70,9 +71,10 @@ class OpenAIServingCompletion(OpenAIServing):
             if req.stream:
                 return StreamingResponse(self.beams.stream(req, request_id, work), media_type="text/event-stream")
             return await respond_unless_disconnected(raw, work)
-        streams = await self._submit(req, request_id)
+        params = await off_loop_if_large(raw, self.sampling_params, req)
+        streams = await self._submit(req, request_id, params)
         if req.stream:
-            if req.structured_params() is not None:
+            if params.structured_outputs is not None:
                 await self._started(streams)  # a grammar the engine refuses is a 400, not an error event
             return StreamingResponse(self._stream(req, request_id, streams), media_type="text/event-stream")
         return await respond_unless_disconnected(raw, self._collect(req, request_id, streams))
@@ -117,11 +119,10 @@ class OpenAIServingCompletion(OpenAIServing):
             prompt_lp = req.logprobs  # the echoed prompt's own logprobs
         return req.to_sampling_params(max_tokens, self.defaults, req.logprobs, prompt_lp)
 
-    async def _submit(self, req: CompletionRequest, request_id: str) -> list[RequestStream]:
-        """Validate every prompt and submit them all, or none (earlier ones are aborted)."""
-        # One SamplingParams for every prompt: the engine never mutates a request's params (n > 1
-        # samples get their own copies in register_request), so no per-prompt copy is needed.
-        params = self.sampling_params(req)
+    async def _submit(self, req: CompletionRequest, request_id: str, params: SamplingParams) -> list[RequestStream]:
+        """Validate every prompt and submit them all, or none (earlier ones are aborted). One
+        SamplingParams for every prompt: the engine never mutates a request's params (n > 1
+        samples get their own copies in register_request), so no per-prompt copy is needed."""
         streams: list[RequestStream] = []
         try:
             for i, (text, ids) in enumerate(await self._prompts(req)):

@@ -22,6 +22,7 @@ from tram.sampling_params import SamplingParams
 from tram.server.handlers.base import OpenAIServing
 from tram.server.handlers.chat import OpenAIServingChat
 from tram.server.handlers.streams import respond_unless_disconnected, sse
+from tram.server.http.large_json import off_loop_if_large
 from tram.server.protocol.errors import APIError, exception_to_error
 from tram.server.protocol.responses import ResponsesRequest
 
@@ -217,7 +218,8 @@ class OpenAIServingResponses(OpenAIServing):
             raise APIError(400, message, param)
         ids = await self._render(req)
         try:
-            params = req.sampling_fields().to_sampling_params(req.max_output_tokens, self.defaults, None)
+            fields = req.sampling_fields()
+            params = await off_loop_if_large(raw, fields.to_sampling_params, req.max_output_tokens, self.defaults, None)
         except ValueError as e:
             raise in_responses_words(e) from e
         if params.structured_outputs is not None:  # errors name this API's field
