@@ -215,14 +215,16 @@ def test_a_thread_stays_free_for_short_finishes() -> None:
     """Two threads, two grammars whose proofs were long (over short_proof) and whose finishes hold
     their thread until released: one finishes at a time, so a short one after them is done while
     the first still holds its thread."""
-    pool = CompilePool(finish, prove, slots=2, short_proof=0.2)
+    # short_proof leaves "b+"'s proof (a fork and a pickle) a second even on a loaded machine; past
+    # it, a proof counts as long and would rightly wait for a thread the held finishes keep.
+    pool = CompilePool(finish, prove, slots=2, short_proof=1.0)
     RELEASE.clear()
     try:
-        long = [pool.submit(("regex", f"hold 0.3 {i}"), params(f"hold 0.3 {i}"), f"l{i}", later(60)) for i in (1, 2)]
-        assert wait_until(lambda: any(f"hold 0.3 {i}" in FINISHED for i in (1, 2)))
+        long = [pool.submit(("regex", f"hold 1.5 {i}"), params(f"hold 1.5 {i}"), f"l{i}", later(60)) for i in (1, 2)]
+        assert wait_until(lambda: any(f"hold 1.5 {i}" in FINISHED for i in (1, 2)), timeout=10)
         assert pool.submit(("regex", "b+"), params("b+"), "s", later(60)).result(timeout=20)[0] == "b+"
         assert not any(f.done() for f in long)
-        assert sum(f"hold 0.3 {i}" in FINISHED for i in (1, 2)) == 1, "both long finishes took a thread"
+        assert sum(f"hold 1.5 {i}" in FINISHED for i in (1, 2)) == 1, "both long finishes took a thread"
         RELEASE.set()
         assert all(f.result(timeout=20) for f in long)
     finally:
