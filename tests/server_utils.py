@@ -35,6 +35,7 @@ __all__ = [
     "openai_client",
     "openai_module_fixtures",
     "settled_kv",
+    "shared_openai_fixtures",
     "shared_server",
     "stop_clean",
     "wait_state",
@@ -135,6 +136,23 @@ def openai_module_fixtures(spec: ServerSpec) -> tuple:
 
         yield from pool_server(spec)
 
+    return (server, *_client_fixtures())
+
+
+def shared_openai_fixtures() -> tuple:
+    """openai_module_fixtures' three fixtures over the session's shared default-flags server
+    (conftest.py's `stories_server`, through shared_server) instead of a server of the module's own."""
+
+    @pytest.fixture(scope="module")
+    def server(stories_server: RemoteServer) -> Iterator[RemoteServer]:
+        yield from shared_server(stories_server)
+
+    return (server, *_client_fixtures())
+
+
+def _client_fixtures() -> tuple:
+    """`client` and the autouse `no_kv_in_use` over a module's `server` fixture."""
+
     @pytest.fixture(scope="module")
     def client(server: RemoteServer) -> openai.OpenAI:
         return openai_client(server)
@@ -144,4 +162,4 @@ def openai_module_fixtures(spec: ServerSpec) -> tuple:
         yield
         assert_idle(server)
 
-    return server, client, no_kv_in_use
+    return client, no_kv_in_use

@@ -101,8 +101,8 @@ def test_model_missing_or_given_twice_differently(capsys: pytest.CaptureFixture[
         (["--no-enable-chunked-prefill"], "--no-enable-chunked-prefill is not supported"),
         (["-tp", "2", "--distributed-executor-backend", "uni"], "distributed_executor_backend 'uni' runs one rank"),
         (
-            ["--tool-call-parser", "mistral"],
-            "--tool-call-parser mistral is not supported: choose one of hermes, llama3_json",
+            ["--tool-call-parser", "phi4_mini_json"],
+            "--tool-call-parser phi4_mini_json is not supported: choose one of granite, hermes, llama3_json, mistral,",
         ),
         (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
         (

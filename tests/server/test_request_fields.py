@@ -46,8 +46,6 @@ def _error(resp: httpx.Response, field: str) -> dict:
 
 
 REFUSED_CHAT = [
-    ("functions", [{"name": "f", "parameters": {"type": "object"}}]),
-    ("function_call", "auto"),
     ("guided_decoding_backend", "outlines"),
     ("use_beam_search", True),
     ("echo", True),

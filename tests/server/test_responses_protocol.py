@@ -43,7 +43,6 @@ def test_settings_that_mean_off_are_accepted(off):
     [
         ({"top_logprobs": 1}, "top_logprobs"),
         ({"truncation": "auto"}, "truncation"),
-        ({"tool_choice": {"type": "function", "name": "f"}}, "tool_choice"),
         ({"max_tool_calls": 0}, "max_tool_calls"),
         ({"text": {"format": {"type": "text"}, "verbosity": "low"}}, "text"),
         ({"conversation": "conv_1"}, "conversation"),

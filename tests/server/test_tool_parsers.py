@@ -8,13 +8,14 @@ import json
 import random
 import subprocess
 import sys
+from collections.abc import Callable
 from itertools import zip_longest
 
 import jsonschema
 import pytest
 
 from tram.server.tools.parsers import TOOL_PARSERS, get_tool_parser
-from tram.server.tools.parsers.base import ToolCallStream, collect_deltas
+from tram.server.tools.parsers.base import ToolCallStream, ToolParser, collect_deltas
 from tram.server.tools.parsers.forced import ForcedToolStream, forced_tool_schema, parse_forced_tool_calls
 from tram.server.tools.parsers.json_scan import ValueScanner
 
@@ -102,7 +103,13 @@ def chunkings(text: str) -> list[list[str]]:
     return ways
 
 
-def run_stream(stream: ToolCallStream, pieces: list[str]) -> tuple[str, list[tuple[str, str, str]]]:
+def default_id(call_id: str) -> bool:
+    return call_id.startswith("chatcmpl-tool-")
+
+
+def run_stream(
+    stream: ToolCallStream, pieces: list[str], id_ok: Callable[[str], bool] = default_id
+) -> tuple[str, list[tuple[str, str, str]]]:
     """Feed the pieces, checking the delta protocol; the content and (id, name, arguments) per call."""
     content: list[str] = []
     calls: dict[int, list[str]] = {}
@@ -113,7 +120,7 @@ def run_stream(stream: ToolCallStream, pieces: list[str]) -> tuple[str, list[tup
         content.append(delta.content or "")
         for d in delta.tool_calls:
             if d.index not in calls:
-                assert d.id and d.id.startswith("chatcmpl-tool-") and d.name, d
+                assert d.id and id_ok(d.id) and d.name, d
                 calls[d.index] = [d.id, d.name, ""]
             else:
                 assert d.id is None and d.name is None, "id and name go out once, in a call's first delta"
@@ -123,8 +130,14 @@ def run_stream(stream: ToolCallStream, pieces: list[str]) -> tuple[str, list[tup
     return "".join(content), [(c[0], c[1], c[2]) for c in (calls[k] for k in sorted(calls))]
 
 
-def check_case(parser_name: str, output: str, content: str | None, calls: Calls | None) -> None:
-    parser = get_tool_parser(parser_name)
+def check_case(
+    parser_name: str | ToolParser,
+    output: str,
+    content: str | None,
+    calls: Calls | None,
+    id_ok: Callable[[str], bool] = default_id,
+) -> None:
+    parser = get_tool_parser(parser_name) if isinstance(parser_name, str) else parser_name
     whole = parser.extract_tool_calls(output)
     if calls is None:
         assert (whole.tools_called, whole.tool_calls, whole.content) == (False, [], output)
@@ -133,7 +146,7 @@ def check_case(parser_name: str, output: str, content: str | None, calls: Calls 
         assert [(c.name, c.arguments) for c in whole.tool_calls] == calls
         assert all(isinstance(json.loads(c.arguments), dict) for c in whole.tool_calls)
     for pieces in chunkings(output):
-        streamed_content, streamed_calls = run_stream(parser.stream(), pieces)
+        streamed_content, streamed_calls = run_stream(parser.stream(), pieces, id_ok)
         assert streamed_content == (whole.content or ""), pieces
         if calls is not None:  # a malformed call may have sent its name and part of its arguments
             assert [(n, a) for _, n, a in streamed_calls] == calls, pieces
@@ -208,9 +221,9 @@ def test_one_parser_serves_interleaved_streams() -> None:
 
 
 def test_get_tool_parser() -> None:
-    assert set(TOOL_PARSERS) == {"hermes", "llama3_json"}
-    with pytest.raises(ValueError, match="hermes, llama3_json"):
-        get_tool_parser("mistral")
+    assert set(TOOL_PARSERS) == {"granite", "hermes", "llama3_json", "mistral", "openai", "pythonic", "qwen3_coder"}
+    with pytest.raises(ValueError, match="granite, hermes, llama3_json, mistral, openai, pythonic, qwen3_coder"):
+        get_tool_parser("mistral_v2")
 
 
 @pytest.mark.parametrize(
@@ -318,7 +331,7 @@ def test_forced_named_stream_sends_id_and_name_first() -> None:
         (NAMED, ""),
         ("required", "[]"),
         ("required", '[{"name": "now", "parameters": {}}'),
-        ("required", '{"name": "now", "parameters": {}}'),
+        ("required", '{"name": "now", "parameters": {}} {"name": "now", "parameters": {}}'),
         ("required", '[{"name": "now", "parameters": {}}] extra'),
         ("required", '[{"name": 1, "parameters": {}}]'),
     ],

@@ -136,8 +136,9 @@ class EngineArgs(CliSettings):
     )
     structured_outputs_disable_any_whitespace: bool = setting(
         False,
-        "JSON constraints allow no optional whitespace (a small model may otherwise emit spaces and "
-        "newlines until max_tokens); as vLLM's structured_outputs_config.disable_any_whitespace",
+        "JSON constraints in vLLM's layout without optional whitespace (as its "
+        "structured_outputs_config.disable_any_whitespace): guidance then drops the space after ',' and ':' "
+        "that the compact default keeps; xgrammar's is the default's",
     )
     structured_outputs_compile_timeout: float = setting(
         30.0, "seconds a request's grammar may take to compile before that request fails"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tram.config.cli_args import CliSettings, check_choices, setting
-from tram.config.registry import TOOL_CALL_PARSERS
+from tram.config.registry import REASONING_PARSERS, TOOL_CALL_PARSERS
 
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 DEFAULT_LOG_INTERVAL = 5.0  # seconds between two throughput log lines
@@ -61,6 +61,12 @@ class ServerArgs(CliSettings):
     )
     tool_call_parser: str | None = setting(
         None, 'how to find tool calls in the model\'s text for tool_choice "auto"', choices=TOOL_CALL_PARSERS
+    )
+    reasoning_parser: str | None = setting(
+        None,
+        "how to tell the model's thinking from its answer: the thinking goes to reasoning_content, and "
+        "structured outputs and forced tool calls apply only after it ends",
+        choices=REASONING_PARSERS,
     )
 
     def label(self, name: str, value: object) -> str:

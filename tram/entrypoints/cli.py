@@ -18,6 +18,7 @@ from types import ModuleType
 
 import tram
 import tram.engine.engine_config  # noqa: F401 - registers the engine's layers' choices (torch-free)
+import tram.server.reasoning  # noqa: F401 - registers the reasoning parsers
 import tram.server.tools.parsers  # noqa: F401 - registers the tool call parsers
 from tram.config import EngineArgs, ServerArgs
 

@@ -47,6 +47,10 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     wander in spaces and newlines until max_tokens). `source_field` names the request field that
     asked for the constraint ("response_format", "guided_json", "tool_choice", ...) so an error
     can name it; it is Tram's, not vLLM's.
+
+    `reasoning_end` (Tram's, set by the server's reasoning parser) holds the token ids that end a
+    thinking model's thinking: the constraint applies only to the tokens after them. It is not part
+    of the grammar, so not of its cache key.
     """
 
     json: str | dict[str, Any] | None = None
@@ -60,6 +64,7 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     whitespace_pattern: str | None = None
     disable_fallback: bool = False
     source_field: str | None = None
+    reasoning_end: list[int] | None = None
 
     def __post_init__(self) -> None:
         field = self.source_field or "structured_outputs"

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -21,6 +21,8 @@ import tram.envs as envs
 from tram.config import EngineArgs, EngineConfig, ServerArgs
 from tram.engine.async_llm import AsyncLLM
 from tram.engine.engine_config import create_engine_config
+from tram.server.handlers.anthropic import AnthropicServingMessages
+from tram.server.handlers.anthropic_errors import AnthropicRoute
 from tram.server.handlers.chat import OpenAIServingChat
 from tram.server.handlers.completion import OpenAIServingCompletion
 from tram.server.handlers.generate import LegacyGenerate
@@ -35,6 +37,7 @@ from tram.server.http.gc_policy import FullCollections
 from tram.server.http.large_json import LargeJSONRoute
 from tram.server.http.listen import bind_socket, server_url
 from tram.server.http.openapi import openapi_document
+from tram.server.protocol.anthropic import CountTokensRequest, MessagesRequest
 from tram.server.protocol.errors import error_response, install_exception_handlers
 from tram.server.protocol.generate import GenerateRequest
 from tram.server.protocol.openai import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -67,6 +70,7 @@ class Handlers:
         response_role: str = "assistant",
         tool_call_parser: str | None = None,
         enable_auto_tool_choice: bool = False,
+        reasoning_parser: str | None = None,
     ) -> None:
         template = load_chat_template(chat_template)
         self.engine = engine
@@ -81,8 +85,10 @@ class Handlers:
             response_role=response_role,
             tool_call_parser=tool_call_parser,
             enable_auto_tool_choice=enable_auto_tool_choice,
+            reasoning_parser=reasoning_parser,
         )
         self.responses = OpenAIServingResponses(self.chat)
+        self.anthropic = AnthropicServingMessages(self.chat)
         self.generate = LegacyGenerate(engine, names, template, self.threads)
         self.tokenization = ServingTokenization(self.chat)
 
@@ -93,7 +99,8 @@ def _auth_middleware(app: FastAPI, api_key: str) -> None:
     @app.middleware("http")
     async def check_key(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         if request.url.path.startswith("/v1") and request.method != "OPTIONS":
-            given = request.headers.get("authorization", "")
+            # Anthropic's clients send the key as `x-api-key`.
+            given = request.headers.get("authorization") or f"Bearer {request.headers.get('x-api-key', '')}"
             if not secrets.compare_digest(given.encode(), expected.encode()):
                 return error_response(401, "Invalid or missing API key", code="invalid_api_key")
         return await call_next(request)
@@ -141,6 +148,7 @@ def build_app(engine_args: EngineArgs, server_args: ServerArgs, engine_config: E
                 server_args.response_role,
                 server_args.tool_call_parser,
                 server_args.enable_auto_tool_choice,
+                server_args.reasoning_parser,
             )
             collections = FullCollections()
             collections.start()
@@ -159,6 +167,7 @@ def build_app(engine_args: EngineArgs, server_args: ServerArgs, engine_config: E
     _install_middleware(app, server_args)
     app.router.route_class = LargeJSONRoute  # before the routes: each takes its class when added
     _add_routes(app)
+    _add_anthropic_routes(app)
     _add_vllm_routes(app)
     if envs.TRAM_SERVER_DEV_MODE:
         _add_dev_routes(app)
@@ -224,6 +233,21 @@ def _add_routes(app: FastAPI) -> None:
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(_h(request).engine.prometheus.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _add_anthropic_routes(app: FastAPI) -> None:
+    """Anthropic's Messages API, whose failures are answered in its own error shape."""
+    router = APIRouter(route_class=AnthropicRoute)
+
+    @router.post("/v1/messages")
+    async def messages(body: MessagesRequest, request: Request) -> Response:
+        return await _h(request).anthropic.create_message(body, request)
+
+    @router.post("/v1/messages/count_tokens")
+    async def count_tokens(body: CountTokensRequest, request: Request) -> dict:
+        return await _h(request).anthropic.count_tokens(body)
+
+    app.include_router(router)
 
 
 def _model_card(h: Handlers, name: str) -> dict:

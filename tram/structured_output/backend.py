@@ -25,6 +25,14 @@ KIND_NAMES = {
     "structural_tag": "structural tag",
 }
 
+# JSON constraints are written compact on both engines: one line, ", " between items and ": " after
+# keys (json.dumps' layout, and xgrammar's without optional whitespace). The engines' own default, any
+# whitespace between tokens, lets a model that does not know JSON (stories260K) write spaces and
+# newlines until max_tokens; "a newline plus indentation" cannot be optional on xgrammar (its indent
+# mode forces the layout on the root object alone), so compact is the layout both engines can keep
+# alike. `disable_any_whitespace` keeps each engine's vLLM layout (llguidance's: no space at all);
+# guidance's `whitespace_pattern` replaces the layout with the client's own.
+JSON_SEPARATORS = (", ", ": ")
 
 # Why a token the grammar does not allow was sampled: every token it allows was masked by another setting.
 MASKED_OUT = "every token the grammar allows here was masked by other settings (allowed_token_ids, logit_bias)"

@@ -12,6 +12,7 @@ import llguidance.numpy
 import numpy as np
 
 from tram.sampling_params import StructuredOutputsParams
+from tram.structured_output import backend
 from tram.structured_output.backend import KIND_NAMES, MASKED_OUT, GrammarBackend, GrammarCompileError, Matcher
 from tram.structured_output.schema_finite import endless_message, endless_ref
 
@@ -41,12 +42,14 @@ class GuidanceMatcher(Matcher):
 
 
 def _json_options(params: StructuredOutputsParams) -> dict[str, Any]:
-    options: dict[str, Any] = {}
+    """llguidance's JSON layout: the client's whitespace_pattern; none at all for
+    disable_any_whitespace (as vLLM); else compact (backend.JSON_SEPARATORS says why)."""
     if params.whitespace_pattern is not None:
-        options["whitespace_pattern"] = params.whitespace_pattern
-    elif params.disable_any_whitespace:
-        options["whitespace_flexible"] = False
-    return options
+        return {"whitespace_pattern": params.whitespace_pattern}
+    if params.disable_any_whitespace:
+        return {"whitespace_flexible": False}
+    item, key = backend.JSON_SEPARATORS
+    return {"whitespace_flexible": False, "item_separator": item, "key_separator": key}
 
 
 def choice_regex(choices: list[str]) -> str:

@@ -210,6 +210,8 @@ class StructuredOutputManager:
             if rid not in sched.num_scheduled_tokens or req.num_computed_tokens < req.num_tokens:
                 continue
             assert req.structured_output is not None
+            if req.structured_output.thinking:
+                continue  # its grammar applies once the model's thinking has ended
             req.structured_output.fill_bitmask(self.bitmask, len(ids))
             ids.append(rid)
         if not ids:

@@ -32,6 +32,11 @@ class StructuredOutputRequest:
         self.rejected = False  # a sampled token the grammar did not allow (see accept_token)
         self.error: GrammarCompileError | None = None  # the grammar broke off: the request fails
         self.last_token: int | None = None
+        # A thinking model's constraint waits for the tokens that end its thinking (vLLM's behaviour):
+        # until then no bitmask, no token acceptance, no end.
+        self.reasoning_end = list(params.reasoning_end or ())
+        self.thinking = bool(self.reasoning_end)
+        self._recent: list[int] = []  # the last tokens while thinking, to spot the end
 
     def is_ready(self) -> bool:
         if self.matcher is not None:
@@ -65,6 +70,9 @@ class StructuredOutputRequest:
 
     def accept_token(self, token_id: int) -> bool:
         assert self.matcher is not None
+        if self.thinking:
+            self._watch_thinking(token_id)
+            return True
         self.last_token = token_id
         ok = self.matcher.accept_token(token_id)
         if ok:
@@ -85,12 +93,17 @@ class StructuredOutputRequest:
             logger.warning("the grammar engine gave up on a request: %s", reason)
         return False
 
+    def _watch_thinking(self, token_id: int) -> None:
+        self._recent = (self._recent + [token_id])[-len(self.reasoning_end) :]
+        if self._recent == self.reasoning_end:
+            self.thinking = False
+
     def is_terminated(self) -> bool:
         """The request must end now: its grammar is complete and the model has said so with a stop
         token (llguidance completes on the last character, and then allows only stop tokens; that
         stop token, not the grammar's last character, is what the detokenizer leaves out), or it
         sampled a token the grammar refused."""
-        if self.matcher is None:
+        if self.matcher is None or self.thinking:
             return False
         return self.rejected or (self.matcher.is_terminated() and self.last_token in self.backend.stop_token_ids)
 

@@ -13,6 +13,7 @@ import xgrammar as xgr
 
 from tram.sampling_params import StructuredOutputsParams
 from tram.structured_output.backend import (
+    JSON_SEPARATORS,
     KIND_NAMES,
     MASKED_OUT,
     GrammarBackend,
@@ -83,17 +84,18 @@ class XgrammarBackend(GrammarBackend):
             )
         if kind == "json":
             self._check_schema(params)
+        # JSON is compact, disable_any_whitespace or not (backend.JSON_SEPARATORS says why).
         try:
             if kind == "json":
                 # strict_mode (xgrammar's default, as vLLM uses it): no properties or items beyond
                 # those the schema names, so disable_additional_properties always holds here.
                 return xgr.Grammar.from_json_schema(
-                    params.schema(), any_whitespace=not params.disable_any_whitespace, strict_mode=True
+                    params.schema(), any_whitespace=False, separators=JSON_SEPARATORS, strict_mode=True
                 )
             if kind == "json_object":
                 # Not the builtin JSON grammar: that allows any value (arrays too), not an object.
                 return xgr.Grammar.from_json_schema(
-                    {"type": "object"}, any_whitespace=not params.disable_any_whitespace
+                    {"type": "object"}, any_whitespace=False, separators=JSON_SEPARATORS
                 )
             if kind == "regex":
                 return xgr.Grammar.from_regex(params.regex or "")

@@ -25,6 +25,7 @@ from tram.server.handlers.streams import DONE_EVENT, respond_unless_disconnected
 from tram.server.http.large_json import off_loop_if_large
 from tram.server.protocol.errors import APIError, stream_error_event
 from tram.server.protocol.openai import ChatCompletionRequest, ChatMessage, TokenizeRequest
+from tram.server.reasoning.plan import ReasoningPlan, ReasoningSetup, reasoning_fields
 from tram.server.tools.chat import ToolPlan, merge_structured, plan_tools, template_messages, tool_calls_json
 from tram.server.tools.chat_stream import ChoiceDelta, ChoiceToolStreams
 from tram.server.tools.parsers import get_tool_parser
@@ -56,12 +57,15 @@ class OpenAIServingChat(OpenAIServing):
         response_role: str = "assistant",
         tool_call_parser: str | None = None,
         enable_auto_tool_choice: bool = False,
+        reasoning_parser: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.response_role = response_role  # --response-role
         self.tool_parser = get_tool_parser(tool_call_parser) if tool_call_parser else None
         self.enable_auto_tool_choice = enable_auto_tool_choice
+        # --reasoning-parser: refused here, as the server starts, when the model lacks its markers.
+        self.reasoning = ReasoningSetup.load(reasoning_parser, self.tokenizer) if reasoning_parser else None
 
     def _render_now(
         self, req: ChatCompletionRequest | TokenizeRequest, tools: list[dict[str, Any]] | None, rule: LengthRule
@@ -122,16 +126,36 @@ class OpenAIServingChat(OpenAIServing):
             raw, req.to_sampling_params, max_tokens, self.defaults, logprobs, req.prompt_logprobs
         )
         params.structured_outputs = merge_structured(plan, req.parallel_tool_calls, params.structured_outputs)
+        if plan.needs_special_tokens:
+            params.skip_special_tokens = False
+        reasoning = self.reasoning_plan(ids, req.chat_template_kwargs, req.include_reasoning)
+        reasoning.apply(params)
         request_id = random_id("chatcmpl")
         stream = self.engine.add_request({"prompt_token_ids": ids}, params, request_id, MESSAGES_LENGTH_RULE)
         if req.stream:
             if params.structured_outputs is not None:
                 await stream.started()  # a grammar the engine refuses is a 400, not an error event
-            return StreamingResponse(self._stream(req, request_id, stream, plan), media_type="text/event-stream")
-        return await respond_unless_disconnected(raw, self._collect(req, request_id, stream, plan))
+            return StreamingResponse(
+                self._stream(req, request_id, stream, ChoiceToolStreams(plan, reasoning)),
+                media_type="text/event-stream",
+            )
+        return await respond_unless_disconnected(raw, self._collect(req, request_id, stream, plan, reasoning))
+
+    def reasoning_plan(
+        self, ids: list[int], template_kwargs: dict[str, Any] | None = None, include: bool = True
+    ) -> ReasoningPlan:
+        """What the request of prompt `ids` does about thinking (nothing without --reasoning-parser)."""
+        if self.reasoning is None:
+            return ReasoningPlan()
+        return self.reasoning.plan(self.tokenizer, ids, template_kwargs, include)
 
     async def _collect(
-        self, req: ChatCompletionRequest, request_id: str, stream: RequestStream, plan: ToolPlan
+        self,
+        req: ChatCompletionRequest,
+        request_id: str,
+        stream: RequestStream,
+        plan: ToolPlan,
+        reasoning: ReasoningPlan,
     ) -> dict:
         final: RequestOutput | None = None
         async for out in stream:
@@ -139,8 +163,13 @@ class OpenAIServingChat(OpenAIServing):
         assert final is not None
         choices = []
         for c in final.outputs:
-            content, calls, finish_reason = plan.finish(c.text, c.finish_reason)
+            thought, answer = reasoning.split(c.text)
+            content, calls, finish_reason = (
+                plan.finish(answer, c.finish_reason) if answer is not None else (None, [], c.finish_reason)
+            )
             message: dict[str, Any] = {"role": self.response_role, "content": content}
+            if reasoning.setup is not None:
+                message.update(reasoning_fields(thought))
             if calls:
                 message["tool_calls"] = tool_calls_json(calls)
             choices.append(
@@ -188,7 +217,7 @@ class OpenAIServingChat(OpenAIServing):
         return {"token": token, "logprob": json_logprob(lp.logprob), "bytes": table.token_bytes(token_id, token)}
 
     async def _stream(
-        self, req: ChatCompletionRequest, request_id: str, stream: RequestStream, plan: ToolPlan
+        self, req: ChatCompletionRequest, request_id: str, stream: RequestStream, tools: ChoiceToolStreams
     ) -> AsyncIterator[str]:
         """One chunk per choice per DELTA output that has something new for it."""
         head = {
@@ -198,7 +227,6 @@ class OpenAIServingChat(OpenAIServing):
             "model": self.model_name,
         }
         ledger = ChoiceLedger()
-        tools = ChoiceToolStreams(plan)
         try:
             async for out in stream:
                 ledger.count(out)

@@ -1,12 +1,12 @@
-"""POST /v1/responses: OpenAI's Responses API for text. The input becomes chat messages rendered by
-the chat endpoint's template code; the answer is one assistant message, returned as a response
-object or streamed as Responses events (`event:` + `data:` lines, as OpenAI and vLLM send them)."""
+"""POST /v1/responses: OpenAI's Responses API. The input becomes chat messages rendered by the chat
+endpoint's template code, and tools are planned as chat plans them (tools/chat.py); the answer is an
+assistant message and/or function calls (responses_items.py), returned as a response object or
+streamed as Responses events (`event:` + `data:` lines, as OpenAI and vLLM send them)."""
 
 from __future__ import annotations
 
 import re
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,21 +21,27 @@ from tram.outputs import RequestOutput
 from tram.sampling_params import SamplingParams
 from tram.server.handlers.base import OpenAIServing
 from tram.server.handlers.chat import OpenAIServingChat
+from tram.server.handlers.responses_items import ItemStream, new_id, output_items
 from tram.server.handlers.streams import respond_unless_disconnected, sse
 from tram.server.http.large_json import off_loop_if_large
 from tram.server.protocol.errors import APIError, exception_to_error
 from tram.server.protocol.responses import ResponsesRequest
+from tram.server.reasoning.plan import ReasoningPlan
+from tram.server.reasoning.responses import ReasoningItems, whole_items
+from tram.server.tools.chat import ToolPlan, merge_structured, plan_tools
 
 # Prompt-length errors blame `input`, as the chat endpoint's blame `messages`.
 INPUT_LENGTH_RULE = LengthRule(completion_must_fit=True, prompt_field="input")
 # Chat's names for the fields this API spells otherwise: errors raised by code shared with chat
 # reach a Responses client in its own words.
-_CHAT_NAMES = re.compile(r"\b(response_format\.json_schema|response_format|max_tokens)\b")
+_CHAT_NAMES = re.compile(r"\b(response_format\.json_schema|response_format|max_tokens|(tools\.\d+\.)function\.)")
 _RESPONSES_NAMES = {
     "response_format.json_schema": "text.format",
     "response_format": "text.format",
     "max_tokens": "max_output_tokens",
 }
+# A request that offers no tools: plain text, as before tools existed here.
+NO_TOOLS = ToolPlan(None, "none", "none")
 
 
 def in_responses_words(e: BaseException) -> APIError:
@@ -43,18 +49,10 @@ def in_responses_words(e: BaseException) -> APIError:
     err = exception_to_error(e)
 
     def rename(text: str) -> str:
-        return _CHAT_NAMES.sub(lambda m: _RESPONSES_NAMES[m.group(1)], text)
+        # Chat nests a tool's fields under `function`; this API's tools are flat.
+        return _CHAT_NAMES.sub(lambda m: m.group(2) or _RESPONSES_NAMES[m.group(1)], text)
 
     return APIError(err.status, rename(err.message), err.param and rename(err.param), err.code)
-
-
-def new_id(prefix: str) -> str:
-    """OpenAI's ids for this API: `resp_...`, `msg_...`."""
-    return f"{prefix}_{uuid.uuid4().hex}"
-
-
-def text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
 @dataclass
@@ -114,7 +112,7 @@ class ResponseBuilder:
             "temperature": params.temperature,
             "top_p": params.top_p,
             "tool_choice": req.tool_choice or "auto",
-            "tools": [],
+            "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
             "text": {"format": {"type": "text"}},
             "previous_response_id": None,
             "reasoning": None,
@@ -124,15 +122,7 @@ class ResponseBuilder:
             "user": req.user,
         }
 
-    def message(self, gen: Generation | None) -> dict[str, Any]:
-        """The output message item; None while nothing is generated yet (as streamed first)."""
-        item: dict[str, Any] = {"type": "message", "id": self.message_id, "role": "assistant"}
-        if gen is None:
-            return {**item, "status": "in_progress", "content": []}
-        status = "completed" if gen.status == "completed" else "incomplete"
-        return {**item, "status": status, "content": [text_part(gen.text)]}
-
-    def body(self, gen: Generation | None) -> dict[str, Any]:
+    def body(self, gen: Generation | None, output: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """The response object: in progress (no output, no usage) until `gen` is finished."""
         status = "in_progress" if gen is None else gen.status
         incomplete = {"reason": "max_output_tokens"} if gen is not None and gen.finish_reason == "length" else None
@@ -144,7 +134,7 @@ class ResponseBuilder:
             "status": status,
             "error": None,
             "incomplete_details": incomplete,
-            "output": [] if gen is None else [self.message(gen)],
+            "output": output or [],
             "usage": None if gen is None else gen.usage(),
             **self.settings,
         }
@@ -169,25 +159,27 @@ class EventWriter:
         return self("error", code=code, message=err.message, param=err.param)
 
 
-async def stream_events(response: ResponseBuilder, stream: RequestStream) -> AsyncIterator[str]:
-    """The events of one response: its lifecycle around one message with one text part, a delta
-    event per DELTA output that brings text. Leaving early (a client gone) aborts the request."""
+async def stream_events(
+    response: ResponseBuilder, stream: RequestStream, plan: ToolPlan = NO_TOOLS, reasoning: ReasoningPlan | None = None
+) -> AsyncIterator[str]:
+    """The events of one response: its lifecycle around its items (responses_items.py), delta
+    events as DELTA outputs bring text. Leaving early (a client gone) aborts the request."""
     event = EventWriter()
-    where = {"item_id": response.message_id, "output_index": 0, "content_index": 0}
+    items: ItemStream | ReasoningItems = ItemStream(event, plan.new_stream(), response.message_id)
+    if reasoning is not None and reasoning.setup is not None:  # the thinking first, as a reasoning item
+        items = ReasoningItems(event, reasoning, items, new_id("rs"))
     gen = Generation()
     try:
         yield event("response.created", response=response.body(None))
         yield event("response.in_progress", response=response.body(None))
-        yield event("response.output_item.added", output_index=0, item=response.message(None))
-        yield event("response.content_part.added", **where, part=text_part(""))
+        for chunk in items.begin():
+            yield chunk
         async for out in stream:
-            delta = gen.add(out)
-            if delta:
-                yield event("response.output_text.delta", **where, delta=delta, logprobs=[])
-        yield event("response.output_text.done", **where, text=gen.text, logprobs=[])
-        yield event("response.content_part.done", **where, part=text_part(gen.text))
-        yield event("response.output_item.done", output_index=0, item=response.message(gen))
-        final = response.body(gen)
+            for chunk in items.feed(gen.add(out)):
+                yield chunk
+        for chunk in items.end(gen.status):
+            yield chunk
+        final = response.body(gen, items.items)
         # As OpenAI: a response cut short ends with `response.incomplete`, not `response.completed`.
         yield event("response.completed" if final["status"] == "completed" else "response.incomplete", response=final)
     except Exception as e:  # noqa: BLE001 - the status line is gone; report in the stream
@@ -216,28 +208,50 @@ class OpenAIServingResponses(OpenAIServing):
         if problem is not None:
             param, message = problem
             raise APIError(400, message, param)
-        ids = await self._render(req)
-        try:
-            fields = req.sampling_fields()
-            params = await off_loop_if_large(raw, fields.to_sampling_params, req.max_output_tokens, self.defaults, None)
-        except ValueError as e:
-            raise in_responses_words(e) from e
-        if params.structured_outputs is not None:  # errors name this API's field
-            params.structured_outputs = msgspec.structs.replace(params.structured_outputs, source_field="text.format")
+        plan = self._plan_tools(req)
+        ids = await self._render(req, plan.tools)
+        params = await self._sampling_params(req, raw, plan)
+        reasoning = self.chat.reasoning_plan(ids)
+        reasoning.apply(params)
         response = ResponseBuilder(req, params, self.model_name)
         stream = self._submit(ids, params, response.id)
         if req.stream:
             if params.structured_outputs is not None:
                 await stream.started()  # a grammar the engine refuses is a 400, not an error event
-            return StreamingResponse(stream_events(response, stream), media_type="text/event-stream")
-        return await respond_unless_disconnected(raw, self._collect(response, stream))
+            return StreamingResponse(stream_events(response, stream, plan, reasoning), media_type="text/event-stream")
+        return await respond_unless_disconnected(raw, self._collect(response, stream, plan, reasoning))
 
-    async def _render(self, req: ResponsesRequest) -> list[int]:
-        """The chat endpoint's rendering of these messages; its errors blame `input` here."""
+    async def _sampling_params(self, req: ResponsesRequest, raw: Request, plan: ToolPlan) -> SamplingParams:
         try:
-            return await self.chat.render(_Conversation(req.messages()), rule=INPUT_LENGTH_RULE)
+            fields = req.sampling_fields()
+            params = await off_loop_if_large(raw, fields.to_sampling_params, req.max_output_tokens, self.defaults, None)
+            structured = params.structured_outputs
+            if structured is not None:  # errors name this API's field
+                structured = msgspec.structs.replace(structured, source_field="text.format")
+            params.structured_outputs = merge_structured(plan, req.parallel_tool_calls, structured)
+        except ValueError as e:
+            raise in_responses_words(e) from e
+        if plan.needs_special_tokens:
+            params.skip_special_tokens = False
+        return params
+
+    def _plan_tools(self, req: ResponsesRequest) -> ToolPlan:
+        """Chat's rules for tools (auto needs the server's parser); errors in this API's words."""
+        try:
+            return plan_tools(
+                req.chat_tools(), req.chat_tool_choice(), self.chat.tool_parser, self.chat.enable_auto_tool_choice
+            )
         except APIError as e:
-            raise APIError(e.status, e.message, "input" if e.param == "messages" else e.param, e.code) from e
+            raise in_responses_words(e) from e
+
+    async def _render(self, req: ResponsesRequest, tools: list[dict[str, Any]] | None) -> list[int]:
+        """The chat endpoint's rendering of these messages; its errors blame `input` here (the
+        messages are not the items one for one: `messages.3...` names no item of `input`)."""
+        try:
+            return await self.chat.render(_Conversation(req.messages()), tools, rule=INPUT_LENGTH_RULE)
+        except APIError as e:
+            param = "input" if e.param is not None and e.param.startswith("messages") else e.param
+            raise APIError(e.status, e.message, param, e.code) from e
         except PromptTooLongError as e:
             raise APIError(400, str(e), "input", e.code) from e
 
@@ -247,11 +261,17 @@ class OpenAIServingResponses(OpenAIServing):
         except PromptTooLongError as e:
             raise in_responses_words(e) from e  # the input processor names chat's max_tokens
 
-    async def _collect(self, response: ResponseBuilder, stream: RequestStream) -> dict[str, Any]:
+    async def _collect(
+        self, response: ResponseBuilder, stream: RequestStream, plan: ToolPlan, reasoning: ReasoningPlan
+    ) -> dict[str, Any]:
         final: RequestOutput | None = None
         async for out in stream:
             final = out
         assert final is not None
         gen = Generation()
         gen.add(final)
-        return response.body(gen)
+        thoughts, answer = whole_items(reasoning, gen.text, gen.status, new_id("rs"))
+        content, calls, _ = plan.finish(answer, gen.finish_reason)
+        # A response that only thought has no empty message after its reasoning item (as streamed).
+        answers = output_items(content, calls, gen.status, response.message_id) if answer or not thoughts else []
+        return response.body(gen, thoughts + answers)

@@ -26,6 +26,20 @@ _ERROR_SCHEMA = {
     },
 }
 _ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
+# Anthropic's Messages API answers errors in its own shape (server/handlers/anthropic_errors.py).
+_ANTHROPIC_ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "required": ["type", "message"],
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+        },
+    },
+}
+_ANTHROPIC_ERROR_REF = {"$ref": "#/components/schemas/AnthropicErrorResponse"}
 _DESCRIPTIONS = {
     400: "Invalid request (OpenAI's invalid_request_error)",
     401: "Missing or wrong API key",
@@ -54,6 +68,7 @@ _STREAM_TYPES = {
     "/v1/completions": "text/event-stream",
     "/v1/chat/completions": "text/event-stream",
     "/v1/responses": "text/event-stream",
+    "/v1/messages": "text/event-stream",
     "/generate": "application/x-ndjson",
 }
 
@@ -61,7 +76,8 @@ _STREAM_TYPES = {
 def openapi_document(app: FastAPI) -> dict[str, Any]:
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-        schema.setdefault("components", {}).setdefault("schemas", {})["ErrorResponse"] = _ERROR_SCHEMA
+        schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+        schemas["ErrorResponse"], schemas["AnthropicErrorResponse"] = _ERROR_SCHEMA, _ANTHROPIC_ERROR_SCHEMA
         for path, operations in schema.get("paths", {}).items():
             for method, operation in operations.items():
                 _document(path, method, operation)
@@ -75,10 +91,11 @@ def _document(path: str, method: str, operation: dict[str, Any]) -> None:
     statuses = list(_BODY_STATUSES if "requestBody" in operation or "parameters" in operation else (500, 503))
     if path.startswith("/v1"):
         statuses.append(401)
+    error_ref = _ANTHROPIC_ERROR_REF if path.startswith("/v1/messages") else _ERROR_REF
     for status in statuses:
         responses[str(status)] = {
             "description": _DESCRIPTIONS[status],
-            "content": {"application/json": {"schema": _ERROR_REF}},
+            "content": {"application/json": {"schema": error_ref}},
         }
     stream_type = _STREAM_TYPES.get(path)
     ok = responses.get("200")

@@ -89,7 +89,7 @@ def stream_error_event(e: BaseException) -> str:
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
-def _field_path(loc: tuple) -> str | None:
+def field_path(loc: tuple) -> str | None:
     """'messages.0.content' from pydantic's location, without the tags it adds for union members
     and validators ('function-after[check_text(), str]', 'list[int]')."""
     parts = [str(p) for p in loc if p != "body" and not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))]
@@ -102,8 +102,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         return "Invalid request body", None
     # With a union (a prompt is text or token ids) pydantic reports one error per member; the one
     # that got deepest into the value is the one that explains what is wrong.
-    first = max(errors, key=lambda e: len(_field_path(e.get("loc", ())) or ""))
-    kind, param = first.get("type"), _field_path(first.get("loc", ()))
+    first = max(errors, key=lambda e: len(field_path(e.get("loc", ())) or ""))
+    kind, param = first.get("type"), field_path(first.get("loc", ()))
     if kind == "json_invalid":
         return "The request body is not valid JSON", None
     if kind == "unsupported_field":

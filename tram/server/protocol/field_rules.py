@@ -17,8 +17,6 @@ from pydantic_core import PydanticCustomError
 from tram.sampling_params import SamplingParamError
 from tram.sampling_params.json_scan import json_fault, json_members
 
-LEGACY_FUNCTIONS = "the deprecated functions/function_call fields are not supported: use tools and tool_choice"
-
 
 def _is_none(v: Any) -> bool:
     return v is None
@@ -26,10 +24,6 @@ def _is_none(v: Any) -> bool:
 
 def _empty(v: Any) -> bool:
     return v is None or v == [] or v == {}
-
-
-def _no_tool_choice(v: Any) -> bool:
-    return v is None or v == "none"
 
 
 def _text_only(v: Any) -> bool:
@@ -57,8 +51,6 @@ SHARED_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 CHAT_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     **SHARED_RULES,
-    "functions": (_empty, LEGACY_FUNCTIONS),
-    "function_call": (_no_tool_choice, LEGACY_FUNCTIONS),
     "modalities": (_text_only, "only text output is supported"),
     "audio": (_is_none, "audio output is not supported"),
     "prediction": (_is_none, "predicted outputs are not supported yet"),

@@ -14,6 +14,7 @@ from tram.sampling_params import SAMPLING_RANGES as RANGES
 from tram.sampling_params import RequestOutputKind, SamplingParams
 from tram.sampling_params.ranges import SEED, TOKEN_ID
 from tram.server.protocol.field_rules import CHAT_RULES, COMPLETION_RULES, check_text, reject_unsupported
+from tram.server.protocol.legacy_functions import map_legacy_functions
 from tram.server.protocol.structured import StructuredFields
 from tram.server.tools.chat import ChatTool, ToolChoice
 
@@ -189,8 +190,10 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ChatTool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    include_reasoning: bool = True  # vLLM's: false leaves the thinking out of the answer
 
     _reject = model_validator(mode="before")(lambda data: reject_unsupported(data, CHAT_RULES))
+    _legacy = model_validator(mode="before")(map_legacy_functions)  # functions -> tools
 
 
 class TokenizeRequest(BaseModel):

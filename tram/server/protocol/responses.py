@@ -1,6 +1,6 @@
-"""The request body of OpenAI's Responses API (`POST /v1/responses`), text in and text out.
+"""The request body of OpenAI's Responses API (`POST /v1/responses`): text and function calls.
 
-What this server cannot do yet (tools, structured output, reasoning, stored responses, ...) is a
+What this server cannot do yet (built-in tools, reasoning, stored responses, ...) is a
 400 that names the field, never a setting quietly ignored: fields nobody knows fail pydantic's
 `extra="forbid"`, and the known-but-unsupported ones are accepted only at the value that means
 "off" (`ResponsesRequest.unsupported()` says which one is not).
@@ -17,7 +17,18 @@ from tram.sampling_params import SAMPLING_RANGES as RANGES
 from tram.sampling_params.json_scan import json_fault
 from tram.server.protocol.field_rules import check_text
 from tram.server.protocol.openai import ChatMessage, SamplingFields, Text
+from tram.server.protocol.responses_tools import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    FunctionTool,
+    append_call,
+    chat_tool_choice,
+    parse_tool_choice,
+    parse_tools,
+    unknown_call_id,
+)
 from tram.server.protocol.structured import ResponseFormat
+from tram.server.tools.chat import ChatTool, ToolChoice
 
 # OpenAI's cap on temperature in the Responses API (chat and completions take any finite one).
 _MAX_TEMPERATURE = 2.0
@@ -27,9 +38,7 @@ _MAX_METADATA_PAIRS, _MAX_METADATA_KEY, _MAX_METADATA_VALUE = 16, 64, 512
 # Known fields accepted only at these values (what the field's absence means); anything else is a
 # 400 naming the field, with the reason after it.
 _OFF_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
-    "tools": ((None, []), "this server does not call tools"),
-    "tool_choice": ((None, "auto", "none"), "this server does not call tools"),
-    "max_tool_calls": ((None,), "this server does not call tools"),
+    "max_tool_calls": ((None,), "to allow one call, send parallel_tool_calls=false"),
     "previous_response_id": (
         (None,),
         "this server stores no responses to continue; send the whole conversation in 'input'",
@@ -100,13 +109,34 @@ def _check_item_text(where: str, message: InputMessage) -> None:
             raise ValueError(f"{at}: {e}") from None
 
 
-def _parse_item(index: int, item: Any) -> InputMessage:
+InputItem = InputMessage | FunctionCallItem | FunctionCallOutputItem
+_ITEM_MODELS: dict[str, type[FunctionCallItem | FunctionCallOutputItem]] = {
+    "function_call": FunctionCallItem,
+    "function_call_output": FunctionCallOutputItem,
+}
+
+
+def _validated(where: str, model: type[BaseModel], item: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(item)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
+        raise ValueError(f"{where}{loc}: {first['msg']}") from None
+
+
+def _parse_item(index: int, item: Any) -> InputItem:
     where = f"input[{index}]"
     if not isinstance(item, dict):
         raise ValueError(f"{where} must be a message object, got {type(item).__name__}")
     kind = item.get("type", "message")
+    if kind in _ITEM_MODELS:
+        return _validated(where, _ITEM_MODELS[kind], item)
     if kind != "message":
-        raise ValueError(f"{where}: items of type {kind!r} are not supported yet; only messages")
+        raise ValueError(
+            f"{where}: items of type {kind!r} are not supported yet; only messages, "
+            "function_call and function_call_output"
+        )
     content = item.get("content")
     if isinstance(content, list):
         for j, part in enumerate(content):
@@ -116,12 +146,7 @@ def _parse_item(index: int, item: Any) -> InputMessage:
                     f"{where}.content[{j}]: content of type {part_type!r} is not supported "
                     "yet; only input_text and output_text"
                 )
-    try:
-        message = InputMessage.model_validate(item)
-    except ValidationError as e:
-        first = e.errors()[0]
-        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
-        raise ValueError(f"{where}{loc}: {first['msg']}") from None
+    message = _validated(where, InputMessage, item)
     _check_item_text(where, message)
     return message
 
@@ -179,8 +204,9 @@ class TextSettings(BaseModel):
 class ResponsesRequest(BaseModel):
     """`POST /v1/responses`. Supported: `input` (a string, a user message, or a list of messages),
     `instructions` (a system message before them), `model`, `max_output_tokens`, `temperature`,
-    `top_p`, `stream`, `user` and `metadata` (echoed back), `parallel_tool_calls` (echoed; with no
-    tools it changes nothing), `text.format` as text, json_object or json_schema (structured outputs)."""
+    `top_p`, `stream`, `user` and `metadata` (echoed back), `text.format` as text, json_object or
+    json_schema (structured outputs), function `tools` with `tool_choice` and `parallel_tool_calls`
+    (as chat's), and `function_call` / `function_call_output` items carrying calls and their results."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -195,9 +221,9 @@ class ResponsesRequest(BaseModel):
     metadata: dict[str, str] | None = None
     parallel_tool_calls: bool = True
     text: TextSettings | None = None
-    # Accepted only when off (see _OFF_VALUES).
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    # Accepted only when off (see _OFF_VALUES).
     max_tool_calls: int | None = None
     previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None
@@ -213,7 +239,7 @@ class ResponsesRequest(BaseModel):
 
     @field_validator("input")
     @classmethod
-    def _parse_input(cls, v: str | list[Any]) -> str | list[InputMessage]:
+    def _parse_input(cls, v: str | list[Any]) -> str | list[InputItem]:
         # Parsed by hand rather than as a union of item models: pydantic's error for a union names
         # every branch, while a client needs to hear "input[2]: function_call is not supported".
         if isinstance(v, str):
@@ -223,6 +249,29 @@ class ResponsesRequest(BaseModel):
         if not v:
             raise ValueError("input must not be an empty list")
         return [_parse_item(i, item) for i, item in enumerate(v)]
+
+    @field_validator("tools")
+    @classmethod
+    def _parse_tools(cls, v: list[Any] | None) -> list[FunctionTool] | None:
+        return None if v is None else parse_tools(v)
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _parse_tool_choice(cls, v: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        return None if v is None else parse_tool_choice(v)
+
+    @model_validator(mode="after")
+    def _results_answer_calls(self) -> ResponsesRequest:
+        unknown = None if isinstance(self.input, str) else unknown_call_id(self.input)
+        if unknown is not None:
+            i, call_id = unknown
+            why = (
+                f"input[{i}].call_id: this function_call_output answers call_id {_short(call_id)}, which no "
+                "function_call item before it in input has"
+            )
+            # (A model validator's error has no location of its own: name the field.)
+            raise PydanticCustomError("unsupported_field", "{why}", {"field": "input", "why": why})
+        return self
 
     @field_validator("metadata")
     @classmethod
@@ -271,10 +320,22 @@ class ResponsesRequest(BaseModel):
         return ResponseFormat.model_validate({"type": fmt.type})
 
     def messages(self) -> list[ChatMessage]:
-        """The conversation for the chat template: `instructions` as a system message first."""
+        """The conversation for the chat template: `instructions` as a system message first, calls
+        as assistant `tool_calls`, their results as `tool` messages (chat's shapes for both)."""
         items = [InputMessage(role="user", content=self.input)] if isinstance(self.input, str) else self.input
-        system = [ChatMessage(role="system", content=self.instructions)] if self.instructions is not None else []
-        return system + [m.to_chat() for m in items]
+        messages = [ChatMessage(role="system", content=self.instructions)] if self.instructions is not None else []
+        for item in items:
+            if isinstance(item, FunctionCallItem):
+                append_call(messages, item)
+            else:
+                messages.append(item.to_chat())
+        return messages
+
+    def chat_tools(self) -> list[ChatTool] | None:
+        return None if self.tools is None else [t.to_chat() for t in self.tools]
+
+    def chat_tool_choice(self) -> ToolChoice | None:
+        return chat_tool_choice(self.tool_choice)
 
     def sampling_fields(self) -> SamplingFields:
         """The chat endpoint's sampling fields for this request, so that defaults (the model's

@@ -67,17 +67,16 @@ class ToolPlan:
     choice: str | dict[str, Any]
     parser: ToolParser | None = None
 
-    @property
-    def schema(self) -> dict[str, Any] | None:
-        return forced_tool_schema(self.tools or [], self.choice) if self.mode == "forced" else None
-
     def structured_outputs(self, parallel: bool | None) -> StructuredOutputsParams | None:
-        schema = self.schema
-        if schema is None:
+        if self.mode != "forced":
             return None
-        if parallel is False and schema.get("type") == "array":
-            schema = {**schema, "maxItems": 1}
+        schema = forced_tool_schema(self.tools or [], self.choice, parallel)
         return StructuredOutputsParams(json=schema, source_field="tool_choice")
+
+    @property
+    def needs_special_tokens(self) -> bool:
+        """The parser reads markers that are special tokens: the request must keep them in its text."""
+        return self.mode == "auto" and self.parser is not None and self.parser.needs_special_tokens
 
     def new_stream(self) -> ToolCallStream | None:
         if self.mode == "forced":
@@ -131,7 +130,7 @@ def plan_tools(
                 '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set on the server',
                 "tool_choice",
             )
-        return ToolPlan(tool_dicts, "auto", choice, parser)
+        return ToolPlan(tool_dicts, "auto", choice, parser.with_tools(tool_dicts))
     try:
         forced_tool_schema(tool_dicts, choice)
     except ValueError as e:

@@ -1,5 +1,7 @@
-"""Streamed chat choices with tools: each choice's text goes through its tool-call stream, which turns
-it into content and `tool_calls` fragments (or passes it through when the request has no tools)."""
+"""Streamed chat choices with thinking and tools: each choice's text goes first through its reasoning
+stream (the thinking becomes `reasoning_content`, the rest goes on), then the answer through its
+tool-call stream, which turns it into content and `tool_calls` fragments (or passes it through when
+the request has no tools)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tram.outputs import CompletionOutput
+from tram.server.reasoning.base import ReasoningStream
+from tram.server.reasoning.plan import ReasoningPlan, reasoning_fields
 from tram.server.tools.chat import ToolPlan, delta_json
 from tram.server.tools.parsers import ToolCallStream
 
@@ -18,9 +22,11 @@ class ChoiceDelta:
 
 
 class ChoiceToolStreams:
-    def __init__(self, plan: ToolPlan) -> None:
+    def __init__(self, plan: ToolPlan, reasoning: ReasoningPlan | None = None) -> None:
         self.plan = plan
+        self.reasoning = reasoning or ReasoningPlan()
         self.streams: dict[int, ToolCallStream | None] = {}
+        self.thoughts: dict[int, ReasoningStream] = {}
         self.called: set[int] = set()  # choices that sent a tool call
 
     def delta(self, c: CompletionOutput) -> ChoiceDelta | None:
@@ -28,13 +34,17 @@ class ChoiceToolStreams:
         held back while it may be the start of a call) and the choice goes on."""
         if c.index not in self.streams:
             self.streams[c.index] = self.plan.new_stream()
+            self.thoughts[c.index] = self.reasoning.new_stream()
+        thought, answer = self._think(c)
+        body: dict[str, Any] = reasoning_fields(thought) if thought and self.reasoning.include else {}
         stream = self.streams[c.index]
         if stream is None:
-            return ChoiceDelta({"content": c.text}, c.finish_reason)
-        parts = [stream.feed(c.text)]
+            if answer or self.reasoning.setup is None:
+                body["content"] = answer
+            return ChoiceDelta(body, c.finish_reason) if body or c.finish_reason is not None else None
+        parts = [stream.feed(answer)]
         if c.finish_reason is not None:
             parts.append(stream.finish())
-        body: dict[str, Any] = {}
         for part in parts:
             if part is not None:
                 _merge(body, delta_json(part))
@@ -46,6 +56,14 @@ class ChoiceToolStreams:
         if not body and finish is None:
             return None  # (the logprobs of tokens whose text is held back are not streamed)
         return ChoiceDelta(body, finish)
+
+    def _think(self, c: CompletionOutput) -> tuple[str, str]:
+        """This output's new thinking and new answer text."""
+        thought = self.thoughts[c.index]
+        parts = [thought.feed(c.text)]
+        if c.finish_reason is not None:
+            parts.append(thought.finish())
+        return "".join(p.reasoning for p in parts), "".join(p.content for p in parts)
 
 
 def _merge(body: dict[str, Any], part: dict[str, Any]) -> None:

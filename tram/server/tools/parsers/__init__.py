@@ -10,7 +10,15 @@ parser module, so that all are registered.
 from __future__ import annotations
 
 from tram.config.registry import TOOL_CALL_PARSERS
-from tram.server.tools.parsers import hermes, llama3_json  # noqa: F401 - each registers its parser
+from tram.server.tools.parsers import (  # noqa: F401 - each registers its parser
+    granite,
+    hermes,
+    llama3_json,
+    mistral,
+    openai,
+    pythonic,
+    qwen3_coder,
+)
 from tram.server.tools.parsers.base import (
     DeltaMessage,
     DeltaToolCall,

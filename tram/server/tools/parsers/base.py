@@ -6,7 +6,9 @@ turns that text back into OpenAI tool calls. The rules all parsers keep:
 - `ToolCall.arguments` is the model's own JSON text of the arguments object, verbatim: sliced out of
   the output (no surrounding whitespace) once the call as a whole parses and the arguments are an
   object. Re-serialising would make streamed and non-streamed text differ (key order, spacing,
-  escapes); slicing makes them the same by construction.
+  escapes); slicing makes them the same by construction. Formats whose arguments are not JSON in
+  the text (pythonic's Python literals, qwen3_coder's XML) make the JSON text, by the same steps
+  streamed or not.
 - Streamed, for any way the output is cut into pieces, the content deltas concatenate to the
   non-streamed `content` (None counted as ""), and per tool-call index the first `DeltaToolCall`
   carries the call's id and name (the id is never sent again) and the `arguments` fragments
@@ -26,6 +28,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def new_tool_call_id() -> str:
@@ -78,9 +81,19 @@ class ToolCallStream(ABC):
 class ToolParser(ABC):
     """Stateless, so one instance may serve every request; per-request state lives in a stream."""
 
+    # Its markers are special tokens: the detokenizer must keep them in the text (vLLM's parsers
+    # turn skip_special_tokens off for the same reason).
+    needs_special_tokens = False
+
     @abstractmethod
     def stream(self) -> ToolCallStream:
         """A fresh stream for one request."""
+
+    def with_tools(self, tools: list[dict[str, Any]] | None) -> ToolParser:
+        """This parser for a request offering `tools` (OpenAI's `{"type": "function", ...}` dicts).
+        A format whose text loses the arguments' types (qwen3_coder's XML) reads them from the
+        tools' schemas; the others need not look, and are their own answer."""
+        return self
 
     def extract_tool_calls(self, model_output: str) -> ExtractedToolCalls:
         """The whole output at once. It runs the very stream a streamed request runs, fed one

@@ -7,15 +7,22 @@ from __future__ import annotations
 
 from abc import abstractmethod
 
+from tram.server.tools.parsers.args_call import ArgsCall
 from tram.server.tools.parsers.base import DeltaMessage, ToolCallStream
 from tram.server.tools.parsers.deltas import CallEmitter, DeltaBuilder
+from tram.server.tools.parsers.python_call import PythonCall
+from tram.server.tools.parsers.xml_call import XmlCall
+
+# A call being read: a `{"name", ...}` object, or a format's own (args_call.py, python_call.py,
+# xml_call.py).
+Call = CallEmitter | ArgsCall | PythonCall | XmlCall
 
 
 class CallsStream(ToolCallStream):
     def __init__(self, arg_keys: tuple[str, ...]) -> None:
         self._arg_keys = arg_keys
         self._out = DeltaBuilder()
-        self._call: CallEmitter | None = None
+        self._call: Call | None = None
         self._calls = 0  # calls completed
         # Raw text since the last complete call that was neither sent as content nor used by a
         # complete call: the call in progress and whatever was held back before it.
@@ -39,10 +46,15 @@ class CallsStream(ToolCallStream):
             self._finish_outside()
         return self._out.take()
 
-    def _begin_call(self, held: str) -> None:
-        """A call object starts; `held` is the text before it that is not content yet."""
+    def _begin_call(self, held: str, call: Call | None = None) -> None:
+        """A call starts; `held` is the text before it that is not content yet. Without `call`, a
+        `{"name", ...}` object."""
         self._pending = held
-        self._call = CallEmitter(self._calls, self._arg_keys)
+        self._call = call if call is not None else CallEmitter(self._calls, self._arg_keys, self._new_id())
+
+    def _new_id(self) -> str | None:
+        """The next call's id; None for the default (base.new_tool_call_id)."""
+        return None
 
     def _feed_call(self, piece: str) -> str:
         assert self._call is not None

@@ -38,10 +38,10 @@ class CallEmitter:
     """One call in a stream: its reader, its id, and what of it has been sent: the id and name as
     soon as the name is known, then the arguments as they arrive."""
 
-    def __init__(self, index: int, arg_keys: tuple[str, ...]) -> None:
+    def __init__(self, index: int, arg_keys: tuple[str, ...], call_id: str | None = None) -> None:
         self.reader = CallReader(arg_keys)
         self.index = index
-        self._id = new_tool_call_id()
+        self._id = call_id or new_tool_call_id()
         self._named = False
 
     def feed(self, piece: str, out: DeltaBuilder) -> int:

@@ -5,7 +5,14 @@ grammar-valid output to read back.
 - A named function: the output is its arguments object, so the schema is the function's
   parameters.
 - "required": the output is an array of one or more `{"name": ..., "parameters": {...}}` objects,
-  each naming one of the tools and holding that tool's parameters.
+  each naming one of the tools and holding that tool's parameters; with parallel_tool_calls false,
+  one such object alone.
+
+Every shape has an end the model must reach: a model that never picks "]" over "," (stories260K
+never does) would otherwise write calls until max_tokens and return none. So the array holds at
+most one call per tool offered: an agent's step rarely needs more, and the bound follows from the
+request, where a fixed one would be too tight for many tools and too loose for one. Once the
+array is full, or the one call written, the grammar allows nothing but the end token.
 """
 
 from __future__ import annotations
@@ -20,9 +27,12 @@ from tram.server.tools.parsers.forced_stream import ForcedToolStream, forced_fun
 __all__ = ["ForcedToolStream", "forced_tool_schema", "parse_forced_tool_calls"]
 
 
-def forced_tool_schema(tools: list[dict[str, Any]], tool_choice: str | dict[str, Any]) -> dict[str, Any] | None:
+def forced_tool_schema(
+    tools: list[dict[str, Any]], tool_choice: str | dict[str, Any], parallel: bool | None = None
+) -> dict[str, Any] | None:
     """The JSON schema the output must follow; None when tool_choice forces nothing ("none",
-    "auto"). ValueError for a named function that is not among `tools`, or "required" with none."""
+    "auto"). `parallel` is the request's parallel_tool_calls: False makes "required" one call.
+    ValueError for a named function that is not among `tools`, or "required" with none."""
     if tool_choice in ("none", "auto"):
         return None
     functions = {f["name"]: f for f in map(_function, tools)}
@@ -32,7 +42,11 @@ def forced_tool_schema(tools: list[dict[str, Any]], tool_choice: str | dict[str,
             raise ValueError('tool_choice "required" needs at least one tool')
         defs: dict[str, Any] = {}
         items = [_item_schema(n, f, defs) for n, f in functions.items()]
-        schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": items}}
+        schema: dict[str, Any] = (
+            {"anyOf": items}
+            if parallel is False
+            else {"type": "array", "minItems": 1, "maxItems": len(items), "items": {"anyOf": items}}
+        )
         return {**schema, "$defs": defs} if defs else schema
     if name not in functions:
         raise ValueError(f"tool_choice names the function {name!r}, which is not among the tools")
@@ -44,7 +58,7 @@ def parse_forced_tool_calls(text: str, tool_choice: str | dict[str, Any]) -> lis
     stream = ForcedToolStream(tool_choice)
     _, calls = collect_deltas([stream.feed(text), stream.finish()])
     if stream.malformed:
-        shape = "an arguments object" if forced_function_name(tool_choice) else "an array of calls"
+        shape = "an arguments object" if forced_function_name(tool_choice) else "a call or an array of calls"
         raise ValueError(f"the output of a forced tool choice is not {shape}: {text[:200]!r}")
     return calls
 

@@ -1,6 +1,7 @@
 """Streaming the output of a forced tool choice, which a JSON-schema grammar made valid (forced.py
 builds the schema): for a named function, its arguments object; for "required", an array of
-`{"name": ..., "parameters": {...}}` items. Only tool-call deltas are sent, never content.
+`{"name": ..., "parameters": {...}}` items, or one such item alone (parallel_tool_calls false).
+Only tool-call deltas are sent, never content.
 
 The stream never raises: an output cut short (max_tokens) ends where it was cut, and text that
 breaks the expected shape is dropped. Either way `malformed` is set, which is what makes
@@ -79,19 +80,22 @@ class _NamedStream(ToolCallStream):
 
 
 class _RequiredStream(CallsStream):
-    """`[` item (`,` item)* `]`, each item a call object with its arguments in "parameters"."""
+    """`[` item (`,` item)* `]`, or one item alone; each item a call object with its arguments in
+    "parameters"."""
 
     _OPEN, _ITEM, _AFTER_ITEM, _CLOSED = range(4)
 
     def __init__(self) -> None:
         super().__init__(("parameters",))
         self._state = self._OPEN
+        self._alone = False  # the output is one call object, not an array
 
     def _outside(self, piece: str) -> str:
         for i, c in enumerate(piece):
             if c in JSON_WHITESPACE:
                 continue
-            if self._state == self._ITEM and c == "{":
+            if self._state in (self._OPEN, self._ITEM) and c == "{":
+                self._alone = self._state == self._OPEN
                 self._begin_call("")
                 return piece[i:]
             if (self._state, c) in ((self._OPEN, "["), (self._AFTER_ITEM, ",")):
@@ -103,7 +107,7 @@ class _RequiredStream(CallsStream):
         return ""
 
     def _after_call(self) -> None:
-        self._state = self._AFTER_ITEM
+        self._state = self._CLOSED if self._alone else self._AFTER_ITEM
 
     def _finish_outside(self) -> None:
         self.malformed = self._state != self._CLOSED

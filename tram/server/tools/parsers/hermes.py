@@ -15,75 +15,52 @@ from __future__ import annotations
 
 from tram.config.registry import TOOL_CALL_PARSERS
 from tram.server.tools.parsers.base import ToolCallStream, ToolParser
-from tram.server.tools.parsers.calls_stream import CallsStream
+from tram.server.tools.parsers.calls_stream import Call, CallsStream
+from tram.server.tools.parsers.text_run import TextRun, skip_end_tag
 
 START_TAG, END_TAG = "<tool_call>", "</tool_call>"
 _TEXT, _TAIL = "text", "tail"  # outside calls: in text, or just after a call's object
 
 
-def partial_tag_start(text: str, tag: str) -> int:
-    """Where the longest suffix of `text` that could begin `tag` starts; len(text) if none."""
-    for k in range(max(0, len(text) - len(tag) + 1), len(text)):
-        if tag.startswith(text[k:]):
-            return k
-    return len(text)
-
-
 @TOOL_CALL_PARSERS.register("hermes", "Qwen, Hermes")
 class HermesToolParser(ToolParser):
     def stream(self) -> ToolCallStream:
-        return _HermesStream()
+        return HermesStream()
 
 
-class _HermesStream(CallsStream):
+class HermesStream(CallsStream):
+    """Also the stream of formats that differ only in what a call inside the tags is (qwen3_coder.py)."""
+
     def __init__(self) -> None:
         super().__init__(("arguments",))
         self._state = _TEXT
+        self._run = TextRun(self._out, START_TAG)
         self._held = ""  # what could begin a tag (and, after a call, the whitespace before it)
-        self._blank = ""  # the text since the last call, while it is only whitespace
-        self._has_text = False  # the text since the last call is content
+
+    def _call_at_tag(self) -> Call | None:
+        """The call that a start tag begins (None: a `{"name", ...}` object)."""
+        return None
 
     def _outside(self, piece: str) -> str:
         text, self._held = self._held + piece, ""
-        return self._tail(text) if self._state == _TAIL else self._text(text)
-
-    def _text(self, text: str) -> str:
-        k = text.find(START_TAG)
-        if k < 0:
-            j = partial_tag_start(text, START_TAG)
-            self._segment(text[:j])
-            self._held = text[j:]
+        if self._state == _TAIL:
+            rest = skip_end_tag(text, END_TAG)
+            if rest is None:
+                self._held = text
+                return ""
+            self._state, text = _TEXT, rest
+        rest, held = self._run.read(text)
+        if rest is None:
+            self._held = held
             return ""
-        self._segment(text[:k])
-        self._begin_call(self._blank + START_TAG)
-        self._blank, self._has_text = "", False
-        return text[k + len(START_TAG) :]
-
-    def _segment(self, text: str) -> None:
-        """Text between calls: content once it has more than whitespace, whitespace included."""
-        if self._has_text:
-            self._out.content(text)
-        elif text.strip():
-            self._out.content(self._blank + text)
-            self._blank, self._has_text = "", True
-        else:
-            self._blank += text
-
-    def _tail(self, text: str) -> str:
-        rest = text.lstrip()
-        if rest.startswith(END_TAG):
-            self._state = _TEXT
-            return rest[len(END_TAG) :]
-        if END_TAG.startswith(rest):
-            self._held = text
-            return ""
-        self._state = _TEXT  # no closing tag: the text goes on
-        return text
+        self._begin_call(held + START_TAG, self._call_at_tag())
+        return rest
 
     def _after_call(self) -> None:
         self._state = _TAIL
+        self._run.after_call()
 
     def _finish_outside(self) -> None:
         if self._state == _TEXT:
-            self._segment(self._held)  # it began like a tag but the output ended
+            self._run.add(self._held)  # it began like a tag but the output ended
         # After a call, whitespace and the start of a closing tag are dropped like a whole one.
