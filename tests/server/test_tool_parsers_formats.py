@@ -12,7 +12,8 @@ from test_tool_parsers import NESTED_ARGS, WEATHER, Calls, check_case, chunkings
 
 from tram.config import ServerArgs
 from tram.entrypoints.cli import build_parser
-from tram.server.tools.chat import ChatTool, plan_tools
+from tram.sampling_params import SamplingParams
+from tram.server.tools.chat import ChatTool, apply_tool_plan, plan_tools
 from tram.server.tools.parsers import get_tool_parser
 from tram.server.tools.parsers.param_types import convert_param
 
@@ -313,6 +314,11 @@ def test_tool_plan_binds_the_requests_tools_and_keeps_special_tokens() -> None:
     needs = {name: plan_tools(tools, "auto", get_tool_parser(name), True).needs_special_tokens for name in NEW_PARSERS}
     assert needs == {"mistral": True, "pythonic": False, "qwen3_coder": False, "granite": False, "openai": True}
     assert not plan_tools(tools, "required", get_tool_parser("mistral"), True).needs_special_tokens
+    # Every endpoint (chat, Responses, Anthropic's Messages) applies a plan through apply_tool_plan.
+    for name, keeps in needs.items():
+        params = SamplingParams(max_tokens=4)
+        apply_tool_plan(plan_tools(tools, "auto", get_tool_parser(name), True), None, params)
+        assert params.skip_special_tokens is not keeps and params.structured_outputs is None
 
 
 def test_serve_accepts_and_lists_the_new_parsers() -> None:

@@ -27,7 +27,7 @@ from tram.server.protocol.anthropic import CountTokensRequest, MessagesRequest
 from tram.server.protocol.errors import APIError
 from tram.server.protocol.openai import ChatCompletionRequest
 from tram.server.reasoning.plan import ReasoningPlan
-from tram.server.tools.chat import merge_structured, plan_tools
+from tram.server.tools.chat import apply_tool_plan, plan_tools
 
 
 class AnthropicServingMessages(OpenAIServing):
@@ -43,7 +43,7 @@ class AnthropicServingMessages(OpenAIServing):
         ids = await self.chat.render(chat_req, plan.tools)
         params = await off_loop_if_large(raw, chat_req.to_sampling_params, req.max_tokens, self.defaults, None)
         try:
-            params.structured_outputs = merge_structured(plan, chat_req.parallel_tool_calls, params.structured_outputs)
+            apply_tool_plan(plan, chat_req.parallel_tool_calls, params)
         except SamplingParamError as e:
             forced = req.tool_choice.type if req.tool_choice is not None else "any"
             why = f"tool_choice type {forced!r} cannot be combined with output_config.format: both constrain the output"

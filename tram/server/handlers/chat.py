@@ -26,7 +26,7 @@ from tram.server.http.large_json import off_loop_if_large
 from tram.server.protocol.errors import APIError, stream_error_event
 from tram.server.protocol.openai import ChatCompletionRequest, ChatMessage, TokenizeRequest
 from tram.server.reasoning.plan import ReasoningPlan, ReasoningSetup, reasoning_fields
-from tram.server.tools.chat import ToolPlan, merge_structured, plan_tools, template_messages, tool_calls_json
+from tram.server.tools.chat import ToolPlan, apply_tool_plan, plan_tools, template_messages, tool_calls_json
 from tram.server.tools.chat_stream import ChoiceDelta, ChoiceToolStreams
 from tram.server.tools.parsers import get_tool_parser
 
@@ -125,9 +125,7 @@ class OpenAIServingChat(OpenAIServing):
         params = await off_loop_if_large(
             raw, req.to_sampling_params, max_tokens, self.defaults, logprobs, req.prompt_logprobs
         )
-        params.structured_outputs = merge_structured(plan, req.parallel_tool_calls, params.structured_outputs)
-        if plan.needs_special_tokens:
-            params.skip_special_tokens = False
+        apply_tool_plan(plan, req.parallel_tool_calls, params)
         reasoning = self.reasoning_plan(ids, req.chat_template_kwargs, req.include_reasoning)
         reasoning.apply(params)
         request_id = random_id("chatcmpl")

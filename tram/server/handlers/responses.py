@@ -28,7 +28,7 @@ from tram.server.protocol.errors import APIError, exception_to_error
 from tram.server.protocol.responses import ResponsesRequest
 from tram.server.reasoning.plan import ReasoningPlan
 from tram.server.reasoning.responses import ReasoningItems, whole_items
-from tram.server.tools.chat import ToolPlan, merge_structured, plan_tools
+from tram.server.tools.chat import ToolPlan, apply_tool_plan, plan_tools
 
 # Prompt-length errors blame `input`, as the chat endpoint's blame `messages`.
 INPUT_LENGTH_RULE = LengthRule(completion_must_fit=True, prompt_field="input")
@@ -225,14 +225,13 @@ class OpenAIServingResponses(OpenAIServing):
         try:
             fields = req.sampling_fields()
             params = await off_loop_if_large(raw, fields.to_sampling_params, req.max_output_tokens, self.defaults, None)
-            structured = params.structured_outputs
-            if structured is not None:  # errors name this API's field
-                structured = msgspec.structs.replace(structured, source_field="text.format")
-            params.structured_outputs = merge_structured(plan, req.parallel_tool_calls, structured)
+            if params.structured_outputs is not None:  # errors name this API's field
+                params.structured_outputs = msgspec.structs.replace(
+                    params.structured_outputs, source_field="text.format"
+                )
+            apply_tool_plan(plan, req.parallel_tool_calls, params)
         except ValueError as e:
             raise in_responses_words(e) from e
-        if plan.needs_special_tokens:
-            params.skip_special_tokens = False
         return params
 
     def _plan_tools(self, req: ResponsesRequest) -> ToolPlan:

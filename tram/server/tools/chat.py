@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tram.sampling_params import SamplingParamError, StructuredOutputsParams
+from tram.sampling_params import SamplingParamError, SamplingParams, StructuredOutputsParams
 from tram.sampling_params.client_json import JSONTooDeepError, loads_bounded, too_deep
 from tram.server.protocol.errors import APIError
 from tram.server.tools.parsers import DeltaMessage, ToolCall, ToolCallStream, ToolParser
@@ -149,6 +149,15 @@ def merge_structured(
             f"{requested.source_field}: both constrain the output",
         )
     return forced or requested
+
+
+def apply_tool_plan(plan: ToolPlan, parallel: bool | None, params: SamplingParams) -> None:
+    """What a request's tools ask of its sampling: a forced call's grammar (merged with the
+    request's own constraint, or a SamplingParamError naming both), and the special tokens kept in
+    the text for a parser whose format is made of them (mistral's [TOOL_CALLS], gpt-oss's channels)."""
+    params.structured_outputs = merge_structured(plan, parallel, params.structured_outputs)
+    if plan.needs_special_tokens:
+        params.skip_special_tokens = False
 
 
 def tool_calls_json(calls: list[ToolCall]) -> list[dict[str, Any]]:
