@@ -26,10 +26,14 @@ from tram.core.sched_output import GrammarBitmask, ModelRunnerOutput, SchedulerO
 from tram.sampling_params import StructuredOutputsParams
 from tram.structured_output.backend import GrammarCompileError, make_backend
 from tram.structured_output.compile_pool import CompilePool
+from tram.structured_output.json_closing import ClosingMasks, narrow_to_closing
 from tram.structured_output.request import StructuredOutputRequest
 
 logger = logging.getLogger(__name__)
 CACHE_ENTRIES = 512  # compiled grammars kept (least recently used go first)
+# Steps before its budget ends from which a JSON request is watched for a closing (json_closing.py);
+# a closing longer than this (JSON nested ~30 deep) is not forced.
+CLOSING_WINDOW = 32
 
 
 class StructuredOutputStats:
@@ -74,6 +78,9 @@ class StructuredOutputManager:
         self.key_waiters: Counter[tuple[str, str]] = Counter()  # grammar -> pending requests for it
         self.live: set[str] = set()  # constrained requests not yet seen finished
         self.words = -(-vocab_size // 32)
+        self.tokenizer = tokenizer
+        self.closing = ClosingMasks(tokenizer, vocab_size, self.words)
+        self.closing_ids: set[str] = set()  # JSON requests closing before their budget ends
         # Every word -1: all tokens allowed; rows are overwritten by the matchers that fill them.
         self.bitmask = np.full((max_num_seqs, self.words), -1, dtype=np.int32)
 
@@ -206,6 +213,7 @@ class StructuredOutputManager:
             req = requests.get(rid)
             if req is None:
                 self.live.discard(rid)  # finished or aborted
+                self.closing_ids.discard(rid)
                 continue
             if rid not in sched.num_scheduled_tokens or req.num_computed_tokens < req.num_tokens:
                 continue
@@ -213,10 +221,23 @@ class StructuredOutputManager:
             if req.structured_output.thinking:
                 continue  # its grammar applies once the model's thinking has ended
             req.structured_output.fill_bitmask(self.bitmask, len(ids))
+            self._close_in_time(req, self.bitmask[len(ids)])
             ids.append(rid)
         if not ids:
             return None
         return GrammarBitmask(ids, self.words, self.bitmask[: len(ids)].tobytes())
+
+    def _close_in_time(self, req: Request, row: np.ndarray) -> None:
+        """JSON that would be cut off by max_tokens (or the context) closes instead (json_closing.py)."""
+        assert req.structured_output is not None
+        if req.structured_output.params.kind not in ("json", "json_object"):
+            return
+        left = min(req.max_tokens - req.num_output_tokens, req.max_model_len - req.num_tokens)
+        if left <= CLOSING_WINDOW:
+            text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
+            closing = req.request_id in self.closing_ids
+            if narrow_to_closing(row, text, left, self.closing, closing) and not closing:
+                self.closing_ids.add(req.request_id)
 
     def shutdown(self) -> None:
         self.pool.shutdown()
