@@ -70,6 +70,34 @@ def test_unknown_fields_are_400s(client) -> None:
     _error(client.post("/v1/completions", json={"prompt": PROMPT, "tools": []}), "tools")  # a chat-only field
 
 
+CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [*CHAT, {"role": "tool", "tool_call_id": "call_1", "content": "ok"}],  # no call before it
+        [
+            *CHAT,
+            {"role": "assistant", "tool_calls": [CALL]},
+            {"role": "tool", "tool_call_id": "call_9", "content": "ok"},
+        ],
+    ],
+    ids=["no call", "another call's id"],
+)
+def test_a_tool_result_for_no_call_is_a_400(client, messages: list[dict]) -> None:
+    err = _error(
+        client.post("/v1/chat/completions", json={"messages": messages}), f"messages.{len(messages) - 1}.tool_call_id"
+    )
+    assert "answers no tool call" in err["message"]
+    answered = [
+        *CHAT,
+        {"role": "assistant", "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "ok"},
+    ]
+    _ok(client.post("/v1/chat/completions", json={"messages": answered, "max_tokens": 2}))
+
+
 def test_neutral_values_are_accepted(client) -> None:
     body = {
         "messages": CHAT,

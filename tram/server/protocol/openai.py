@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from tram.sampling_params import SAMPLING_RANGES as RANGES
 from tram.sampling_params import RequestOutputKind, SamplingParams
@@ -177,8 +178,24 @@ class ChatMessage(BaseModel):
     content: Text | list[TextPart] | None = None
 
 
+def check_tool_results(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """A tool message answers a call an earlier assistant message made: a `tool_call_id` no call had
+    is a 400 naming it (OpenAI's rule too), not a result the template files under nothing."""
+    calls: set[str] = set()
+    for i, message in enumerate(messages):
+        extra = message.model_extra or {}
+        if message.role == "assistant" and isinstance(extra.get("tool_calls"), list):
+            calls.update(c["id"] for c in extra["tool_calls"] if isinstance(c, dict) and isinstance(c.get("id"), str))
+        elif message.role == "tool" and extra.get("tool_call_id") is not None and extra["tool_call_id"] not in calls:
+            why = f"{extra['tool_call_id']!r} answers no tool call of an earlier assistant message"
+            raise PydanticCustomError(
+                "unsupported_field", "'{field}': {why}", {"field": f"messages.{i}.tool_call_id", "why": why}
+            )
+    return messages
+
+
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: Annotated[list[ChatMessage], AfterValidator(check_tool_results)] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, **RANGES["max_tokens"].bounds())
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, **RANGES["logprobs"].bounds(low=0))
