@@ -117,6 +117,31 @@ KINDS: dict[str, tuple[str, dict[str, Any]]] = {
             tie_word_embeddings=True,
         ),
     ),
+    # Mixtures of experts: 8 experts, 2 (3) per token, experts narrower than the dense MLP; Qwen3-MoE
+    # without renormalisation of the top k, and with a dense MLP in layer 1 (mlp_only_layers).
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        dict(
+            num_hidden_layers=3,
+            head_dim=32,
+            num_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=48,
+            norm_topk_prob=False,
+            mlp_only_layers=[1],
+            tie_word_embeddings=False,
+        ),
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        dict(
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            intermediate_size=96,
+            sliding_window=None,
+            tie_word_embeddings=False,
+        ),
+    ),
     # Layer 1 of 3 attends without RoPE (no_rope_layers [1, 0, 1]).
     "smollm3": (
         "SmolLM3Config",

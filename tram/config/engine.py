@@ -56,6 +56,8 @@ class ParallelConfig:
     # A name the executor layer registered (config's EXECUTOR_BACKENDS); None: the executor layer's
     # default for the world size (the engine fills it in when it resolves EngineArgs).
     distributed_executor_backend: str | None = EngineArgs.distributed_executor_backend
+    # MoE layers: whole experts per tensor-parallel rank (vLLM's --enable-expert-parallel).
+    enable_expert_parallel: bool = EngineArgs.enable_expert_parallel
     # Engine cores behind one API server (tram serve); each replica's own config says 1 and its index.
     data_parallel_size: int = EngineArgs.data_parallel_size
     data_parallel_index: int = 0

@@ -154,6 +154,11 @@ class EngineArgs(CliSettings):
         "pipeline stages to split the layers over (contiguous runs of layers, a rank or TP group each)",
         aliases=("-pp",),
     )
+    enable_expert_parallel: bool = setting(
+        False,
+        "mixture-of-experts layers place whole experts on each tensor-parallel rank (the experts split "
+        "over the ranks) instead of a slice of every expert",
+    )
     data_parallel_size: int = setting(
         1,
         "engine cores (replicas, each with its own scheduler, KV cache and "

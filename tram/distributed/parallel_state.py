@@ -139,6 +139,21 @@ def _open_shm(tp_rank: int, size: int, first_rank: int, group: Any) -> Any:
     return comm
 
 
+# Whether mixture-of-experts layers place whole experts on each rank of the tensor-parallel group
+# (vLLM's --enable-expert-parallel) instead of a slice of every expert; set by the worker before
+# it builds the model.
+_EXPERT_PARALLEL = False
+
+
+def set_expert_parallel(enabled: bool) -> None:
+    global _EXPERT_PARALLEL
+    _EXPERT_PARALLEL = enabled
+
+
+def expert_parallel() -> bool:
+    return _EXPERT_PARALLEL
+
+
 def destroy_tensor_parallel() -> None:
     import torch.distributed as dist
 
@@ -148,6 +163,7 @@ def destroy_tensor_parallel() -> None:
         dist.destroy_process_group()
     set_tp(TensorParallel())
     set_pp(PipelineParallel())
+    set_expert_parallel(False)
 
 
 def shard_range(total: int, rank: int, size: int) -> tuple[int, int]:

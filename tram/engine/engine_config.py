@@ -15,7 +15,7 @@ import tram.structured_output.backend  # noqa: F401 - registers the grammar engi
 from tram.config import CacheConfig, EngineArgs, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from tram.config.engine_args import FALLBACK_MAX_MODEL_LEN, default_token_budget
 from tram.config.model import device_type, load_hf_config
-from tram.config.parallel_check import check_tensor_parallel
+from tram.config.parallel_check import check_expert_parallel, check_tensor_parallel
 from tram.config.registry import STRUCTURED_OUTPUTS_BACKENDS
 from tram.executor.backends import default_executor_backend
 from tram.model.choices import check_model_files, check_sliding_window, checkpoint_quantization
@@ -100,10 +100,17 @@ def _parallel_config(args: EngineArgs, hf_config: Any) -> ParallelConfig:
     """The split, checked against the model's shape (ValueError when it does not divide)."""
     tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
     check_tensor_parallel(hf_config, tp)
+    check_expert_parallel(hf_config, tp, args.enable_expert_parallel)
     if pp > int(hf_config.num_hidden_layers):
         raise ValueError(f"pipeline_parallel_size {pp} exceeds the model's {hf_config.num_hidden_layers} layers")
     backend = args.distributed_executor_backend or default_executor_backend(tp * pp)
-    return ParallelConfig(tp, pp, backend, data_parallel_size=args.data_parallel_size)
+    return ParallelConfig(
+        tp,
+        pp,
+        backend,
+        enable_expert_parallel=args.enable_expert_parallel,
+        data_parallel_size=args.data_parallel_size,
+    )
 
 
 def _generation_config_folder(args: EngineArgs, model_path: str) -> str | None:

@@ -32,9 +32,12 @@ from tram.model.quant.checkpoints import CHECKPOINT_METHODS, CheckpointLoader, c
 from tram.model.registry import get_model_class
 from tram.model.weight_utils import (
     WeightShapeError,
+    checkpoint_owner,
+    checkpoint_rename,
     fused_parts,
     get_weight_loader,
     load_named_weight,
+    load_owned_weight,
     materialize,
     name_list,
     split_fused,
@@ -145,30 +148,38 @@ def load_safetensors_weights(
     from safetensors import safe_open
 
     params = dict(model.named_parameters())
+    modules = dict(model.named_modules())
+    owners: dict[str, nn.Module] = {}
     loaded: set[str] = set()
     unexpected: list[str] = []
     for file in files:
         with safe_open(file, framework="pt", device="cpu") as f:
-            for name in f.keys():
+            for stored in f.keys():
+                name = checkpoint_rename(model, stored)
                 if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight") or name.startswith(skip):
                     continue
                 if quant is not None and quant.claims(name):
-                    quant.add(name, f.get_tensor(name))
+                    quant.add(name, f.get_tensor(stored))
                     continue
                 param = params.get(name)
                 if param is None:
                     parts = fused_parts(model, name)
+                    owner = None if parts else checkpoint_owner(modules, name)
                     if parts:  # one tensor for several of the model's linears (Phi-3's qkv_proj)
-                        loaded |= _load_fused(name, f.get_tensor(name), parts, params, file)
+                        loaded |= _load_fused(name, f.get_tensor(stored), parts, params, file)
+                    elif owner is not None:  # a module that takes it whole (the experts of an MoE layer)
+                        owners[owner[0]] = owner[1]
+                        load_owned_weight(name, owner, f.get_tensor(stored), file)
                     else:
                         unexpected.append(name)
                     continue
                 # A sharded parameter's loader reads its part of the file, not the whole tensor.
                 sliced = getattr(get_weight_loader(param), "reads_slices", False)
-                load_named_weight(name, param, f.get_slice(name) if sliced else f.get_tensor(name), file)
+                load_named_weight(name, param, f.get_slice(stored) if sliced else f.get_tensor(stored), file)
                 loaded.add(name)
     if quant is not None:
         loaded |= quant.finish()
+    loaded |= {f"{prefix}.{p}" for prefix, module in owners.items() for p in module.loaded_params()}
     missing = sorted(set(params) - loaded)
     if missing or unexpected:
         raise ValueError(

@@ -12,10 +12,12 @@ from tram.model.models.gemma2 import Gemma2ForCausalLM
 from tram.model.models.gemma3 import Gemma3ForCausalLM
 from tram.model.models.granite import GraniteForCausalLM
 from tram.model.models.llama import LlamaForCausalLM, MistralForCausalLM
+from tram.model.models.mixtral import MixtralForCausalLM
 from tram.model.models.olmo2 import Olmo2ForCausalLM
 from tram.model.models.phi3 import Phi3ForCausalLM
 from tram.model.models.qwen2 import Qwen2ForCausalLM
 from tram.model.models.qwen3 import Qwen3ForCausalLM
+from tram.model.models.qwen3_moe import Qwen3MoeForCausalLM
 from tram.model.models.smollm3 import SmolLM3ForCausalLM
 from tram.model.pipeline import layer_range
 from tram.model.spec import attention_dims
@@ -31,6 +33,8 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
 }
 
 

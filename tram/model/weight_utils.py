@@ -135,3 +135,39 @@ def split_fused(loaded: torch.Tensor, parts: list[tuple[str, int]]) -> list[tupl
         pieces.append((part, loaded.narrow(0, start, rows)))
         start += rows
     return pieces
+
+
+def checkpoint_rename(model: nn.Module, name: str) -> str:
+    """A checkpoint name in the model's own naming: each (old, new) of the family's
+    `checkpoint_renames` replaced (Mixtral's `.block_sparse_moe.` is Tram's `.mlp.`)."""
+    for old, new in getattr(model, "checkpoint_renames", ()):
+        name = name.replace(old, new)
+    return name
+
+
+def checkpoint_owner(modules: dict[str, nn.Module], name: str) -> tuple[str, nn.Module] | None:
+    """(prefix, module) of the innermost module above `name` that takes checkpoint tensors itself
+    (a `load_checkpoint_tensor(rest_of_name, tensor)` method, such as an MoE layer's experts,
+    whose many per-expert tensors fill a few stacked parameters); None if there is none.
+
+    Such a module also has `loaded_params()`: the local names of its parameters that are complete."""
+    prefix = name
+    while "." in prefix:
+        prefix = prefix.rpartition(".")[0]
+        module = modules.get(prefix)
+        if module is not None and hasattr(module, "load_checkpoint_tensor"):
+            return prefix, module
+    return None
+
+
+def load_owned_weight(name: str, owner: tuple[str, nn.Module], tensor: torch.Tensor, file: str) -> None:
+    """The owner's load_checkpoint_tensor on tensor; a ValueError names the weight and the file."""
+    prefix, module = owner
+    try:
+        module.load_checkpoint_tensor(name[len(prefix) + 1 :], tensor)
+    except WeightShapeError as err:
+        raise ValueError(
+            f"Weight {name} has shape {err.loaded_shape} in {file}, the model expects {err.expected_shape}"
+        ) from None
+    except ValueError as err:
+        raise ValueError(f"Weight {name} in {file}: {err}") from err

@@ -10,7 +10,7 @@ import logging
 from tram.config import EngineConfig
 from tram.config.model import device_type
 from tram.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from tram.distributed import get_pp, get_tp, init_parallel
+from tram.distributed import get_pp, get_tp, init_parallel, set_expert_parallel
 from tram.worker.kv_cache import cpu_kv_cache_blocks, kv_cache_layout
 from tram.worker.model_runner import ModelRunner
 
@@ -67,6 +67,7 @@ class Worker:
                 mc.device_type,
                 shm_ok=pc.tp_group_on_one_node(rank),
             )
+        set_expert_parallel(config.parallel_config.enable_expert_parallel)
         self.model_runner = ModelRunner(
             mc, cc.block_size, sc.max_num_seqs, sc.max_num_batched_tokens, cc.cache_dtype, kv_cache_layout(config)
         )

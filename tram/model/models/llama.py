@@ -6,7 +6,7 @@ smollm3.py): a subclass changes the switches, never the code.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -32,6 +32,7 @@ class LlamaDecoderLayer(nn.Module):
         dtype: torch.dtype,
         qk_norm: bool,
         use_rope: bool = True,
+        mlp: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.use_rope = use_rope  # False: attention without positions (SmolLM3's NoPE layers)
@@ -39,7 +40,8 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = norm(spec.hidden_size)
         self.self_attn = spec_attention(spec, layer_idx, backend, dtype, head_norm=norm if qk_norm else None)
         self.post_attention_layernorm = norm(spec.hidden_size)
-        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size, spec.hidden_act, spec.mlp_bias, dtype)
+        # A family's own MLP (a mixture of experts) or the dense gated one.
+        self.mlp = mlp or GatedMLP(spec.hidden_size, spec.intermediate_size, spec.hidden_act, spec.mlp_bias, dtype)
 
     def forward(
         self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
@@ -61,12 +63,14 @@ class LlamaModel(DecoderModel):
         dtype: torch.dtype,
         qk_norm: bool = False,
         rope_layers: Sequence[bool] | None = None,
+        mlp_for: Callable[[int], nn.Module | None] | None = None,
     ) -> None:
         super().__init__()
         rope_layers = rope_layers or [True] * spec.num_layers
         self.embed_tokens = VocabEmbedding(spec.vocab_size, spec.hidden_size, dtype)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(spec, i, backend, dtype, qk_norm, rope_layers[i]) for i in range(spec.num_layers)
+            LlamaDecoderLayer(spec, i, backend, dtype, qk_norm, rope_layers[i], mlp_for(i) if mlp_for else None)
+            for i in range(spec.num_layers)
         )
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype)
         self.rotary_emb = RotaryEmbedding(hf_config, spec.head_dim)  # no parameters: nothing to load
@@ -85,12 +89,18 @@ class LlamaForCausalLM(CausalLM):
         self.dtype = dtype
         backend = resolve_backend(attention_backend)
         rope_layers = self.rope_layers(hf_config)
-        self.model = LlamaModel(hf_config, self.spec, backend, dtype, self.qk_norm, rope_layers)
+        self.model = LlamaModel(
+            hf_config, self.spec, backend, dtype, self.qk_norm, rope_layers, lambda i: self.layer_mlp(hf_config, i)
+        )
         self.lm_head = LMHead(self.spec.hidden_size, self.spec.vocab_size, dtype, self.spec.tie_word_embeddings)
 
     @staticmethod
     def rope_layers(hf_config: Any) -> list[bool] | None:
         """Whether each layer rotates q and k (None: every layer does)."""
+        return None
+
+    def layer_mlp(self, hf_config: Any, layer_idx: int) -> nn.Module | None:
+        """Layer layer_idx's MLP where the family's differs from the dense gated one (None: dense)."""
         return None
 
 

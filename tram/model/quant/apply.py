@@ -1,4 +1,4 @@
-"""Quantizing a loaded float model's linear layers on the fly (`quantization="int8"` / `"int4"`, the
+"""Quantizing a loaded float model's linear layers (and MoE experts) on the fly (`quantization="int8"` / `"int4"`, the
 methods names.ON_THE_FLY lists; check.py says whether they run on a device).
 
 Every `Linear` (q/k/v, o, gate/up, down; their tensor-parallel shards too) gets a `quant` weight
@@ -49,6 +49,13 @@ def quantize_linears(model: nn.Module, method: str) -> int:
         module.weight = nn.Parameter(torch.empty(0, dtype=weight.dtype, device=weight.device), requires_grad=False)
         module.packed_weight = None
         count += 1
+    for module in model.modules():
+        if hasattr(module, "quantize_"):  # stacked expert weights (layers/moe/layer.py): int8 or int4 alike
+            size_before, size_after = module.quantize_(method)
+            formats[f"experts {method}"] = formats.get(f"experts {method}", 0) + 1
+            before += size_before
+            after += size_after
+            count += 1
     if count:
         used = ", ".join(f"{n} {f}" for f, n in sorted(formats.items()))
         logger.info(

@@ -1,0 +1,174 @@
+"""A mixture-of-experts MLP: the router, then the experts the router chose, fused over the batch.
+
+    h = x @ w13[e].T (+ b13[e]) = [gate | up];  y = act(gate, up) @ w2[e].T (+ b2[e]);
+    out[t] = sum_j weight[t, j] * y(t, expert[t, j])
+
+Experts are stacked ([E, 2I, H] and [E, H, I], experts.py) so that one kernel call runs all of a
+step's tokens through all of their experts: the CPU's C++ kernel (cpu_kernel.py), Triton's on a GPU
+(triton_moe.py), the grouped PyTorch path (reference.py) where neither takes the weights' form.
+
+Parallelism over the tensor-parallel group, as vLLM's FusedMoE:
+  * tensor parallel (default): every rank holds every expert's slice [start, start + I / tp) of
+    the intermediate channels (w13's gate and up rows, w2's columns);
+  * expert parallel (`enable_expert_parallel`): rank r holds whole experts [r * E / tp, (r + 1) * E / tp).
+Either way each rank's output is a partial sum, and one all-reduce adds them (b2 is added on the
+rank that owns the expert's whole output: rank 0 under TP, the expert's rank under EP).
+
+Checkpoint tensors come one expert and projection at a time (Qwen3-MoE's `experts.3.gate_proj.weight`,
+Mixtral's `experts.3.w1.weight`, named by `expert_names`) or stacked (gpt-oss; its family file loads
+those); `load_checkpoint_tensor` takes each, and `loaded_params` says which stacked parameters are complete.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tram.distributed import expert_parallel, get_tp, shard_range, tp_all_reduce
+from tram.model.layers.moe.experts import ExpertWeights, quantize_experts
+from tram.model.layers.moe.reference import grouped_moe
+from tram.model.layers.moe.spec import MoESpec
+from tram.model.weight_utils import WeightShapeError
+
+# Per-expert checkpoint tensor name -> (parameter, half of w13: 0 gate, 1 up; None for w2).
+QWEN_EXPERT_NAMES = {"gate_proj": ("w13", 0), "up_proj": ("w13", 1), "down_proj": ("w2", None)}
+MIXTRAL_EXPERT_NAMES = {"w1": ("w13", 0), "w3": ("w13", 1), "w2": ("w2", None)}
+
+
+class FusedMoE(nn.Module):
+    """The experts of one layer (the router is the family block's): forward(x [T, hidden],
+    topk_weights [T, k] float32, topk_ids [T, k] int32 global expert ids) -> [T, hidden]."""
+
+    # The Triton kernel on any device: set on CPU by tests, which run it under Triton's interpreter.
+    use_triton = False
+
+    def __init__(
+        self,
+        spec: MoESpec,
+        hidden_size: int,
+        dtype: torch.dtype,
+        expert_names: dict[str, tuple[str, int | None]] | None = None,
+    ) -> None:
+        super().__init__()
+        tp = get_tp()
+        self.spec = spec
+        self.tp_size = tp.size
+        self.expert_names = expert_names or QWEN_EXPERT_NAMES
+        self.ep = expert_parallel() and tp.size > 1
+        experts, width = spec.num_experts, spec.intermediate_size
+        if self.ep:
+            if experts % tp.size:
+                raise ValueError(f"expert-parallel size {tp.size} does not divide the model's {experts} experts")
+            self.first_expert, self.num_local = shard_range(experts, tp.rank, tp.size)
+            self.channel_start, self.width = 0, width
+        else:
+            self.first_expert, self.num_local = 0, experts
+            self.channel_start, self.width = shard_range(width, tp.rank, tp.size)
+        self.w13_weight = nn.Parameter(torch.empty(self.num_local, 2 * self.width, hidden_size, dtype=dtype))
+        self.w2_weight = nn.Parameter(torch.empty(self.num_local, hidden_size, self.width, dtype=dtype))
+        self.w13_bias = self.w2_bias = None
+        if spec.bias:
+            self.w13_bias = nn.Parameter(torch.empty(self.num_local, 2 * self.width, dtype=dtype))
+            self.w2_bias = nn.Parameter(torch.empty(self.num_local, hidden_size, dtype=dtype))
+        # Where the weights are no longer float (quantize_ or a GGUF file): their stacked forms.
+        self.w13: ExpertWeights | None = None
+        self.w2: ExpertWeights | None = None
+        self._received: dict[str, set[tuple[int, int | None]]] = {}
+
+    # -- loading ---------------------------------------------------------------------------------
+
+    def load_checkpoint_tensor(self, name: str, loaded: torch.Tensor) -> None:
+        """A per-expert tensor, `name` relative to this module: "<expert>.<projection>.weight"."""
+        expert_str, _, rest = name.partition(".")
+        projection, _, kind = rest.rpartition(".")
+        if not expert_str.isdigit() or projection not in self.expert_names or kind not in ("weight", "bias"):
+            raise ValueError(f"experts.{name} is no expert weight this layer knows")
+        expert = int(expert_str)
+        if expert >= self.spec.num_experts:
+            raise ValueError(f"experts.{name}: expert {expert}, but the config has {self.spec.num_experts} experts")
+        param_name, half = self.expert_names[projection]
+        self._received.setdefault(f"{param_name}_{kind}", set()).add((expert, half))
+        local = expert - self.first_expert
+        if not 0 <= local < self.num_local:
+            return  # another rank's expert
+        param = getattr(self, f"{param_name}_{kind}")
+        if param is None:
+            raise ValueError(f"experts.{name}: the config says these experts have no biases")
+        self.load_expert(param_name, local, half, loaded, kind)
+
+    def load_expert(self, param_name: str, local: int, half: int | None, loaded: torch.Tensor, kind: str) -> None:
+        """The whole (unsharded) projection of one local expert, as the checkpoint holds it: gate or
+        up [I, hidden] (bias [I]), or down [hidden, I] (bias [hidden])."""
+        param = getattr(self, f"{param_name}_{kind}")
+        hidden = self.w2_weight.shape[1]
+        full = self.spec.intermediate_size
+        start, size = self.channel_start, self.width
+        if param_name == "w13":
+            expected = (full, hidden) if kind == "weight" else (full,)
+            if tuple(loaded.shape) != expected:
+                raise WeightShapeError(tuple(loaded.shape), expected)
+            param[local, half * size : (half + 1) * size].copy_(loaded[start : start + size])
+            return
+        expected = (hidden, full) if kind == "weight" else (hidden,)
+        if tuple(loaded.shape) != expected:
+            raise WeightShapeError(tuple(loaded.shape), expected)
+        param[local].copy_(loaded[:, start : start + size] if kind == "weight" else loaded)
+
+    def loaded_params(self) -> set[str]:
+        """Local names of the parameters every expert's tensors have reached."""
+        done = set()
+        for name, got in self._received.items():
+            halves = 2 if name.startswith("w13") else 1
+            if len(got) == self.spec.num_experts * halves:
+                done.add(name)
+        return done
+
+    # -- forms of the weights ----------------------------------------------------------------------
+
+    def expert_weights(self) -> tuple[ExpertWeights, ExpertWeights]:
+        if self.w13 is not None and self.w2 is not None:
+            return self.w13, self.w2
+        hidden = self.w2_weight.shape[1]
+        return (
+            ExpertWeights("float", self.w13_weight, 2 * self.width, hidden),
+            ExpertWeights("float", self.w2_weight, hidden, self.width),
+        )
+
+    @torch.no_grad()
+    def quantize_(self, method: str) -> tuple[int, int]:
+        """The experts in int8 or int4 (`quantization=`); returns (bytes before, bytes after)."""
+        w13, w2 = self.expert_weights()
+        before = w13.nbytes + w2.nbytes
+        self.w13, self.w2 = quantize_experts(w13, method), quantize_experts(w2, method)
+        empty = torch.empty(0, dtype=self.w13_weight.dtype, device=self.w13_weight.device)
+        self.w13_weight = nn.Parameter(empty, requires_grad=False)
+        self.w2_weight = nn.Parameter(empty.clone(), requires_grad=False)
+        return before, self.w13.nbytes + self.w2.nbytes
+
+    # -- compute -------------------------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        if self.ep:
+            local = topk_ids - self.first_expert
+            topk_ids = torch.where((local >= 0) & (local < self.num_local), local, -1).to(torch.int32)
+        # Under TP each rank's w2 output is partial; the bias joins once, on rank 0.
+        b2 = self.w2_bias if (self.ep or get_tp().rank == 0) else None
+        out = self.run_experts(x, topk_ids, topk_weights, self.w13_bias, b2)
+        return tp_all_reduce(out) if self.tp_size > 1 else out
+
+    def run_experts(
+        self,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        b13: torch.Tensor | None,
+        b2: torch.Tensor | None,
+    ) -> torch.Tensor:
+        w13, w2 = self.expert_weights()
+        s = self.spec
+        args = (b13, b2, s.activation, s.swiglu_alpha, s.swiglu_limit)
+        if (x.is_cuda or self.use_triton) and w13.kind == w2.kind == "float":
+            from tram.model.layers.moe.triton_moe import triton_fused_moe  # triton: the gpu extra's
+
+            return triton_fused_moe(x, topk_ids, topk_weights, w13.data, w2.data, *args)
+        return grouped_moe(x, topk_ids, topk_weights, w13, w2, *args)
