@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -33,12 +33,16 @@ class LlamaDecoderLayer(nn.Module):
         qk_norm: bool,
         use_rope: bool = True,
         mlp: nn.Module | None = None,
+        attention_extras: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.use_rope = use_rope  # False: attention without positions (SmolLM3's NoPE layers)
         norm = partial(RMSNorm, eps=spec.rms_norm_eps, dtype=dtype)
         self.input_layernorm = norm(spec.hidden_size)
-        self.self_attn = spec_attention(spec, layer_idx, backend, dtype, head_norm=norm if qk_norm else None)
+        head_norm = norm if qk_norm else None
+        self.self_attn = spec_attention(
+            spec, layer_idx, backend, dtype, head_norm=head_norm, **(attention_extras or {})
+        )
         self.post_attention_layernorm = norm(spec.hidden_size)
         # A family's own MLP (a mixture of experts) or the dense gated one.
         self.mlp = mlp or GatedMLP(spec.hidden_size, spec.intermediate_size, spec.hidden_act, spec.mlp_bias, dtype)
@@ -64,12 +68,15 @@ class LlamaModel(DecoderModel):
         qk_norm: bool = False,
         rope_layers: Sequence[bool] | None = None,
         mlp_for: Callable[[int], nn.Module | None] | None = None,
+        attention_extras: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         rope_layers = rope_layers or [True] * spec.num_layers
         self.embed_tokens = VocabEmbedding(spec.vocab_size, spec.hidden_size, dtype)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(spec, i, backend, dtype, qk_norm, rope_layers[i], mlp_for(i) if mlp_for else None)
+            LlamaDecoderLayer(
+                spec, i, backend, dtype, qk_norm, rope_layers[i], mlp_for(i) if mlp_for else None, attention_extras
+            )
             for i in range(spec.num_layers)
         )
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype)
@@ -82,6 +89,7 @@ class LlamaForCausalLM(CausalLM):
 
     qkv_bias: bool | None = None  # None: follow config.attention_bias
     qk_norm: bool = False  # RMSNorm of each q and k head before RoPE
+    attention_extras: ClassVar[dict[str, Any]] = {}  # the family's own Attention arguments (gpt-oss's sinks)
 
     def __init__(self, hf_config: Any, dtype: torch.dtype, attention_backend: AttentionBackend | str) -> None:
         super().__init__()
@@ -90,7 +98,14 @@ class LlamaForCausalLM(CausalLM):
         backend = resolve_backend(attention_backend)
         rope_layers = self.rope_layers(hf_config)
         self.model = LlamaModel(
-            hf_config, self.spec, backend, dtype, self.qk_norm, rope_layers, lambda i: self.layer_mlp(hf_config, i)
+            hf_config,
+            self.spec,
+            backend,
+            dtype,
+            self.qk_norm,
+            rope_layers,
+            lambda i: self.layer_mlp(hf_config, i),
+            self.attention_extras,
         )
         self.lm_head = LMHead(self.spec.hidden_size, self.spec.vocab_size, dtype, self.spec.tie_word_embeddings)
 

@@ -14,7 +14,7 @@ from tram.model.quant.formats.registry import (
 )
 
 # Each import registers its format; the order is the order error messages name them in.
-from tram.model.quant.formats import gptq, awq, compressed_tensors  # noqa: E402, F401, I001  isort: skip
+from tram.model.quant.formats import gptq, awq, compressed_tensors, mxfp4  # noqa: E402, F401, I001  isort: skip
 
 __all__ = [
     "CheckpointFormat",
