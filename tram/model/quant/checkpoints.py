@@ -23,6 +23,7 @@ from tram.model.quant.checkpoint_shards import full_shape, layer_shard
 from tram.model.quant.formats import CheckpointScheme, format_for, parse_scheme
 from tram.model.quant.names import CHECKPOINT_METHODS
 from tram.model.quant.unpacked import Int4Parts, Parts, int4_weight, unpacked_shape
+from tram.model.weight_utils import checkpoint_owner, checkpoint_rename
 
 __all__ = ["CHECKPOINT_METHODS", "CheckpointLoader", "checkpoint_loader"]
 
@@ -40,7 +41,10 @@ class CheckpointLoader:
 
         self.scheme = scheme
         self.device = torch.device(device)  # where the built weights go
-        self.linears = {name: m for name, m in model.named_modules() if isinstance(m, Linear)}
+        self.model = model
+        self.modules = dict(model.named_modules())
+        self.linears = {name: m for name, m in self.modules.items() if isinstance(m, Linear)}
+        self.expert_layers: dict[str, nn.Module] = {}  # MoE layers that got quantized experts
         self.suffixes = set(scheme.format.tensors)
         self.quantized: set[str] = set()  # module names whose tensors are quantized
         self.parts: dict[str, Parts] = {}
@@ -49,6 +53,7 @@ class CheckpointLoader:
         """Learn which Linears are quantized from the checkpoint's tensor names (before loading:
         compressed-tensors' int8 `weight` sorts before the `weight_scale` that marks it)."""
         marker = "." + self.scheme.format.marker
+        names = [checkpoint_rename(self.model, name) for name in names]
         self.quantized.update(name[: -len(marker)] for name in names if name.endswith(marker))
 
     def plan(self, files: list[str]) -> None:
@@ -61,6 +66,9 @@ class CheckpointLoader:
                 self.scan(list(f.keys()))
         for prefix in self.quantized:
             module = self.linears.get(prefix)
+            owner = None if module is not None else checkpoint_owner(self.modules, prefix + ".weight")
+            if owner is not None and hasattr(owner[1], "drop_float_experts"):
+                owner[1].drop_float_experts()
             if module is not None and module.weight.is_meta:
                 module.weight = nn.Parameter(
                     torch.empty(0, dtype=module.weight.dtype, device="meta"), requires_grad=False
@@ -82,9 +90,8 @@ class CheckpointLoader:
         for prefix in sorted(self.parts):
             module = self.linears.get(prefix)
             if module is None:
-                raise ValueError(
-                    f"Checkpoint has quantized tensors for {prefix}, which is no linear layer of the model"
-                )
+                self._add_expert(prefix, self.parts.pop(prefix))
+                continue
             weight = self._build(prefix, self.parts.pop(prefix))
             _install(module, weight, self.device)
             if isinstance(weight, torch.Tensor):
@@ -96,26 +103,50 @@ class CheckpointLoader:
                 len(dense),
                 ", ".join(dense[:5]) + (" ..." if len(dense) > 5 else ""),
             )
+        for prefix, layer in self.expert_layers.items():
+            filled |= {f"{prefix}.{name}" for name in layer.finish_quantized_experts()}
         logger.info("Read %d %s-quantized linear layers", len(filled), self.scheme.method)
         return filled
 
-    def _build(self, prefix: str, parts: Parts) -> Any:  # QuantizedWeight, or a dense float weight
-        module = self.linears[prefix]
-        fmt = self.scheme.format
+    def _add_expert(self, prefix: str, parts: Parts) -> None:
+        """One expert projection of an MoE layer (`...experts.3.gate_proj`), unpacked and cut to this rank."""
+        owner = checkpoint_owner(self.modules, prefix + ".weight")
+        if owner is None or not hasattr(owner[1], "quantized_expert_slot"):
+            raise ValueError(f"Checkpoint has quantized tensors for {prefix}, which is no linear layer of the model")
+        layer_prefix, layer = owner
+        name = prefix[len(layer_prefix) + 1 :]
+        slot = layer.quantized_expert_slot(name)
+        self.expert_layers[layer_prefix] = layer
+        weight = self._unpack(prefix, parts, slot.full_shape)
+        if slot.local is None:
+            return  # another rank's expert: checked, not kept
+        if slot.shard is not None:
+            weight = self.scheme.format.shard(weight, slot.shard)
+        weight = int4_weight(weight) if isinstance(weight, Int4Parts) else weight
+        weight = weight.to(self.device) if isinstance(weight, torch.Tensor) else weight.to_(self.device)
+        layer.set_quantized_expert(slot, weight)
+
+    def _unpack(self, prefix: str, parts: Parts, expected: tuple[int, int]) -> Any:
+        """The whole layer's unpacked weight, checked against its expected [out, in]."""
         try:
-            weight = fmt.unpack(self.scheme.layer_scheme(prefix), parts)
+            weight = self.scheme.format.unpack(self.scheme.layer_scheme(prefix), parts)
         except KeyError as err:
             raise ValueError(f"Quantized layer {prefix} lacks its {err.args[0]} tensor") from None
         shape = unpacked_shape(weight)
-        expected = full_shape(module)  # of the whole layer, whichever slice this rank keeps
         if shape != expected:
             raise ValueError(
                 f"Quantized layer {prefix} holds a {shape[0]}x{shape[1]} weight, the model expects "
                 f"{expected[0]}x{expected[1]}"
             )
+        return weight
+
+    def _build(self, prefix: str, parts: Parts) -> Any:  # QuantizedWeight, or a dense float weight
+        module = self.linears[prefix]
+        # Of the whole layer, whichever slice this rank keeps.
+        weight = self._unpack(prefix, parts, full_shape(module))
         shard = layer_shard(module)
         if shard is not None:
-            weight = fmt.shard(weight, shard)
+            weight = self.scheme.format.shard(weight, shard)
         return int4_weight(weight) if isinstance(weight, Int4Parts) else weight
 
 

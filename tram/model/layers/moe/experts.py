@@ -4,7 +4,9 @@ One projection (gate/up stacked as w13, or down as w2) of the E experts this ran
   * "float": data [E, N, K] in the model's dtype;
   * "int8":  data [E, N, K] int8, scale [E, N] (quant/weights.py Int8Weight's layout per expert);
   * "int4":  data [E, N, K / 2] uint8, scale [E, N, K / group] (Int4Weight's layout per expert);
-  * "gguf":  data [E, N, row_bytes] uint8 blocks of one ggml type (gguf/weight.py GGUFWeight's).
+  * "gguf":  data [E, N, row_bytes] uint8 blocks of one ggml type (gguf/weight.py GGUFWeight's);
+  * "modules": one weight object per expert (a quantized checkpoint's experts, whatever their
+    format's layout: checkpoint_experts.py), `data` empty; only the grouped path runs them.
 Stacked, so that the fused kernels (csrc/fused_moe.cpp, triton_moe.py) take every expert in one
 call; `expert(e)` gives one expert's weight as the linear layers' own classes, which the grouped
 PyTorch path (reference.py) multiplies by, on the same kernels as a dense layer.
@@ -21,7 +23,7 @@ from tram.model.layers.linear import linear
 from tram.model.quant.weights import Int4Weight, Int8Weight, QuantizedWeight, int4_group_size
 
 ExpertLinear = Callable[[torch.Tensor, "torch.Tensor | None"], torch.Tensor]
-KINDS = ("float", "int8", "int4", "gguf")
+KINDS = ("float", "int8", "int4", "gguf", "modules")
 
 
 def _view(cls: type[QuantizedWeight], **fields: object) -> QuantizedWeight:
@@ -46,12 +48,19 @@ class ExpertWeights:
         if self.kind not in KINDS:
             raise ValueError(f"expert weight kind {self.kind!r} is not one of {', '.join(KINDS)}")
 
+    @classmethod
+    def of_modules(cls, experts: list, out_features: int, in_features: int) -> ExpertWeights:
+        """Per-expert weight objects, each with apply(x, bias) and dequantize(dtype)."""
+        return cls("modules", torch.empty(len(experts), 0), out_features, in_features, _views=list(experts))
+
     @property
     def num_experts(self) -> int:
         return self.data.shape[0]
 
     @property
     def nbytes(self) -> int:
+        if self.kind == "modules":
+            return sum(getattr(v, "nbytes", 0) for v in self._views)
         scale = 0 if self.scale is None else self.scale.numel() * self.scale.element_size()
         return self.data.numel() * self.data.element_size() + scale
 

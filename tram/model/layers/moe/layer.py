@@ -25,9 +25,11 @@ import torch
 from torch import nn
 
 from tram.distributed import expert_parallel, get_tp, shard_range, tp_all_reduce
+from tram.model.layers.moe.checkpoint_experts import ExpertSlot, PairedExpert, as_expert
 from tram.model.layers.moe.experts import ExpertWeights, quantize_experts
 from tram.model.layers.moe.reference import grouped_moe
 from tram.model.layers.moe.spec import MoESpec
+from tram.model.layers.parallel_linear import Shard
 from tram.model.weight_utils import WeightShapeError
 
 # Per-expert checkpoint tensor name -> (parameter, half of w13: 0 gate, 1 up; None for w2).
@@ -52,6 +54,7 @@ class FusedMoE(nn.Module):
         super().__init__()
         tp = get_tp()
         self.spec = spec
+        self.hidden_size = hidden_size
         self.tp_size = tp.size
         self.expert_names = expert_names or QWEN_EXPERT_NAMES
         self.ep = expert_parallel() and tp.size > 1
@@ -74,6 +77,7 @@ class FusedMoE(nn.Module):
         self.w13: ExpertWeights | None = None
         self.w2: ExpertWeights | None = None
         self._received: dict[str, set[tuple[int, int | None]]] = {}
+        self._quantized: dict[str, dict[int, dict[int | None, object]]] = {}  # a quantized checkpoint's experts
 
     # -- loading ---------------------------------------------------------------------------------
 
@@ -100,7 +104,7 @@ class FusedMoE(nn.Module):
         """The whole (unsharded) projection of one local expert, as the checkpoint holds it: gate or
         up [I, hidden] (bias [I]), or down [hidden, I] (bias [hidden])."""
         param = getattr(self, f"{param_name}_{kind}")
-        hidden = self.w2_weight.shape[1]
+        hidden = self.hidden_size
         full = self.spec.intermediate_size
         start, size = self.channel_start, self.width
         if param_name == "w13":
@@ -113,6 +117,54 @@ class FusedMoE(nn.Module):
         if tuple(loaded.shape) != expected:
             raise WeightShapeError(tuple(loaded.shape), expected)
         param[local].copy_(loaded[:, start : start + size] if kind == "weight" else loaded)
+
+    def quantized_expert_slot(self, name: str) -> ExpertSlot:
+        """Where a quantized checkpoint's expert projection `name` ("3.gate_proj") goes; counts it received."""
+        expert_str, _, projection = name.partition(".")
+        if not expert_str.isdigit() or projection not in self.expert_names:
+            raise ValueError(f"experts.{name} is no expert projection this layer knows")
+        expert = int(expert_str)
+        if expert >= self.spec.num_experts:
+            raise ValueError(f"experts.{name}: expert {expert}, but the config has {self.spec.num_experts} experts")
+        param, half = self.expert_names[projection]
+        self._received.setdefault(f"{param}_weight", set()).add((expert, half))
+        hidden, width = self.hidden_size, self.spec.intermediate_size
+        full = (width, hidden) if param == "w13" else (hidden, width)
+        shard = None
+        if not self.ep and self.tp_size > 1:
+            shard = Shard(0 if param == "w13" else 1, self.channel_start, self.width, width)
+        local = expert - self.first_expert
+        return ExpertSlot(local if 0 <= local < self.num_local else None, param, half, full, shard)
+
+    def drop_float_experts(self) -> None:
+        """Before materialising: the checkpoint's experts are quantized, so no float copy is allocated."""
+        if self.w13_weight.is_meta:
+            empty = torch.empty(0, dtype=self.w13_weight.dtype, device="meta")
+            self.w13_weight = nn.Parameter(empty, requires_grad=False)
+            self.w2_weight = nn.Parameter(empty.clone(), requires_grad=False)
+
+    def set_quantized_expert(self, slot: ExpertSlot, weight: object) -> None:
+        """One local expert projection's quantized (or dense) weight, already cut to this rank."""
+        parts = self._quantized.setdefault(slot.param, {})
+        parts.setdefault(slot.local, {})[slot.half] = as_expert(weight)  # type: ignore[index]
+
+    def finish_quantized_experts(self) -> set[str]:
+        """Once every expert projection arrived: compute with them; the parameters so filled."""
+        done = {p for p in self.loaded_params() if p in ("w13_weight", "w2_weight")}
+        if done != {"w13_weight", "w2_weight"}:
+            return set()
+        w13 = self._quantized.get("w13", {})
+        w2 = self._quantized.get("w2", {})
+        hidden = self.hidden_size
+        self.w13 = ExpertWeights.of_modules(
+            [PairedExpert(w13[e][0], w13[e][1]) for e in range(self.num_local)], 2 * self.width, hidden
+        )
+        self.w2 = ExpertWeights.of_modules([w2[e][None] for e in range(self.num_local)], hidden, self.width)
+        empty = torch.empty(0, dtype=self.w13_weight.dtype, device=self.w13_weight.device)
+        self.w13_weight = nn.Parameter(empty, requires_grad=False)
+        self.w2_weight = nn.Parameter(empty.clone(), requires_grad=False)
+        self._quantized.clear()
+        return done
 
     def loaded_params(self) -> set[str]:
         """Local names of the parameters every expert's tensors have reached."""
@@ -128,7 +180,7 @@ class FusedMoE(nn.Module):
     def expert_weights(self) -> tuple[ExpertWeights, ExpertWeights]:
         if self.w13 is not None and self.w2 is not None:
             return self.w13, self.w2
-        hidden = self.w2_weight.shape[1]
+        hidden = self.hidden_size
         return (
             ExpertWeights("float", self.w13_weight, 2 * self.width, hidden),
             ExpertWeights("float", self.w2_weight, hidden, self.width),

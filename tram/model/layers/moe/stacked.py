@@ -56,7 +56,7 @@ class StackedFusedMoE(FusedMoE):
         self._load_stacked(name, loaded, output_major=False)
 
     def _load_stacked(self, name: str, loaded: torch.Tensor, output_major: bool) -> None:
-        experts, hidden, width = self.spec.num_experts, self.w2_weight.shape[1], self.spec.intermediate_size
+        experts, hidden, width = self.spec.num_experts, self.hidden_size, self.spec.intermediate_size
         expected = {
             "gate_up_proj": (experts, 2 * width, hidden) if output_major else (experts, hidden, 2 * width),
             "gate_up_proj_bias": (experts, 2 * width),
