@@ -273,3 +273,62 @@ def test_attention_layer_sinks_parameter_and_tensor_parallel_slice() -> None:
         set_tp(previous)
     get_weight_loader(ranked.sinks)(ranked.sinks, full)
     assert torch.equal(ranked.sinks.data, full[4:].float())  # rank 1's query heads 4..7
+
+
+@pytest.mark.parametrize("layer_idx", [0, 1])  # gpt-oss's sliding (window 4 here) and full layers
+@pytest.mark.parametrize("cpu_kernels", [True, False])
+def test_gpt_oss_attention_layer_matches_transformers(monkeypatch: pytest.MonkeyPatch, layer_idx, cpu_kernels) -> None:
+    """Tram's Attention with sinks, YaRN RoPE and gpt-oss's window, fed a sequence as two prefill chunks
+    and three decodes through a paged cache, against transformers' GptOssAttention over the whole."""
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssAttention, GptOssRotaryEmbedding
+
+    from tram.model.layers.rope import RotaryEmbedding
+
+    config = GptOssConfig(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=4, num_hidden_layers=2
+    )
+    config._attn_implementation = "eager"
+    config.rope_parameters["original_max_position_embeddings"] = 16  # the YaRN ramp inside the tiny head
+    torch.manual_seed(0)
+    hf = GptOssAttention(config, layer_idx).eval()
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            param.copy_(torch.randn(param.shape) * (2.0 if name == "sinks" else 0.3))
+    length = 15
+    x = torch.randn(length, 64)
+    positions = torch.arange(length)
+    window = config.sliding_window if layer_idx == 0 else None
+    seen = positions.view(1, -1) <= positions.view(-1, 1)
+    if window is not None:
+        seen &= positions.view(1, -1) > positions.view(-1, 1) - window
+    mask = torch.zeros(length, length).masked_fill(~seen, float("-inf")).view(1, 1, length, length)
+    with torch.no_grad():
+        want = hf(x[None], GptOssRotaryEmbedding(config)(x, positions[None]), mask)[0][0]
+
+    layer = Attention(
+        64,
+        4,
+        2,
+        16,
+        torch_backend.TorchAttentionBackend(),
+        torch.float32,
+        qkv_bias=True,
+        o_bias=True,
+        sliding_window=window,
+        sinks=True,
+    )
+    layer.load_state_dict(hf.state_dict())
+    rope = RotaryEmbedding(config, 16, max_positions=64)
+    if not cpu_kernels:
+        monkeypatch.setattr(torch_backend, "kernels_for", lambda x: None)
+        monkeypatch.setattr(torch_backend, "load_cpu_kernels", lambda: None)
+    cache = torch.zeros(2, 6, 4, 2, 16)
+    table = [3, 0, 5, 1]  # blocks of 4 tokens, out of order
+    got = []
+    for start, count in ((0, 7), (7, 5), (12, 1), (13, 1), (14, 1)):
+        meta = build_meta([StepRequest(table, start, count)], 4)
+        cos, sin = rope.cos_sin(positions[start : start + count], torch.float32)
+        with torch.inference_mode():
+            got.append(layer(x[start : start + count], cos, sin, cache, meta))
+    torch.testing.assert_close(torch.cat(got), want, atol=2e-5, rtol=1e-5)
