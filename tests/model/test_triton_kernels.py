@@ -453,6 +453,7 @@ for dtype, head_dim, group, max_q, window, splits, cache_dtype in [
 ]:
     softcap = 50.0 if (dtype, head_dim) == (torch.bfloat16, 128) else None  # Gemma 2's, on two of them
     T, hkv, bs = max_q + 2, 2, 16
+    sinks = torch.zeros(hkv * group) if head_dim in (64, 80) else None  # gpt-oss's, split and not
     q = torch.empty(T, hkv * group, head_dim, dtype=dtype)
     cache = torch.empty(2, 40, bs, hkv, head_dim, dtype=cache_dtype or dtype)
     qsl = torch.tensor([0, max_q, max_q + 1, T], dtype=torch.int32)
@@ -460,7 +461,7 @@ for dtype, head_dim, group, max_q, window, splits, cache_dtype in [
     tk.paged_attention(q, cache, torch.empty_like(q), qsl, torch.zeros(3, dtype=torch.int32),
                        torch.zeros(3, 8, dtype=torch.int32), 0.1, num_reqs=3, max_query_len=max_q,
                        sliding_window=window, num_splits=splits, k_scale=0.5, v_scale=2.0,
-                       logits_soft_cap=softcap)
+                       logits_soft_cap=softcap, sinks=sinks)
 for launch in launches:
     compile_launch(*launch)
 print("compiled", len(launches))

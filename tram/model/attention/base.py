@@ -72,5 +72,8 @@ class AttentionBackend(Protocol):
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         logits_soft_cap: float | None = None,  # scores -> cap * tanh(score / cap) before mask and softmax
+        # [num_heads] float32: per head, a logit that joins the softmax's denominator and adds no value
+        # (gpt-oss's attention sinks: softmax over [scores, sink], the sink's column then dropped)
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         ...

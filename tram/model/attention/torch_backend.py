@@ -10,9 +10,10 @@ A step's flattened batch is split on the host (from meta's host lists, so no dev
     when there is no prefix).
 The split and the masks are planned once per step and reused by every layer.
 
-Soft-capped scores (Gemma 2: cap * tanh(score / cap) before the mask and softmax) go through the C++
-kernels as a parameter; SDPA has no soft-cap, so its paths then write the scores out
-(`_capped_attention`), in float32 as the kernels compute them.
+Soft-capped scores (Gemma 2: cap * tanh(score / cap) before the mask and softmax) and attention sinks
+(gpt-oss: a logit per head in the softmax's denominator) go through the C++ kernels as parameters;
+SDPA has neither, so its paths then write the scores out (`_explicit_attention`), in float32 as the
+kernels compute them.
 
 An fp8 cache (kv_quant.py) is written quantized; the C++ kernels widen its bytes as they read them,
 and the PyTorch paths dequantize what they gather to the query's dtype. A prefill then reads its own
@@ -144,20 +145,33 @@ def _sdpa(
 
 
 def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, soft_cap: float | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    soft_cap: float | None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Masked attention (q [..., H, L, D], k/v [..., Hkv, S, D], boolean mask [..., 1, L, S] or [L, S]):
-    SDPA, or the explicit scores path when a soft-cap is set."""
-    if soft_cap is None:
+    SDPA, or the explicit scores path when a soft-cap or sinks (float32, broadcast to [H, L, 1]) are set."""
+    if soft_cap is None and sinks is None:
         return _sdpa(q, k, v, mask, scale)
-    return _capped_attention(q, k, v, mask, scale, soft_cap)
+    return _explicit_attention(q, k, v, mask, scale, soft_cap, sinks)
 
 
-def _capped_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, soft_cap: float
+def _explicit_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    soft_cap: float | None,
+    sinks: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Attention with soft-capped scores, in transformers' order (scale, cap, mask, softmax), the scores
-    and softmax in float32. Shapes as `_attend`'s; -> [..., H, L, D]."""
+    """Attention with the scores written out, in transformers' order (scale, cap, mask, softmax over the
+    scores and the sink, whose column is then dropped), the scores and softmax in float32. Shapes as
+    `_attend`'s; -> [..., H, L, D]."""
     *batch, num_heads, q_len, head_dim = q.shape
     num_kv_heads = k.shape[-3]
     # Query heads grouped under the K/V head they share: no repeated K/V.
@@ -166,8 +180,14 @@ def _capped_attention(
     if mask.dim() >= 3:
         mask = mask.unsqueeze(-3)  # [..., 1, 1, L, S]: its head axis is 1, now the group axis too
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [..., Hkv, G, L, S]
-    scores = torch.tanh(scores / soft_cap) * soft_cap
-    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    if soft_cap is not None:
+        scores = torch.tanh(scores / soft_cap) * soft_cap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        sink = sinks.float().expand(num_heads, q_len, 1).reshape(num_kv_heads, -1, q_len, 1)  # [Hkv, G, L, 1]
+        probs = torch.softmax(torch.cat((scores, sink.expand(*scores.shape[:-1], 1)), dim=-1), dim=-1)[..., :-1]
     out = torch.matmul(probs.to(v.dtype), v)  # [..., Hkv, G, L, D]
     return out.reshape(*batch, num_heads, q_len, head_dim)
 
@@ -190,29 +210,31 @@ class TorchAttentionBackend:
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         logits_soft_cap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         block_size = kv_cache.shape[2]
         plan = self._get_plan(meta, block_size, query.device)
         n = plan.num_real_tokens  # rows past n are batch padding (e.g. graph capture sizes)
         scales = (k_scale, v_scale)
         cap = logits_soft_cap
+        sinks = None if sinks is None else sinks.detach().float()
         write_kv_cache(key[:n], value[:n], kv_cache, meta.slot_mapping[:n], scales)
         if n < query.shape[0]:
             out = torch.zeros(query.shape, dtype=query.dtype, device=query.device)
         elif not plan.prefills and plan.decode_tokens is not None:  # decode-only step: no scatter into an output buffer
-            return self._decode(query, kv_cache, plan, scale, sliding_window, scales, cap)
+            return self._decode(query, kv_cache, plan, scale, sliding_window, scales, cap, sinks)
         else:
             out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         if plan.decode_tokens is not None:
             out[plan.decode_tokens] = self._decode(
-                query[plan.decode_tokens], kv_cache, plan, scale, sliding_window, scales, cap
+                query[plan.decode_tokens], kv_cache, plan, scale, sliding_window, scales, cap, sinks
             )
         if plan.prefills and query.shape[-1] % 16 == 0 and kernels_for(query) is not None:
-            self._cpu_prefills(out, query, kv_cache, meta, plan, scale, sliding_window, scales, cap)
+            self._cpu_prefills(out, query, kv_cache, meta, plan, scale, sliding_window, scales, cap, sinks)
             return out
         for pre in plan.prefills:
             out[pre.start : pre.end] = self._prefill(
-                query, key, value, kv_cache, pre, scale, sliding_window, scales, cap
+                query, key, value, kv_cache, pre, scale, sliding_window, scales, cap, sinks
             )
         return out
 
@@ -227,6 +249,7 @@ class TorchAttentionBackend:
         sliding_window: int | None,
         scales: KVScales = (1.0, 1.0),
         logits_soft_cap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         """Every prefill chunk of the step in one C++ call (csrc/paged_prefill.cpp), K/V read from the cache."""
         if plan.cpu_prefill_args is None:  # once per step, not per layer
@@ -239,7 +262,7 @@ class TorchAttentionBackend:
                 [p.seq_len for p in pres],
             )
         paged_prefill_attention_(
-            out, query, kv_cache, *plan.cpu_prefill_args, scale, sliding_window, *scales, logits_soft_cap
+            out, query, kv_cache, *plan.cpu_prefill_args, scale, sliding_window, *scales, logits_soft_cap, sinks
         )
 
     @staticmethod
@@ -258,6 +281,7 @@ class TorchAttentionBackend:
         sliding_window: int | None,
         scales: KVScales = (1.0, 1.0),
         logits_soft_cap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """query [Bd, H, D] -> [Bd, H, D]: the C++ kernel on CPU, else `_decode_sdpa`."""
         if query.device.type == "cpu" and query.dtype in _CPU_KERNEL_DTYPES and load_cpu_kernels() is not None:
@@ -271,8 +295,9 @@ class TorchAttentionBackend:
                 sliding_window,
                 *scales,
                 logits_soft_cap,
+                sinks,
             )
-        return self._decode_sdpa(query, kv_cache, plan, scale, sliding_window, scales, logits_soft_cap)
+        return self._decode_sdpa(query, kv_cache, plan, scale, sliding_window, scales, logits_soft_cap, sinks)
 
     @staticmethod
     def _decode_sdpa(
@@ -283,6 +308,7 @@ class TorchAttentionBackend:
         sliding_window: int | None,
         scales: KVScales = (1.0, 1.0),
         logits_soft_cap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The PyTorch path of `_decode`: K/V gathered through the block tables, padded and masked."""
         num_kv_heads, head_dim = kv_cache.shape[-2:]
@@ -302,7 +328,8 @@ class TorchAttentionBackend:
         # A decode has one query token, so the query heads sharing a K/V head can stand in the
         # sequence axis: attention is then per K/V head and K/V are never repeated.
         q = query.view(bd, num_kv_heads, groups, head_dim)  # [Bd, Hkv, G, D]
-        out = _attend(q, k, v, mask, scale, logits_soft_cap)  # [Bd, Hkv, G, D]
+        sinks = None if sinks is None else sinks.view(num_kv_heads, groups, 1)  # heads laid out as q's
+        out = _attend(q, k, v, mask, scale, logits_soft_cap, sinks)  # [Bd, Hkv, G, D]
         return out.reshape(bd, num_heads, head_dim)
 
     def _prefill(
@@ -316,6 +343,7 @@ class TorchAttentionBackend:
         sliding_window: int | None,
         scales: KVScales = (1.0, 1.0),
         logits_soft_cap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One request's chunk: -> [q_len, H, D]."""
         q = query[pre.start : pre.end].transpose(0, 1)  # [H, q_len, D]
@@ -323,7 +351,7 @@ class TorchAttentionBackend:
             # No cached prefix: the step's own K/V are the whole context, no gather needed.
             k = key[pre.start : pre.end].transpose(0, 1)  # [Hkv, q_len, D]
             v = value[pre.start : pre.end].transpose(0, 1)  # [Hkv, q_len, D]
-            if sliding_window is None and logits_soft_cap is None:
+            if sliding_window is None and logits_soft_cap is None and sinks is None:
                 return _sdpa(q, k, v, None, scale, causal=True).transpose(0, 1)
         else:
             k, v = _gather_context(kv_cache, pre, query.dtype, scales)  # [Hkv, seq_len, D] each
@@ -334,7 +362,8 @@ class TorchAttentionBackend:
             k_pos = torch.arange(pre.seq_len, device=device).view(1, -1)
             mask = _window_mask(q_pos, k_pos, sliding_window)  # [q_len, seq_len]
             pre.masks[sliding_window] = mask
-        return _attend(q, k, v, mask, scale, logits_soft_cap).transpose(0, 1)
+        sinks = None if sinks is None else sinks.view(-1, 1, 1)  # [H, 1, 1]
+        return _attend(q, k, v, mask, scale, logits_soft_cap, sinks).transpose(0, 1)
 
 
 def _gather_context(

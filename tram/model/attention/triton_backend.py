@@ -46,6 +46,7 @@ class TritonAttentionBackend:
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         logits_soft_cap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         from tram.model.attention.triton_kernels import paged_attention, write_kv_cache
 
@@ -68,5 +69,6 @@ class TritonAttentionBackend:
             k_scale=k_scale,
             v_scale=v_scale,
             logits_soft_cap=logits_soft_cap,
+            sinks=sinks,
         )
         return out

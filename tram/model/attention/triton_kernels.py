@@ -29,6 +29,11 @@ logits_soft_cap is set: the kernel then takes the score scale divided by the cap
 and multiplies by cap * log2(e) into the log2 domain; without a cap the kernel is the same as before
 (SOFT_CAP is a compile-time switch).
 
+Attention sinks (gpt-oss: a logit per query head that joins the softmax's denominator and adds no
+value), when sinks is given: the sink (in the log2 domain) joins a row's running maximum and sum once,
+after its last KV tile, or in `_reduce_splits_kernel` after the splits merge (HAS_SINKS is a
+compile-time switch, so a model without sinks runs the kernel as before).
+
 fp8 cache: `write_kv_cache` stores saturate(k / k_scale) rounded to nearest even on the fp8 grid in
 float32 first (`_round_to_fp8`), so the final cast is exact on any GPU and in Triton's interpreter
 (whose own fp8 rounding is not nearest-even). `paged_attention` widens fp8 tiles to the query's dtype
@@ -187,6 +192,7 @@ def _attention_kernel(
     ws_acc_ptr,
     ws_m_ptr,
     ws_l_ptr,  # split-K workspaces; unused when NUM_SPLITS == 1
+    sinks_ptr,  # HAS_SINKS only: [num_heads] float32
     qk_scale,  # softmax scale * log2(e) (* k_scale for an fp8 cache): scores live in the log2 domain;
     # with SOFT_CAP, softmax scale / cap (* k_scale): the argument of tanh
     cap_log2,  # SOFT_CAP only: cap * log2(e), taking tanh's result to the log2 domain
@@ -220,6 +226,7 @@ def _attention_kernel(
     DOT_F32: tl.constexpr,  # multiply in fp32 (Triton's interpreter cannot tl.dot bfloat16)
     KV_FP8: tl.constexpr,  # the cache holds fp8: widened to q's dtype as loaded
     SOFT_CAP: tl.constexpr,  # scores soft-capped (cap_log2 * tanh(dot * qk_scale))
+    HAS_SINKS: tl.constexpr,  # a sink logit per head in the denominator (joined here unless split)
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -301,6 +308,12 @@ def _attention_kernel(
     if KV_FP8:
         acc = acc * v_scale
     if NUM_SPLITS == 1:
+        if HAS_SINKS:
+            sink = tl.load(sinks_ptr + head, mask=row_valid, other=0.0).to(tl.float32) * 1.4426950408889634
+            m_top = tl.maximum(m_i, sink)  # the sink may exceed every score: rescale to it
+            alpha = tl.exp2(m_i - m_top)  # 0 for a row that saw no key
+            acc = acc * alpha[:, None]
+            l_i = l_i * alpha + tl.exp2(sink - m_top)
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(
             out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od,
@@ -320,6 +333,7 @@ def _reduce_splits_kernel(
     ws_acc_ptr,
     ws_m_ptr,
     ws_l_ptr,
+    sinks_ptr,  # HAS_SINKS only: [num_heads] float32
     qsl_ptr,
     num_reqs,
     num_tokens,
@@ -331,6 +345,7 @@ def _reduce_splits_kernel(
     SPLITS_P2: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -345,8 +360,14 @@ def _reduce_splits_kernel(
     row_sum = tl.load(ws_l_ptr + ws, mask=s_valid, other=0.0)
     acc = tl.load(ws_acc_ptr + ws[:, None] * HEAD_DIM + d[None, :], mask=s_valid[:, None] & d_ok[None, :], other=0.0)
     m_max = tl.max(m, 0)
-    w = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))  # empty splits weigh 0
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
+        m_max = tl.maximum(m_max, sink)
+    m_ref = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp2(m - m_ref)  # empty splits weigh 0
     total = tl.sum(w * row_sum, 0)
+    if HAS_SINKS:
+        total += tl.exp2(sink - m_ref)
     o = tl.sum(w[:, None] * acc, 0) / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + tok * stride_ot + head * stride_oh + d * stride_od, o.to(out_ptr.dtype.element_ty), mask=d_ok)
 
@@ -390,6 +411,7 @@ def paged_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,  # an fp8 cache's K/V are read as stored * scale
     logits_soft_cap: float | None = None,  # scores -> cap * tanh(score / cap) before mask and softmax
+    sinks: torch.Tensor | None = None,  # [Hq] float32 (device): logits in the softmax's denominator only
 ) -> None:
     """Causal attention of each request's query tokens over its paged context (see module doc)."""
     num_tokens, num_heads, head_dim = query.shape
@@ -402,8 +424,10 @@ def paged_attention(
     assert block_tables.dim() == 2 and block_tables.stride(1) == 1, block_tables.stride()
     assert num_splits >= 1 and (sliding_window is None or sliding_window >= 1), (num_splits, sliding_window)
     assert logits_soft_cap is None or logits_soft_cap > 0, logits_soft_cap
+    assert sinks is None or sinks.shape == (num_heads,), (None if sinks is None else sinks.shape, num_heads)
     if num_tokens == 0 or num_reqs == 0:
         return
+    sinks_arg = out if sinks is None else sinks.detach().to(torch.float32).contiguous()  # out: a placeholder
     group = num_heads // num_kv_heads
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_m, tile_n, num_warps = _attention_config(group, max_query_len, block_d, query.element_size())
@@ -426,6 +450,7 @@ def paged_attention(
         ws_acc,
         ws_m,
         ws_l,
+        sinks_arg,
         *_score_scales(scale * (k_scale if kv_fp8 else 1.0), logits_soft_cap),
         float(v_scale),
         num_reqs,
@@ -449,6 +474,7 @@ def paged_attention(
         DOT_F32=_INTERPRETED and query.dtype == torch.bfloat16,
         KV_FP8=kv_fp8,
         SOFT_CAP=logits_soft_cap is not None,
+        HAS_SINKS=sinks is not None,
         num_warps=num_warps,
     )
     if num_splits > 1:
@@ -457,6 +483,7 @@ def paged_attention(
             ws_acc,
             ws_m,
             ws_l,
+            sinks_arg,
             query_start_loc,
             num_reqs,
             num_tokens,
@@ -466,5 +493,6 @@ def paged_attention(
             SPLITS_P2=triton.next_power_of_2(num_splits),
             HEAD_DIM=head_dim,
             BLOCK_D=block_d,
+            HAS_SINKS=sinks is not None,
             num_warps=1 if block_d <= 64 else 2,
         )

@@ -184,12 +184,14 @@ def paged_decode_attention(
     k_scale: float = 1.0,  # an fp8 cache's keys are read as stored * k_scale
     v_scale: float = 1.0,
     logits_soft_cap: float | None = None,  # None or 0 = none
+    sinks: torch.Tensor | None = None,  # [H] float32: attention sinks (see below)
 ) -> torch.Tensor:  # [B, H, D], contiguous, query's dtype
     """Decode attention: query i (at position seq_lens[i] - 1) over its context in the paged cache.
 
     Attends to positions 0 .. seq_lens[i] - 1, or only the last `sliding_window` of them. Query
     head h reads kv head h // (H // Hkv). With logits_soft_cap c, scores become c * tanh(score / c)
-    before the softmax. Float32 accumulation; CPU tensors only.
+    before the softmax. With sinks, head h's softmax denominator also counts exp(sinks[h]) (gpt-oss:
+    a logit that takes probability mass and adds no value). Float32 accumulation; CPU tensors only.
     """
     module = load_cpu_kernels()
     if module is None:
@@ -204,7 +206,13 @@ def paged_decode_attention(
         float(k_scale),
         float(v_scale),
         float(logits_soft_cap or 0.0),
+        _sinks_arg(sinks),
     )
+
+
+def _sinks_arg(sinks: torch.Tensor | None) -> torch.Tensor | None:
+    """The kernels read sinks as a contiguous float32 row."""
+    return None if sinks is None else sinks.detach().to(torch.float32).contiguous()
 
 
 def paged_prefill_attention_(
@@ -220,6 +228,7 @@ def paged_prefill_attention_(
     k_scale: float = 1.0,  # an fp8 cache's keys are read as stored * k_scale
     v_scale: float = 1.0,
     logits_soft_cap: float | None = None,  # None or 0 = none
+    sinks: torch.Tensor | None = None,  # [H] float32: attention sinks, as paged_decode_attention's
 ) -> None:
     """Prefill attention: request r's rows query_starts[r] .. + query_lens[r] sit at the last
     query_lens[r] positions of its seq_lens[r]-token context and attend to it causally (csrc/paged_prefill.cpp),
@@ -240,6 +249,7 @@ def paged_prefill_attention_(
         float(k_scale),
         float(v_scale),
         float(logits_soft_cap or 0.0),
+        _sinks_arg(sinks),
     )
 
 

@@ -12,8 +12,9 @@ from tram.distributed import get_tp, shard_range
 from tram.distributed.parallel_state import kv_head_range
 from tram.model.attention import AttentionBackend, AttentionMetadata
 from tram.model.layers.linear import linear_n
-from tram.model.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear
+from tram.model.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear, slice_loader
 from tram.model.layers.rope import apply_rotary_qk
+from tram.model.weight_utils import set_weight_loader
 
 # Builds the norm applied to each head of q and of k over head_dim (Qwen3, Gemma 3), given head_dim.
 HeadNormFactory = Callable[[int], nn.Module]
@@ -26,9 +27,12 @@ class Attention(nn.Module):
     scale defaults to head_dim ** -0.5; sliding_window None means full attention, else the query
     sees itself and the sliding_window - 1 keys before it (transformers' convention).
     logits_soft_cap c (Gemma 2) turns each score into c * tanh(score / c) before the mask and softmax.
+    sinks=True (gpt-oss) adds `sinks`, a learned logit per head that joins the softmax's denominator
+    (checkpoint name self_attn.sinks), kept in float32 whatever the model's dtype.
 
     Under tensor parallelism each rank holds num_heads / tp query heads and the KV heads they attend
-    with (column-parallel q/k/v, replicated KV heads when tp > num_kv_heads) and a row-parallel o_proj.
+    with (column-parallel q/k/v, replicated KV heads when tp > num_kv_heads), their sinks, and a
+    row-parallel o_proj.
     """
 
     def __init__(
@@ -46,6 +50,7 @@ class Attention(nn.Module):
         sliding_window: int | None = None,
         head_norm: HeadNormFactory | None = None,
         logits_soft_cap: float | None = None,
+        sinks: bool = False,
     ) -> None:
         super().__init__()
         tp = get_tp()
@@ -80,6 +85,10 @@ class Attention(nn.Module):
             self.q_norm = head_norm(head_dim)
             self.k_norm = head_norm(head_dim)
         self.has_head_norm = head_norm is not None
+        self.sinks: nn.Parameter | None = None
+        if sinks:
+            self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32))
+            set_weight_loader(self.sinks, slice_loader(0, q_start, self.num_heads, num_heads))
 
     def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q [T, H * D], k [T, Hkv * D] after the projections, before RoPE; a family whose norm spans
@@ -116,5 +125,6 @@ class Attention(nn.Module):
             k_scale=self.k_scale,
             v_scale=self.v_scale,
             logits_soft_cap=self.logits_soft_cap,
+            sinks=self.sinks,
         )  # [T, H, D]
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))  # [T, hidden]

@@ -111,6 +111,58 @@ def _longrope_inv_freq(
     return 1.0 / (factors * params["rope_theta"] ** exponents), float(attention_factor)
 
 
+def _yarn_original_positions(params: dict[str, Any], hf_config: Any) -> int:
+    """The pretraining context YaRN stretches, as transformers' standardize_rope_params settles it: a
+    top-level original_max_position_embeddings first (Phi-3 style configs), then rope_parameters', then
+    max_position_embeddings."""
+    top = getattr(hf_config, "original_max_position_embeddings", None)
+    if top is not None and not rope_keyed_by_layer_type(hf_config):
+        return int(top)
+    return int(params.get("original_max_position_embeddings") or hf_config.max_position_embeddings)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn_inv_freq(params: dict[str, Any], hf_config: Any, head_dim: int) -> tuple[torch.Tensor, float]:
+    """YaRN (gpt-oss, Qwen3 and others with rope_type "yarn") as transformers' _compute_yarn_parameters,
+    op for op in float32: base frequencies kept (extrapolated) for the fast dimensions, divided by factor
+    (interpolated) for the slow ones, with a linear ramp between the dimensions that make beta_fast and
+    beta_slow turns over the original context (its ends rounded outwards unless truncate is false);
+    cos/sin scaled by the attention factor (given, or from factor and mscale / mscale_all_dim)."""
+    base = params["rope_theta"]
+    dim = _rotary_dim(params, hf_config, head_dim)
+    original = _yarn_original_positions(params, hf_config)
+    factor = params.get("factor")
+    if factor is None:
+        factor = hf_config.max_position_embeddings / original
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            attention_factor = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+        else:
+            attention_factor = _yarn_mscale(factor)
+    beta_fast = params.get("beta_fast") or 32
+    beta_slow = params.get("beta_slow") or 1
+
+    def correction_dim(num_rotations: float) -> float:  # the dimension that turns num_rotations times
+        return (dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # a ramp of one step, not a division by zero
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(dtype=torch.float) / dim)
+    extrapolation = 1 - ramp  # the share of each dimension that keeps its base frequency
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv_freq, float(attention_factor)
+
+
 def _inv_freq_and_scaling(
     hf_config: Any, head_dim: int, layer_type: str | None, max_model_len: int | None = None
 ) -> tuple[torch.Tensor, float]:
@@ -124,6 +176,8 @@ def _inv_freq_and_scaling(
     if rope_type == "longrope":  # computed here: the factor set depends on the context served
         long = longrope_uses_long_factors(hf_config, max_model_len, layer_type)
         return _longrope_inv_freq(params, hf_config, head_dim, long, longrope_original_positions(hf_config, layer_type))
+    if rope_type == "yarn":  # computed here: no transformers in a worker
+        return _yarn_inv_freq(params, hf_config, head_dim)
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     if rope_type not in ROPE_INIT_FUNCTIONS:

@@ -7,19 +7,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &tram::paged_decode_attention,
         "Decode attention over a paged KV cache (CPU): (query [B,H,D], kv_cache [2,N,bs,Hkv,D], "
         "block_tables [B,M], seq_lens [B], scale, sliding_window (0 = none), k_scale, v_scale (an fp8 cache's "
-        "K/V are read as stored * scale), logits_soft_cap (0 = none, else scores -> cap * tanh(score / cap))) "
-        "-> [B,H,D]",
+        "K/V are read as stored * scale), logits_soft_cap (0 = none, else scores -> cap * tanh(score / cap)), "
+        "sinks ([H] float32 or None: attention sinks, logits that join the softmax's denominator)) -> [B,H,D]",
         py::arg("query"), py::arg("kv_cache"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("scale"),
         py::arg("sliding_window") = 0, py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0,
-        py::arg("logits_soft_cap") = 0.0);
+        py::arg("logits_soft_cap") = 0.0, py::arg("sinks") = py::none());
   m.def("paged_prefill_attention_", &tram::paged_prefill_attention_,
         "Causal prefill attention over a paged KV cache, written into out (CPU): (out [T,H,D], query [T,H,D], "
         "kv_cache [2,N,bs,Hkv,D], block_tables [R,M] int32, query_starts [R], query_lens [R], seq_lens [R], "
         "scale, sliding_window (0 = none), k_scale, v_scale (an fp8 cache's K/V are read as stored * scale), "
-        "logits_soft_cap (0 = none, else scores -> cap * tanh(score / cap)))",
+        "logits_soft_cap (0 = none, else scores -> cap * tanh(score / cap)), sinks ([H] float32 or None))",
         py::arg("out"), py::arg("query"), py::arg("kv_cache"), py::arg("block_tables"), py::arg("query_starts"),
         py::arg("query_lens"), py::arg("seq_lens"), py::arg("scale"), py::arg("sliding_window") = 0,
-        py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0, py::arg("logits_soft_cap") = 0.0);
+        py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0, py::arg("logits_soft_cap") = 0.0,
+        py::arg("sinks") = py::none());
   m.def("skinny_linear", &tram::skinny_linear,
         "y = x W^T + b for a few rows of x (CPU): (x [M,K], weight [N,K], bias [N] or None) -> [M,N]",
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());

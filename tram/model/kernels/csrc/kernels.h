@@ -18,14 +18,26 @@ namespace tram {
 // stored * k_scale / v_scale), scores soft-capped when logits_soft_cap > 0.
 at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& kv_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
-                                  int64_t sliding_window, double k_scale, double v_scale, double logits_soft_cap);
+                                  int64_t sliding_window, double k_scale, double v_scale, double logits_soft_cap,
+                                  const c10::optional<at::Tensor>& sinks);
 
 // paged_prefill.cpp: causal prefill attention of query chunks over their paged context, into out.
 void paged_prefill_attention_(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                               const at::Tensor& block_tables, const std::vector<int64_t>& query_starts,
                               const std::vector<int64_t>& query_lens, const std::vector<int64_t>& seq_lens,
                               double scale, int64_t sliding_window, double k_scale, double v_scale,
-                              double logits_soft_cap);
+                              double logits_soft_cap, const c10::optional<at::Tensor>& sinks);
+
+// Attention sinks (gpt-oss), the optional last argument of both attention kernels: a float32 logit per
+// query head that joins the softmax's denominator; nullptr when absent. Checks shape, dtype and device.
+inline const float* sinks_data(const c10::optional<at::Tensor>& sinks, int64_t num_heads, const char* kernel) {
+  if (!sinks.has_value()) return nullptr;
+  const at::Tensor& s = *sinks;
+  TORCH_CHECK(s.device().is_cpu() && s.scalar_type() == at::kFloat && s.is_contiguous() && s.dim() == 1 &&
+                  s.size(0) == num_heads,
+              kernel, ": sinks must be a contiguous float32 CPU tensor [", num_heads, "]");
+  return s.data_ptr<float>();
+}
 
 // skinny_linear.cpp: y = x W^T + b for few rows of x.
 at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias);

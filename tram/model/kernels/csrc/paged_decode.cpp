@@ -10,6 +10,8 @@
 //   sliding_window                      0 = none, else only the last W positions are attended
 //   logits_soft_cap                     0 = none, else scores become cap * tanh(score / cap) before the
 //                                       softmax (Gemma 2)
+//   sinks        [H] or None            float32, contiguous: a logit per head that joins the softmax's
+//                                       denominator and adds no value row (gpt-oss's attention sinks)
 //   -> out       [B, H, D]              contiguous, query's dtype
 //
 // Work items are requests (or, when there are too few requests for the threads, groups of a
@@ -39,6 +41,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -110,8 +113,7 @@ TRAM_INLINE void soft_cap(float* __restrict x, int64_t n, float cap) {
   for (int64_t i = 0; i < n; i += kScorePad) vstore(x + i, tanh16(vload<vf16>(x + i) / cap) * cap);
 }
 
-// x[0 .. n) = softmax numerators exp(x - max x), n a multiple of kScorePad; returns 1 / their sum.
-TRAM_INLINE float softmax_numerators(float* __restrict x, int64_t n) {
+TRAM_INLINE float row_max(const float* __restrict x, int64_t n) {
   vf16 m = splat16(-std::numeric_limits<float>::infinity());
   for (int64_t i = 0; i < n; i += kScorePad) {
     const vf16 v = vload<vf16>(x + i);
@@ -119,6 +121,11 @@ TRAM_INLINE float softmax_numerators(float* __restrict x, int64_t n) {
   }
   float mx = m[0];
   for (int l = 1; l < kScorePad; ++l) mx = std::max(mx, m[l]);
+  return mx;
+}
+
+// x[0 .. n) = exp(x - mx); returns their sum.
+TRAM_INLINE float exp_sum(float* __restrict x, int64_t n, float mx) {
   vf16 acc{};
   for (int64_t i = 0; i < n; i += kScorePad) {
     const vf16 e = exp_nonpos(vload<vf16>(x + i) - mx);
@@ -127,7 +134,17 @@ TRAM_INLINE float softmax_numerators(float* __restrict x, int64_t n) {
   }
   float s = 0.f;
   for (int l = 0; l < kScorePad; ++l) s += acc[l];
-  return 1.f / s;
+  return s;
+}
+
+// x[0 .. n) = softmax numerators exp(x - max x), n a multiple of kScorePad; returns 1 / their sum.
+TRAM_INLINE float softmax_numerators(float* __restrict x, int64_t n) { return 1.f / exp_sum(x, n, row_max(x, n)); }
+
+// The same with an attention sink (gpt-oss): a logit that joins the denominator only. The maximum
+// includes it, so a sink far above the scores cannot overflow the sum.
+TRAM_INLINE float softmax_numerators(float* __restrict x, int64_t n, float sink) {
+  const float mx = std::max(row_max(x, n), sink);
+  return 1.f / (exp_sum(x, n, mx) + std::exp(sink - mx));
 }
 
 
@@ -232,7 +249,7 @@ TRAM_INLINE void for_each_segment(const scalar_t* cache, const int32_t* table, i
 template <typename scalar_t, typename cache_t, int NV>
 void paged_decode_impl(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_tables,
                        const std::vector<int64_t>& lens, float scale, float v_scale, int64_t window, float cap,
-                       at::Tensor& out) {
+                       const float* sinks, at::Tensor& out) {
   const int64_t B = query.size(0), H = query.size(1);
   const int64_t D = NV > 0 ? NV * kLanes : query.size(2);
   const int64_t N = kv_cache.size(1), bs = kv_cache.size(2), Hkv = kv_cache.size(3);
@@ -310,7 +327,7 @@ void paged_decode_impl(const at::Tensor& query, const at::Tensor& kv_cache, cons
         float* s = sc + h * n_pad;
         if (cap > 0.f) soft_cap(s, n_pad, cap);  // the padding's garbage too: it becomes -inf next
         std::fill(s + n, s + n_pad, -std::numeric_limits<float>::infinity());
-        inv[h] = softmax_numerators(s, n_pad) * out_scale;
+        inv[h] = (sinks ? softmax_numerators(s, n_pad, sinks[h0 * G + h]) : softmax_numerators(s, n_pad)) * out_scale;
       }
       // Pass 2: acc[h] = sum_j p[h, j] * v_j.
       std::fill(ab, ab + nh * D, 0.f);
@@ -326,26 +343,26 @@ void paged_decode_impl(const at::Tensor& query, const at::Tensor& kv_cache, cons
 template <typename scalar_t, typename cache_t>
 void dispatch_head_dim(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_tables,
                        const std::vector<int64_t>& lens, float scale, float v_scale, int64_t window, float cap,
-                       at::Tensor& out) {
+                       const float* sinks, at::Tensor& out) {
   const int64_t D = query.size(2);
   if (D % kLanes != 0)
     return paged_decode_impl<scalar_t, cache_t, -1>(query, kv_cache, block_tables, lens, scale, v_scale, window, cap,
-                                                    out);
+                                                    sinks, out);
   if constexpr (!std::is_same_v<scalar_t, cache_t>) {  // fp8: the usual head dims only, to keep the build short
     if (D == 64)
       return paged_decode_impl<scalar_t, cache_t, 8>(query, kv_cache, block_tables, lens, scale, v_scale, window,
-                                                     cap, out);
+                                                     cap, sinks, out);
     if (D == 128)
       return paged_decode_impl<scalar_t, cache_t, 16>(query, kv_cache, block_tables, lens, scale, v_scale, window,
-                                                      cap, out);
+                                                      cap, sinks, out);
     return paged_decode_impl<scalar_t, cache_t, 0>(query, kv_cache, block_tables, lens, scale, v_scale, window, cap,
-                                                   out);
+                                                   sinks, out);
   }
   switch (D / kLanes) {
 #define TRAM_HEAD_DIM_CASE(NV)                                                                                   \
   case NV:                                                                                                       \
     return paged_decode_impl<scalar_t, cache_t, NV>(query, kv_cache, block_tables, lens, scale, v_scale, window, \
-                                                    cap, out);
+                                                    cap, sinks, out);
     TRAM_HEAD_DIM_CASE(4)   // 32
     TRAM_HEAD_DIM_CASE(6)   // 48
     TRAM_HEAD_DIM_CASE(8)   // 64
@@ -355,7 +372,7 @@ void dispatch_head_dim(const at::Tensor& query, const at::Tensor& kv_cache, cons
 #undef TRAM_HEAD_DIM_CASE
     default:
       return paged_decode_impl<scalar_t, cache_t, 0>(query, kv_cache, block_tables, lens, scale, v_scale, window,
-                                                     cap, out);
+                                                     cap, sinks, out);
   }
 }
 
@@ -363,17 +380,17 @@ void dispatch_head_dim(const at::Tensor& query, const at::Tensor& kv_cache, cons
 template <typename scalar_t>
 void dispatch_cache(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_tables,
                     const std::vector<int64_t>& lens, float scale, float v_scale, int64_t window, float cap,
-                    at::Tensor& out) {
+                    const float* sinks, at::Tensor& out) {
   switch (kv_cache.scalar_type()) {
     case at::kFloat8_e4m3fn:
       return dispatch_head_dim<scalar_t, c10::Float8_e4m3fn>(query, kv_cache, block_tables, lens, scale, v_scale,
-                                                             window, cap, out);
+                                                             window, cap, sinks, out);
     case at::kFloat8_e5m2:
       return dispatch_head_dim<scalar_t, c10::Float8_e5m2>(query, kv_cache, block_tables, lens, scale, v_scale,
-                                                           window, cap, out);
+                                                           window, cap, sinks, out);
     default:
       return dispatch_head_dim<scalar_t, scalar_t>(query, kv_cache, block_tables, lens, scale, v_scale, window, cap,
-                                                   out);
+                                                   sinks, out);
   }
 }
 
@@ -383,7 +400,8 @@ namespace tram {
 
 at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& kv_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
-                                  int64_t sliding_window, double k_scale, double v_scale, double logits_soft_cap) {
+                                  int64_t sliding_window, double k_scale, double v_scale, double logits_soft_cap,
+                                  const c10::optional<at::Tensor>& sinks) {
   TORCH_CHECK(query.device().is_cpu() && kv_cache.device().is_cpu() && block_tables.device().is_cpu() &&
                   seq_lens.device().is_cpu(),
               "paged_decode_attention: CPU tensors only");
@@ -403,6 +421,7 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& kv_
               "block_tables must be int32 or int64");
   TORCH_CHECK(sliding_window >= 0, "sliding_window must be >= 0 (0 = none)");
   TORCH_CHECK(logits_soft_cap >= 0, "logits_soft_cap must be >= 0 (0 = none)");
+  const float* sinks_ptr = tram::sinks_data(sinks, H, "paged_decode_attention");
 
   // Context lengths on the host (B values), validated against the block table width.
   const at::Tensor lens_t = seq_lens.to(at::kLong).contiguous();
@@ -423,13 +442,14 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& kv_
   const at::Tensor tables = block_tables.scalar_type() == at::kInt ? block_tables : block_tables.to(at::kInt);
   switch (query.scalar_type()) {
     case at::kFloat:
-      dispatch_cache<float>(query, kv_cache, tables, lens, fscale, fv_scale, sliding_window, cap, out);
+      dispatch_cache<float>(query, kv_cache, tables, lens, fscale, fv_scale, sliding_window, cap, sinks_ptr, out);
       break;
     case at::kBFloat16:
-      dispatch_cache<c10::BFloat16>(query, kv_cache, tables, lens, fscale, fv_scale, sliding_window, cap, out);
+      dispatch_cache<c10::BFloat16>(query, kv_cache, tables, lens, fscale, fv_scale, sliding_window, cap, sinks_ptr,
+                                    out);
       break;
     case at::kHalf:
-      dispatch_cache<c10::Half>(query, kv_cache, tables, lens, fscale, fv_scale, sliding_window, cap, out);
+      dispatch_cache<c10::Half>(query, kv_cache, tables, lens, fscale, fv_scale, sliding_window, cap, sinks_ptr, out);
       break;
     default:
       TORCH_CHECK(false, "paged_decode_attention: unsupported dtype ", query.scalar_type());

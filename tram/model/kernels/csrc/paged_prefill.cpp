@@ -12,6 +12,8 @@
 //   sliding_window                  0 = none, else a query at p sees keys p - W + 1 .. p
 //   logits_soft_cap                 0 = none, else scores become cap * tanh(score / cap) before the mask
 //                                   and softmax (Gemma 2)
+//   sinks        [H] or None        float32, contiguous: a logit per head that joins the softmax's
+//                                   denominator and adds no value row (gpt-oss's attention sinks)
 //
 // Why: PyTorch's CPU flash attention is slow on a prompt's few small heads (and no faster in
 // bfloat16; docs/benchmarks.md has the timings), and a prompt with a cached prefix went through a gather of
@@ -185,10 +187,22 @@ TRAM_INLINE void accumulate_rows(float* s, const float* v, int64_t D, int64_t c0
   }
 }
 
+// A sink joins a row's online softmax (running max m, sum l) at the end: its output o / l becomes
+// o / (l + exp(sink - m)), computed as num * o / den against the larger of m and the sink (no overflow).
+TRAM_INLINE void add_sink(float m, float sink, float* num, float* den) {
+  if (sink > m) {
+    const float a = std::exp(m - sink);  // 0 for a row that saw no key
+    *num *= a;
+    *den = *den * a + 1.f;
+  } else {
+    *den += std::exp(sink - m);
+  }
+}
+
 template <typename T, typename C>
 void run_item(const Item& it, const Request& rq, const T* q_ptr, int64_t qs0, int64_t qs1, int64_t qs2,
               const C* k_cache, const C* v_cache, int64_t bs, int64_t Hkv, int64_t G, int64_t D, float scale,
-              float v_scale, int64_t window, float cap, T* out, int64_t H, Scratch& sc) {
+              float v_scale, int64_t window, float cap, const float* sinks, T* out, int64_t H, Scratch& sc) {
   const int64_t i0 = it.tile * kTile, rows = std::min(kTile, rq.q_len - i0);
   const int64_t ctx0 = rq.seq_len - rq.q_len;  // position of the chunk's first query row
   const int64_t padded = (rows + kRows - 1) / kRows * kRows;
@@ -239,7 +253,9 @@ void run_item(const Item& it, const Request& rq, const T* q_ptr, int64_t qs0, in
     const int64_t h = it.kv_head * G + g;
     for (int64_t i = 0; i < rows; ++i) {
       const float* o = sc.o.data() + (g * kTile + i) * D;
-      const float inv = v_scale / sc.l[g * kTile + i];
+      float num = v_scale, den = sc.l[g * kTile + i];
+      if (sinks) add_sink(sc.m[g * kTile + i], sinks[h], &num, &den);
+      const float inv = num / den;
       T* dst = out + ((rq.q_start + i0 + i) * H + h) * D;
       for (int64_t d = 0; d < D; ++d) store(o[d] * inv, dst + d);
     }
@@ -249,7 +265,7 @@ void run_item(const Item& it, const Request& rq, const T* q_ptr, int64_t qs0, in
 // T: the query's and the output's type; C: the cache's (T, or an fp8 type).
 template <typename T, typename C>
 void prefill_impl(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache, const std::vector<Request>& reqs,
-                  float scale, float v_scale, int64_t window, float cap) {
+                  float scale, float v_scale, int64_t window, float cap, const float* sinks) {
   const int64_t H = query.size(1), D = query.size(2);
   const int64_t N = kv_cache.size(1), bs = kv_cache.size(2), Hkv = kv_cache.size(3), G = H / Hkv;
   const C* k_cache = kv_cache.data_ptr<C>();
@@ -270,8 +286,8 @@ void prefill_impl(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv
     for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < num_items;
          i = next.fetch_add(1, std::memory_order_relaxed)) {
       run_item<T, C>(items[i], reqs[items[i].req], query.data_ptr<T>(), query.stride(0), query.stride(1),
-                     query.stride(2), k_cache, v_cache, bs, Hkv, G, D, scale, v_scale, window, cap, out.data_ptr<T>(),
-                     H, sc);
+                     query.stride(2), k_cache, v_cache, bs, Hkv, G, D, scale, v_scale, window, cap, sinks,
+                     out.data_ptr<T>(), H, sc);
     }
   });
 }
@@ -279,14 +295,15 @@ void prefill_impl(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv
 // The cache is the query's type (checked by the caller) or fp8.
 template <typename T>
 void dispatch_cache(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
-                    const std::vector<Request>& reqs, float scale, float v_scale, int64_t window, float cap) {
+                    const std::vector<Request>& reqs, float scale, float v_scale, int64_t window, float cap,
+                    const float* sinks) {
   switch (kv_cache.scalar_type()) {
     case at::kFloat8_e4m3fn:
-      return prefill_impl<T, c10::Float8_e4m3fn>(out, query, kv_cache, reqs, scale, v_scale, window, cap);
+      return prefill_impl<T, c10::Float8_e4m3fn>(out, query, kv_cache, reqs, scale, v_scale, window, cap, sinks);
     case at::kFloat8_e5m2:
-      return prefill_impl<T, c10::Float8_e5m2>(out, query, kv_cache, reqs, scale, v_scale, window, cap);
+      return prefill_impl<T, c10::Float8_e5m2>(out, query, kv_cache, reqs, scale, v_scale, window, cap, sinks);
     default:
-      return prefill_impl<T, T>(out, query, kv_cache, reqs, scale, v_scale, window, cap);
+      return prefill_impl<T, T>(out, query, kv_cache, reqs, scale, v_scale, window, cap, sinks);
   }
 }
 
@@ -298,7 +315,7 @@ void paged_prefill_attention_(at::Tensor& out, const at::Tensor& query, const at
                               const at::Tensor& block_tables, const std::vector<int64_t>& query_starts,
                               const std::vector<int64_t>& query_lens, const std::vector<int64_t>& seq_lens,
                               double scale, int64_t sliding_window, double k_scale, double v_scale,
-                              double logits_soft_cap) {
+                              double logits_soft_cap, const c10::optional<at::Tensor>& sinks) {
   TORCH_CHECK(out.device().is_cpu() && query.device().is_cpu() && kv_cache.device().is_cpu() &&
                   block_tables.device().is_cpu(),
               "paged_prefill_attention_: CPU tensors only");
@@ -321,6 +338,7 @@ void paged_prefill_attention_(at::Tensor& out, const at::Tensor& query, const at
               "query_starts, query_lens and seq_lens need one entry per block table row");
   TORCH_CHECK(sliding_window >= 0, "sliding_window must be >= 0 (0 = none)");
   TORCH_CHECK(logits_soft_cap >= 0, "logits_soft_cap must be >= 0 (0 = none)");
+  const float* sinks_ptr = tram::sinks_data(sinks, H, "paged_prefill_attention_");
   const at::Tensor tables = block_tables.contiguous();
   const int64_t bs = kv_cache.size(2), N = kv_cache.size(1), width = tables.size(1);
   std::vector<Request> reqs;
@@ -340,11 +358,12 @@ void paged_prefill_attention_(at::Tensor& out, const at::Tensor& query, const at
   const float cap = static_cast<float>(logits_soft_cap);
   switch (query.scalar_type()) {
     case at::kFloat:
-      return dispatch_cache<float>(out, query, kv_cache, reqs, fscale, fv_scale, sliding_window, cap);
+      return dispatch_cache<float>(out, query, kv_cache, reqs, fscale, fv_scale, sliding_window, cap, sinks_ptr);
     case at::kBFloat16:
-      return dispatch_cache<c10::BFloat16>(out, query, kv_cache, reqs, fscale, fv_scale, sliding_window, cap);
+      return dispatch_cache<c10::BFloat16>(out, query, kv_cache, reqs, fscale, fv_scale, sliding_window, cap,
+                                           sinks_ptr);
     case at::kHalf:
-      return dispatch_cache<c10::Half>(out, query, kv_cache, reqs, fscale, fv_scale, sliding_window, cap);
+      return dispatch_cache<c10::Half>(out, query, kv_cache, reqs, fscale, fv_scale, sliding_window, cap, sinks_ptr);
     default:
       TORCH_CHECK(false, "paged_prefill_attention_: unsupported dtype ", query.scalar_type());
   }
