@@ -49,3 +49,43 @@ def quantize(src: Path, out: Path, qtype: str, overrides: dict[str, str] | None 
     extra = [arg for name, kind in (overrides or {}).items() for arg in ("--tensor-type", f"{name}={kind}")]
     subprocess.run([str(quantize_binary()), *extra, str(src), str(out), qtype], check=True, capture_output=True)
     return out
+
+
+def dequantize(src: Path, out: Path) -> Path:
+    """src with every quantized tensor widened to float32 by llama.cpp itself (llama-quantize's F32
+    target): the values the quantized file means, as a float file."""
+    subprocess.run(
+        [str(quantize_binary()), "--allow-requantize", str(src), str(out), "F32"], check=True, capture_output=True
+    )
+    return out
+
+
+# The converter reads a GPT-2 BPE vocabulary for some classes (Qwen's, OLMo 2's) and refuses one whose
+# pre-tokenizer it does not recognise; the random models carry stories260K's sentencepiece tokenizer,
+# so `convert_batch` has those classes write it the Llama way. Weights and metadata are untouched.
+_BATCH = """
+import json, runpy, sys
+script, jobs, sentencepiece = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+sys.path.insert(0, script.rsplit("/", 1)[0])
+converter = runpy.run_path(script, run_name="tram_batch")
+for name in sentencepiece:
+    converter["get_model_class"](name).set_vocab = lambda self: self._set_vocab_sentencepiece()
+for folder, outtype, out in jobs:
+    sys.argv = [script, folder, "--outtype", outtype, "--outfile", out]
+    converter["main"]()
+"""
+
+
+def convert_batch(jobs: list[tuple[str, str, Path]], sentencepiece_vocab: tuple[str, ...] = ()) -> None:
+    """Each (Hugging Face folder, outtype, out file) converted in one process (the converter's imports
+    take seconds); classes named in sentencepiece_vocab (`Qwen3MoeForCausalLM`) write the folder's
+    sentencepiece tokenizer."""
+    import json
+
+    args = [(folder, outtype, str(out)) for folder, outtype, out in jobs]
+    done = subprocess.run(
+        [sys.executable, "-c", _BATCH, str(convert_script()), json.dumps(args), json.dumps(list(sentencepiece_vocab))],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -142,6 +142,31 @@ KINDS: dict[str, tuple[str, dict[str, Any]]] = {
             tie_word_embeddings=False,
         ),
     ),
+    # gpt-oss: sliding (window 5) and full layers alternating, attention sinks, biases everywhere, YaRN
+    # (a small base, so that rotations differ within a few positions), a clamp low enough to cut.
+    "gpt_oss": (
+        "GptOssConfig",
+        dict(
+            num_hidden_layers=3,
+            head_dim=16,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            intermediate_size=48,
+            sliding_window=5,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            swiglu_limit=2.0,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=100.0,
+                factor=4.0,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                original_max_position_embeddings=128,
+                truncate=False,
+            ),
+            tie_word_embeddings=False,
+        ),
+    ),
     # Layer 1 of 3 attends without RoPE (no_rope_layers [1, 0, 1]).
     "smollm3": (
         "SmolLM3Config",
@@ -202,7 +227,7 @@ def randomize_weights(model: torch.nn.Module, seed: int) -> None:
         noise = torch.randn(param.shape, generator=gen)
         if "norm" in name:
             param.copy_(1.0 + 0.2 * noise)
-        elif name.endswith("bias"):
+        elif name.endswith("bias") or param.dim() == 1:  # biases, gpt-oss's sinks
             param.copy_(0.1 * noise)
         elif "embed_tokens" in name:
             param.copy_(0.3 * noise)

@@ -41,12 +41,13 @@ def moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], str]:
 
 @pytest.mark.parametrize(
     "kind,expert_parallel",
-    [("qwen3_moe", True), ("mixtral", True), ("mixtral", False)],
-    ids=["qwen3_moe-ep2", "mixtral-ep2", "mixtral-tp2"],
+    [("qwen3_moe", True), ("gpt_oss", True), ("mixtral", False)],
+    ids=["qwen3_moe-ep2", "gpt_oss-ep2", "mixtral-tp2"],
 )
 def test_two_ranks_greedy_matches_transformers(kind: str, expert_parallel: bool, moe_dir) -> None:
     """Two ranks, each with half the experts (EP) or half of every expert's channels (TP); a 16-token
-    budget chunks the longer prompts beside decodes. (Qwen3-MoE's TP=2 runs in test_new_families.)"""
+    budget chunks the longer prompts beside decodes. (Qwen3-MoE's and gpt-oss's TP=2 run in
+    test_new_families.)"""
     path = moe_dir(kind)
     prompts = _prompts(kind + "-ranks", count=3)
     llm = LLM(
@@ -143,3 +144,43 @@ def test_expert_parallel_size_must_divide_the_experts(moe_dir, tmp_path) -> None
     path = _edited(moe_dir("qwen3_moe"), str(tmp_path), moe_intermediate_size=50)
     with pytest.raises(ValueError, match="tensor_parallel_size 4 does not divide the experts' intermediate size 50"):
         LLM(path, tensor_parallel_size=4, max_model_len=64)
+
+
+def _mxfp4_copy(float_dir: str, out: str) -> str:
+    """float_dir's gpt-oss with its experts replaced by random MXFP4 blocks (as OpenAI released it,
+    quant_method mxfp4) in `out`; float_dir's experts become those blocks' dequantized values, so
+    transformers on float_dir is the oracle of Tram on `out`."""
+    from safetensors.torch import load_file, save_file
+
+    from tram.model.layers.moe.stacked import dequantize_mxfp4
+
+    gen = torch.Generator().manual_seed(3)
+    shutil.copytree(float_dir, out)
+    tensors = load_file(os.path.join(float_dir, "model.safetensors"))
+    packed, dense = {}, dict(tensors)
+    for name, t in tensors.items():
+        if not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            packed[name] = t
+            continue
+        experts, k, n = t.shape  # [E, in, out]
+        blocks = torch.randint(0, 256, (experts, n, k // 32, 16), generator=gen, dtype=torch.uint8)
+        scales = torch.randint(122, 127, (experts, n, k // 32), generator=gen, dtype=torch.uint8)
+        packed[name + "_blocks"], packed[name + "_scales"] = blocks, scales
+        dense[name] = dequantize_mxfp4(blocks, scales).transpose(1, 2).contiguous()
+    save_file(packed, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    save_file(dense, os.path.join(float_dir, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(out, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f)
+    return out
+
+
+def test_gpt_oss_mxfp4_checkpoint_matches_its_dequantized_weights(tmp_path) -> None:
+    float_dir = make_hf_model_dir(tmp_path, "gpt_oss", intermediate_size=64, hidden_size=64)
+    mxfp4_dir = _mxfp4_copy(float_dir, str(tmp_path / "mxfp4"))
+    prompts = _prompts("mxfp4", count=3)
+    llm = LLM(mxfp4_dir, max_num_seqs=8, max_model_len=128)
+    assert_all_greedy(float_dir, prompts, _token_ids(llm, prompts, _greedy(max_tokens=10)))
+    assert_no_leak(llm.llm_engine)

@@ -1,7 +1,7 @@
 """The families beyond Llama through the whole engine (tram.LLM) against transformers on the same
 random weights: Qwen3, Gemma 3, Phi-3 (fused qkv/gate_up; Phi-4-mini's LongRoPE and partial rotary),
 OLMo 2 (post-norms, q/k norms over all heads), Granite 3 (multipliers), SmolLM3 (NoPE layers) and
-the mixtures of experts Qwen3-MoE and Mixtral.
+the mixtures of experts Qwen3-MoE, Mixtral and gpt-oss (attention sinks, YaRN, sliding layers).
 
 Greedy tokens must be transformers' own, token for token, and sampled-token logprobs within float
 tolerance; also under chunked prefill, with prefix-cache hits, with preemption (a KV cache too small
@@ -29,18 +29,18 @@ from hf_models import _BASE, KINDS, make_hf_model_dir
 from tram import LLM, SamplingParams
 
 # Each family through every test; Phi-3 as Phi-4-mini (fused weights, LongRoPE, partial rotary).
-FAMILIES = ["qwen3", "gemma3", "phi4_mini", "olmo2", "granite", "smollm3", "qwen3_moe", "mixtral"]
+FAMILIES = ["qwen3", "gemma3", "phi4_mini", "olmo2", "granite", "smollm3", "qwen3_moe", "mixtral", "gpt_oss"]
 # Other settings of a family above, through the greedy and logprobs test only.
 VARIANTS = ["phi3", "gemma3_softcap"]
 # One engine of two ranks each (worker processes).
-TP_KINDS = ["phi4_mini", "olmo2", "granite", "smollm3", "qwen3", "gemma3", "mistral", "qwen3_moe"]
+TP_KINDS = ["phi4_mini", "olmo2", "granite", "smollm3", "qwen3", "gemma3", "mistral", "qwen3_moe", "gpt_oss"]
 MAX_TOKENS = 20
 NO_EOS = [512]  # an id outside the 512-token vocabulary: transformers then stops on length only, like ignore_eos
 MAX_LEN = 128
 SMALL_LEN = 64  # the small engine's context: the longest prompt (39 tokens) and its output fit
 # Blocks of 4 tokens in the small engine: one request fits, a batch of them does not. Gemma 3's
-# sliding layers hold blocks of their own (a hybrid KV cache), beside those of its global layers.
-SMALL_BLOCKS = {"gemma3": 40}
+# and gpt-oss's sliding layers hold blocks of their own (a hybrid KV cache), beside those of their global layers.
+SMALL_BLOCKS = {"gemma3": 40, "gpt_oss": 40}
 
 
 def _prompts(seed: str, count: int = 4, shortest: int = 6) -> list[list[int]]:

@@ -10,6 +10,7 @@ from tram.distributed import get_pp, get_tp
 from tram.distributed.parallel_state import kv_head_range
 from tram.model.models.gemma2 import Gemma2ForCausalLM
 from tram.model.models.gemma3 import Gemma3ForCausalLM
+from tram.model.models.gpt_oss import GptOssForCausalLM
 from tram.model.models.granite import GraniteForCausalLM
 from tram.model.models.llama import LlamaForCausalLM, MistralForCausalLM
 from tram.model.models.mixtral import MixtralForCausalLM
@@ -35,6 +36,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
 }
 
 
