@@ -142,3 +142,30 @@ def test_no_tokens():
     x = torch.zeros(0, H)
     got = moe.triton_fused_moe(x, torch.zeros(0, K, dtype=torch.int32), torch.zeros(0, K), w13, w2, None, None, "silu")
     assert got.shape == (0, H)
+
+
+def test_fused_moe_layer_dispatches_to_the_kernel(monkeypatch) -> None:
+    """FusedMoE on a device (use_triton here) runs triton_fused_moe: the same output as its grouped path."""
+    import sys
+
+    from tram.model.layers.moe.layer import FusedMoE
+    from tram.model.layers.moe.spec import MoESpec
+
+    calls = []
+    monkeypatch.setitem(sys.modules, "tram.model.layers.moe.triton_moe", moe)
+    original = moe.triton_fused_moe
+    monkeypatch.setattr(moe, "triton_fused_moe", lambda *a, **k: calls.append(1) or original(*a, **k))
+    torch.manual_seed(0)
+    spec = MoESpec(4, 2, 48, renormalize=True, activation="swiglu_oai", bias=True, swiglu_limit=2.0)
+    layer = FusedMoE(spec, 32, torch.float32)
+    for p in layer.parameters():
+        p.data.normal_(0, 0.2)
+    x = torch.randn(5, 32)
+    ids = torch.tensor([[0, 1], [2, 0], [1, 2], [0, 2], [1, 0]], dtype=torch.int32)
+    weights = torch.softmax(torch.randn(5, 2), -1)
+    with torch.no_grad():
+        expected = layer(x, weights, ids)
+        layer.use_triton = True
+        got = layer(x, weights, ids)
+    assert calls
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
