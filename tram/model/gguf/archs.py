@@ -169,6 +169,41 @@ def _olmo2(meta: Meta, kw: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
+def _experts(meta: Meta) -> dict[str, int]:
+    """The metadata every mixture of experts has: how many experts, and how many each token uses."""
+    return dict(num_experts=int(meta.get("expert_count", 0)), num_experts_per_tok=int(meta.get("expert_used_count", 0)))
+
+
+def _qwen3moe(meta: Meta, kw: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp runs every layer of a qwen3moe file through its experts (Qwen3-MoE's mlp_only_layers
+    and decoder_sparse_step have no key), and always renormalises the top k weights: it passes
+    norm_w = true for this architecture and reads no `expert_weights_norm`, which the converter does
+    not write for it. An expert's width absent: llama.cpp's feed_forward_length / expert_used_count."""
+    experts = _experts(meta)
+    if not experts["num_experts"] or not experts["num_experts_per_tok"]:
+        raise ValueError(f"{meta.path}: a qwen3moe file needs {meta.arch}.expert_count and expert_used_count")
+    width = meta.get("expert_feed_forward_length") or kw["intermediate_size"] // experts["num_experts_per_tok"]
+    return dict(
+        **experts,
+        moe_intermediate_size=int(width),
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+    )
+
+
+def _mixtral(meta: Meta, kw: dict[str, Any]) -> dict[str, Any]:
+    """Mixtral, which the converter writes as llama with experts: feed_forward_length is each expert's
+    width, every layer has experts, the top k weights are renormalised (llama.cpp's llama graph), and,
+    as for Mistral, no sliding window is written or applied."""
+    experts = _experts(meta)
+    return dict(
+        num_local_experts=experts["num_experts"],
+        num_experts_per_tok=experts["num_experts_per_tok"],
+        sliding_window=None,
+    )
+
+
 # general.architecture -> how Tram serves it (Mistral files are written as llama too)
 ARCHITECTURES: dict[str, Architecture] = {
     "llama": Architecture("LlamaForCausalLM", "LlamaConfig"),
@@ -180,4 +215,13 @@ ARCHITECTURES: dict[str, Architecture] = {
     "smollm3": Architecture("SmolLM3ForCausalLM", "SmolLM3Config", _smollm3),
     "granite": Architecture("GraniteForCausalLM", "GraniteConfig", _granite),
     "olmo2": Architecture("Olmo2ForCausalLM", "Olmo2Config", _olmo2),
+    "qwen3moe": Architecture("Qwen3MoeForCausalLM", "Qwen3MoeConfig", _qwen3moe),
 }
+MIXTRAL = Architecture("MixtralForCausalLM", "MixtralConfig", _mixtral)
+
+
+def served_architecture(fields: dict[str, Any], arch: str) -> Architecture:
+    """How Tram serves a file of `arch` (one of ARCHITECTURES): a llama file with experts is Mixtral."""
+    if arch == "llama" and int(fields.get("llama.expert_count", 0) or 0) > 0:
+        return MIXTRAL
+    return ARCHITECTURES[arch]

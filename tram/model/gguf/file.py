@@ -21,7 +21,7 @@ import os
 from functools import lru_cache
 from typing import Any
 
-from tram.model.gguf.archs import ARCHITECTURES, Meta, decimal
+from tram.model.gguf.archs import ARCHITECTURES, Meta, decimal, served_architecture
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def load_gguf_config(path: str) -> Any:
 
     reader = open_gguf(path)
     arch = gguf_architecture(reader, path)
-    served = ARCHITECTURES[arch]
+    served = served_architecture(reader.fields, arch)
     names = {t.name: t for t in reader.tensors}
     if "token_embd.weight" not in names:
         raise ValueError(f"{path} has no token_embd.weight tensor: not a complete model")

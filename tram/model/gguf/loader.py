@@ -11,7 +11,8 @@ keeps nothing, and every tensor is dequantized at load (the file runs in its flo
 On the way the converter's changes are undone (names.py says where): q/k rows of the Llama-like
 families go back to rotate-half order, Gemma's norms from w + 1 to w; a fused tensor (Phi-3's
 attn_qkv, ffn_up) is cut into the model's separate linears (its `fused_weights`), each part's rows
-kept in their blocks or dequantized as a tensor of its own.
+kept in their blocks or dequantized as a tensor of its own. A mixture of experts' stacked tensors
+(`ffn_*_exps`) go to its FusedMoE layers (experts.py); its router (`ffn_gate_inp`) stays float.
 """
 
 from __future__ import annotations
@@ -25,9 +26,19 @@ import numpy as np
 import torch
 from torch import nn
 
+from tram.model.gguf.experts import ExpertLoader, plan_experts
 from tram.model.gguf.file import close_gguf, gguf_architecture, open_gguf
-from tram.model.gguf.names import IGNORED_TENSORS, PERMUTED_ARCHITECTURES, hf_name, norm_plus_one, unpermute_rows
+from tram.model.gguf.names import (
+    IGNORED_TENSORS,
+    PERMUTED_ARCHITECTURES,
+    ExpertTensor,
+    expert_tensor,
+    hf_name,
+    norm_plus_one,
+    unpermute_rows,
+)
 from tram.model.gguf.weight import GGUF_KEPT_TYPES, GGUFWeight
+from tram.model.layers.moe.router import Router
 from tram.model.quant.slab_gemm import bf16_gemm_fast
 from tram.model.weight_utils import fused_parts, load_named_weight, name_list
 
@@ -87,7 +98,8 @@ def _targets(model: nn.Module, name: str) -> list[_Target]:
 
 
 def _keeps_quantized(module: nn.Module, leaf: str, qtype: int) -> bool:
-    return leaf == "weight" and qtype in GGUF_KEPT_TYPES and hasattr(module, "quant")
+    # A router is small and picks the experts: it stays float, as llama.cpp's quantizer leaves it.
+    return leaf == "weight" and qtype in GGUF_KEPT_TYPES and hasattr(module, "quant") and not isinstance(module, Router)
 
 
 def plan_gguf_weights(model: nn.Module, path: str, keep_quantized: bool = True) -> None:
@@ -102,6 +114,7 @@ def plan_gguf_weights(model: nn.Module, path: str, keep_quantized: bool = True) 
         return
     reader = open_gguf(path)
     arch = gguf_architecture(reader, path)
+    plan_experts(model, reader.tensors)
     for t in reader.tensors:
         name = hf_name(t.name, arch)
         if name is None or not name.endswith(".weight"):
@@ -124,7 +137,12 @@ def load_gguf_weights(model: nn.Module, path: str, hf_config: Any, int8_activati
     unexpected: list[str] = []
     converted: dict[str, int] = {}
     kept = 0
+    experts = ExpertLoader(model, path, hf_config.hidden_size, _dequantized)
     for t in reader.tensors:
+        where = expert_tensor(t.name)
+        if where is not None:
+            kept += _load_experts(model, experts, t, where, converted, unexpected)
+            continue
         name = hf_name(t.name, arch)
         targets = [] if name is None else _targets(model, name)
         if not targets:
@@ -136,7 +154,7 @@ def load_gguf_weights(model: nn.Module, path: str, hf_config: Any, int8_activati
         for target in targets:
             kept += _load_target(target, t, arch, hf_config, path, int8_activations, converted)
             loaded.add(target.name)
-    _check_complete(model, params, loaded, unexpected, path)
+    _check_complete(model, params, loaded | experts.loaded_names(), unexpected, path)
     close_gguf()  # the map's pages count in the resident set while a reader holds it
     _log_summary(path, next(iter(params.values())), kept, converted, int8_activations, start)
 
@@ -145,6 +163,26 @@ def _check_fused_rows(t: Any, targets: list[_Target], path: str) -> None:
     if targets[-1].rows is not None and targets[-1].rows.stop != t.data.shape[0]:
         parts = ", ".join(target.name for target in targets)
         raise ValueError(f"Tensor {t.name} in {path} has {t.data.shape[0]} rows; {parts} take {targets[-1].rows.stop}")
+
+
+def _load_experts(
+    model: nn.Module,
+    experts: ExpertLoader,
+    t: Any,
+    where: ExpertTensor,
+    converted: dict[str, int],
+    unexpected: list[str],
+) -> int:
+    """A stacked expert tensor into its FusedMoE; 1 where it stays in its blocks, else 0."""
+    kept = experts.load(t, where)
+    if kept is None:
+        name = f"{where.module}.{where.param}_weight"
+        if name not in _stage_skipped(model, name):
+            unexpected.append(t.name)
+        return 0
+    if not kept:
+        _count_converted(int(t.tensor_type), converted)
+    return int(kept)
 
 
 def _load_target(
@@ -170,16 +208,21 @@ def _load_float(
     param: nn.Parameter, name: str, t: Any, data: np.ndarray, arch: str, path: str, converted: dict[str, int]
 ) -> None:
     """A tensor that becomes the model's dtype; `converted` counts the quantized types among them."""
-    from gguf import GGMLQuantizationType
-
     qtype = int(t.tensor_type)
-    type_name = GGMLQuantizationType(qtype).name
-    if type_name not in _FLOAT_TYPES:
-        converted[type_name] = converted.get(type_name, 0) + 1
+    _count_converted(qtype, converted)
     tensor = _dequantized(data, qtype)
     if norm_plus_one(arch, t.name):
         tensor = tensor.float() - 1  # back to Gemma's (1 + w) form, as the model computes it
     load_named_weight(name, param, tensor, path)
+
+
+def _count_converted(qtype: int, converted: dict[str, int]) -> None:
+    """Count a quantized type that became the model's dtype (float files' types are no conversion)."""
+    from gguf import GGMLQuantizationType
+
+    type_name = GGMLQuantizationType(qtype).name
+    if type_name not in _FLOAT_TYPES:
+        converted[type_name] = converted.get(type_name, 0) + 1
 
 
 def _log_summary(

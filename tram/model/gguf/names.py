@@ -9,6 +9,7 @@ post_attention_layernorm but Gemma's pre_feedforward_layernorm; `ffn_up` is Phi-
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
@@ -25,6 +26,7 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # a mixture of experts' router
 }
 # Gemma 2/3 norm around attention and the MLP ("sandwich"): Hugging Face's post_attention_layernorm
 # follows attention there, so it is written as post_attention_norm and ffn_norm is the pre-MLP norm.
@@ -38,6 +40,14 @@ _OLMO2 = {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "p
 # Phi-3 keeps its fused projections: attn_qkv is [q; k; v] and ffn_up is [gate; up], as in its checkpoint.
 _PHI3 = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 _LAYER_OVERRIDES: dict[str, dict[str, str]] = {"gemma2": _SANDWICH, "gemma3": _SANDWICH, "olmo2": _OLMO2, "phi3": _PHI3}
+# A mixture of experts' projections, each one tensor of all the layer's experts [E, N, K] (qwen3moe,
+# and Mixtral written as llama): FusedMoE's w13 (gate rows, then up rows) and w2.
+_EXPERT_PARTS: dict[str, tuple[str, int | None]] = {
+    "ffn_gate_exps": ("w13", 0),
+    "ffn_up_exps": ("w13", 1),
+    "ffn_down_exps": ("w2", None),
+}
+_EXPERTS = re.compile(r"blk\.(\d+)\.(ffn_\w+_exps)\.weight$")
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _TOP = re.compile(r"(\w+)\.(weight|bias)$")
@@ -67,6 +77,25 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     if m and m.group(1) in _TOP_NAMES:
         return f"{_TOP_NAMES[m.group(1)]}.{m.group(2)}"
     return None
+
+
+@dataclass(frozen=True)
+class ExpertTensor:
+    """Where a stacked expert tensor goes: FusedMoE `module`'s `param` ("w13" or "w2"), and for w13
+    which `half` (0 gate, 1 up)."""
+
+    module: str
+    param: str
+    half: int | None
+
+
+def expert_tensor(gguf_name: str) -> ExpertTensor | None:
+    """The FusedMoE part a GGUF tensor fills (None: not a stacked expert tensor Tram knows)."""
+    m = _EXPERTS.match(gguf_name)
+    if m is None or m.group(2) not in _EXPERT_PARTS:
+        return None
+    param, half = _EXPERT_PARTS[m.group(2)]
+    return ExpertTensor(f"model.layers.{m.group(1)}.mlp.experts", param, half)
 
 
 def norm_plus_one(arch: str, gguf_name: str) -> bool:
