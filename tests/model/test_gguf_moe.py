@@ -205,3 +205,17 @@ def test_expert_settings_as_llama_cpp_reads_them():
     assert served_architecture({"llama.expert_count": 8}, "llama") is MIXTRAL
     assert served_architecture({"llama.expert_count": 0}, "llama") is ARCHITECTURES["llama"]
     assert served_architecture({}, "llama") is ARCHITECTURES["llama"]
+
+
+def test_int8_activations_reach_the_experts(files: dict[str, Path]):
+    """`--gguf-activations int8`: the experts' blocks meet int8 activations too (llama.cpp's
+    numerics), close to the float-activation run's logprobs."""
+    path = files["qwen3_moe-q8_0"]
+    llm = LLM(str(path), tokenizer=str(files["qwen3_moe"]), max_num_seqs=4, max_model_len=256, gguf_activations="int8")
+    layers = _moe_layers(llm)
+    assert layers and all(m.w13.int8_activations and m.w2.int8_activations for m in layers)
+    assert all(view.int8_activations for view in [layers[0].w13._expert_view(0), layers[0].w2._expert_view(1)])
+    got = _generate(llm)
+    want = _generate(_llm(files, "qwen3_moe", "q8_0"))
+    first = [logprobs[0] for _, logprobs in got], [logprobs[0] for _, logprobs in want]
+    assert first[0] == pytest.approx(first[1], abs=0.05)

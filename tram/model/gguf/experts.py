@@ -68,8 +68,11 @@ class ExpertLoader:
     """Takes a file's stacked expert tensors one at a time (load_gguf_weights' loop) into the model's
     FusedMoE layers; `loaded_names` says which parameters are then complete."""
 
-    def __init__(self, model: nn.Module, path: str, hidden_size: int, dequantize: Dequantize) -> None:
+    def __init__(
+        self, model: nn.Module, path: str, hidden_size: int, dequantize: Dequantize, int8_activations: bool = False
+    ) -> None:
         self.layers = _expert_layers(model)
+        self.int8_activations = int8_activations
         self.hidden = hidden_size
         self.path = path
         self.dequantize = dequantize
@@ -137,4 +140,4 @@ class ExpertLoader:
             check_gguf_data(data.view(experts * rows, row_bytes), qtype, in_features)
         except ValueError as err:
             raise ValueError(f"Tensor {name} in {self.path}: {err}") from err
-        return ExpertWeights("gguf", data, rows, in_features, ggml_type=qtype)
+        return ExpertWeights("gguf", data, rows, in_features, ggml_type=qtype, int8_activations=self.int8_activations)

@@ -137,7 +137,7 @@ def load_gguf_weights(model: nn.Module, path: str, hf_config: Any, int8_activati
     unexpected: list[str] = []
     converted: dict[str, int] = {}
     kept = 0
-    experts = ExpertLoader(model, path, hf_config.hidden_size, _dequantized)
+    experts = ExpertLoader(model, path, hf_config.hidden_size, _dequantized, int8_activations)
     for t in reader.tensors:
         where = expert_tensor(t.name)
         if where is not None:

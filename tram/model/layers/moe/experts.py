@@ -42,6 +42,7 @@ class ExpertWeights:
     scale: torch.Tensor | None = None
     group: int = 0
     ggml_type: int = 0
+    int8_activations: bool = False  # gguf: x quantized to int8 per 32 values (`--gguf-activations int8`)
     _views: list[QuantizedWeight] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -83,7 +84,7 @@ class ExpertWeights:
             )
         from tram.model.gguf.weight import GGUFWeight  # the GGUF loader's; imported where GGUF experts exist
 
-        return GGUFWeight(self.data[e], self.ggml_type, k)
+        return GGUFWeight(self.data[e], self.ggml_type, k, self.int8_activations)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """[E, N, K] float weights (tests, and paths without a kernel for this kind)."""
