@@ -18,6 +18,16 @@ floor, and the ratio an engine at the floor would reach over the best vLLM confi
 
     python benchmarks/cpu_roofline.py --model llama-110m --dtype float32 --num-prompts 48 \\
         --input-len 32:256 --output-len 16:128 [--results run.json]
+
+A mixture-of-experts model counts only its chosen experts' FLOPs, and its peak is measured on the
+experts' shapes. --decode-step is the other floor, of one decode step at --batch (cpu_decode_floor.py):
+the weight bytes it must read (of each MoE layer only the distinct experts its tokens chose, by
+uniform routing and as Tram's router chose them), its KV reads and LM head, over the best streaming
+read rate; Tram's measured step time is printed as a multiple of it, for the float model and, with
+--gguf, for a GGUF file (a path, or a llama.cpp type such as Q4_K_M found in llama_cpp_peer.py's cache):
+
+    python benchmarks/cpu_roofline.py --model qwen3-30b-a3b-4l --dtype bfloat16 --decode-step --batch 16 \\
+        --gguf Q4_K_M
 """
 
 from __future__ import annotations
@@ -28,10 +38,11 @@ import json
 import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
 import torch
 from cpu_decode_attention import make_inputs
+from cpu_decode_floor import moe_layout, run_decode_step
 from transformers import AutoConfig
 
 from tram.bench.datasets import make_requests
-from tram.bench.presets import checkpoint_for
+from tram.bench.presets import resolve_model
 from tram.bench.report import machine_summary
 from tram.bench.timing import best_ms
 from tram.model.kernels.cpu_kernels import load_cpu_kernels, paged_decode_attention
@@ -44,6 +55,10 @@ def workload_counts(cfg, prompt_lens: list[int], output_lens: list[int]) -> dict
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or h // heads
     per_token = layers * (h * heads * head_dim * 2 + 2 * h * kv_heads * head_dim + 3 * h * inter)  # MACs
+    moe = moe_layout(cfg)
+    if moe is not None:  # a sparse layer runs its router and top_k experts instead of the dense MLP
+        sparse_mlp = h * moe.num_experts + moe.top_k * 3 * h * moe.intermediate
+        per_token += len(moe.sparse_layers) * (sparse_mlp - 3 * h * inter)
     tokens = sum(prompt_lens) + sum(output_lens) - len(prompt_lens)  # the last output token is never fed
     lm_rows = sum(output_lens)  # one logits row per sampled token
     gemm_flops = 2.0 * (tokens * per_token + lm_rows * h * cfg.vocab_size)
@@ -57,7 +72,8 @@ def workload_counts(cfg, prompt_lens: list[int], output_lens: list[int]) -> dict
 
 def gemm_peak(cfg, dtype: torch.dtype, rows: list[int]) -> float:
     """Best GFLOP/s of the packed path over the model's weight shapes and the given row counts."""
-    h, inter = cfg.hidden_size, cfg.intermediate_size
+    h, moe = cfg.hidden_size, moe_layout(cfg)
+    inter = moe.intermediate if moe is not None else cfg.intermediate_size
     shapes = [(h, h), (2 * inter, h), (h, inter), (cfg.vocab_size, h)]
     best = 0.0
     for n, k in shapes:
@@ -95,11 +111,27 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--results", help="a `tram bench throughput --output-json` file of the same workload")
+    p.add_argument("--decode-step", action="store_true", help="the floor of one decode step, and Tram's against it")
+    p.add_argument("--batch", type=int, default=16, help="--decode-step: requests decoding together")
+    p.add_argument("--context", type=int, default=256, help="--decode-step: each request's prompt tokens")
+    p.add_argument("--steps", type=int, default=8, help="--decode-step: timed steps (after 2 warm-up steps)")
+    p.add_argument(
+        "--gguf",
+        help="--decode-step: also a GGUF file: its path, or a llama.cpp type (Q4_K_M) converted by "
+        "`llama_cpp_peer.py convert --model MODEL --dtype bfloat16 --gguf-type TYPE`",
+    )
+    p.add_argument("--float-only", action="store_true", help="--decode-step: skip the GGUF file")
+    p.add_argument("--gguf-only", action="store_true", help="--decode-step: skip the float model")
+    p.add_argument("--goal", type=float, default=1.5, help="--decode-step: the step time goal, x the floor")
+    p.add_argument("--output-json", help="--decode-step: write the rows here")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.decode_step:
+        run_decode_step(args)
+        return
     with torch.inference_mode():
         assert load_cpu_kernels() is not None, "the CPU kernels failed to build"
-        cfg = AutoConfig.from_pretrained(checkpoint_for(args.model, args.dtype, args.seed))
+        cfg = AutoConfig.from_pretrained(resolve_model(args.model))
         dtype = getattr(torch, args.dtype)
         reqs = make_requests(args.num_prompts, args.input_len, args.output_len, args.seed, vocab_size=cfg.vocab_size)
         counts = workload_counts(cfg, [r.prompt_len for r in reqs], [r.output_len for r in reqs])

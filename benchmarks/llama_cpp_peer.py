@@ -5,11 +5,13 @@ One command does all of it (build and conversion are cached under ~/.cache/tram/
 
     python3 benchmarks/llama_cpp_peer.py compare --model llama-15m --dtype float32 --concurrency 1,16,64
     python3 benchmarks/llama_cpp_peer.py compare --model qwen2.5-0.5b --gguf-type Q4_K_M   # the same GGUF file
+    python3 benchmarks/llama_cpp_peer.py compare --model qwen3-30b-a3b-4l --dtype bfloat16 --gguf-type Q4_K_M
 
 Steps, each also runnable alone:
     build    pip-download the llama-cpp-python sdist (it vendors llama.cpp) and build llama-server and
              llama-quantize (the GGUF tests use it and the converter)
     convert  save the model (dummy weights are materialised with a fixed seed) and convert it to GGUF
+             (--gguf-type: quantize it too; minutes for a large preset, so it can be done ahead)
     compare  serve the model with `tram serve` and llama-server and run `tram bench serve` against each,
              the two taking turns level by level
 
@@ -134,6 +136,32 @@ def build() -> Path:
     return binary
 
 
+# llama.cpp's converter writes the vocabulary of these architectures only as GPT-2 BPE and stops at a
+# pre-tokenizer it does not know; the presets carry stories260K's sentencepiece tokenizer, which its
+# sentencepiece writer (what Llama's class uses) handles, padding the vocabulary to the model's.
+SENTENCEPIECE_VOCAB = ("Qwen3MoeForCausalLM",)
+_CONVERT_WITH_SENTENCEPIECE = """
+import runpy, sys
+script, arch = sys.argv[1], sys.argv[2]
+sys.argv = [script, *sys.argv[3:]]
+sys.path.insert(0, script.rsplit("/", 1)[0])  # its own `conversion` package
+converter = runpy.run_path(script, run_name="tram_convert")
+converter["get_model_class"](arch).set_vocab = lambda self: self._set_vocab_sentencepiece()
+converter["main"]()
+"""
+
+
+def converter_argv(src: Path, checkpoint: str) -> list[str]:
+    """The command that runs llama.cpp's converter on `checkpoint` (its arguments follow)."""
+    import json
+
+    script = str(src / "convert_hf_to_gguf.py")
+    arch = (json.loads((Path(checkpoint) / "config.json").read_text()).get("architectures") or [""])[0]
+    if arch in SENTENCEPIECE_VOCAB and (Path(checkpoint) / "tokenizer.model").exists():
+        return [sys.executable, "-c", _CONVERT_WITH_SENTENCEPIECE, script, arch]
+    return [sys.executable, script]
+
+
 def gguf_path(checkpoint: str, dtype: str) -> Path:
     return CACHE / "gguf" / f"{Path(checkpoint).name}-{dtype}.gguf"
 
@@ -157,20 +185,20 @@ def convert(model: str, dtype: str, seed: int) -> tuple[str, Path]:
     log(f"converting {checkpoint} to {out} ({outtype})")
     tmp = out.with_suffix(".tmp")
     subprocess.run(
-        [sys.executable, str(src / "convert_hf_to_gguf.py"), checkpoint, "--outtype", outtype, "--outfile", str(tmp)],
-        check=True,
+        [*converter_argv(src, checkpoint), checkpoint, "--outtype", outtype, "--outfile", str(tmp)], check=True
     )
     tmp.rename(out)
     return checkpoint, out
 
 
 def quantized(checkpoint: str, dtype: str, seed: int, gguf_type: str) -> Path:
-    """The model as a GGUF file of llama.cpp type `gguf_type` (Q8_0, Q4_K_M, ...): converted at
-    float32, then llama-quantize, as users make their files; cached."""
+    """The model as a GGUF file of llama.cpp type `gguf_type` (Q8_0, Q4_K_M, ...): converted at the
+    checkpoint's own dtype (`dtype`; exact, and half the disk of float32 for a bfloat16 checkpoint of a
+    large preset), then llama-quantize, as users make their files; cached."""
     out = gguf_path(checkpoint, gguf_type)
     if out.exists():
         return out
-    _, base = convert(checkpoint, "float32", seed)
+    _, base = convert(checkpoint, dtype, seed)
     log(f"quantizing {base} to {gguf_type}")
     tmp = out.with_suffix(".tmp")
     subprocess.run([str(tool_binary("llama-quantize")), str(base), str(tmp), gguf_type], check=True)
@@ -333,6 +361,7 @@ def main() -> None:
         help="serve this llama-quantize type (Q8_0, Q4_K_M, ...) on both sides: "
         "Tram loads the same GGUF file as llama-server",
     )
+    sub.choices["convert"].add_argument("--gguf-type", help="also quantize to this llama-quantize type")
     cmp.add_argument("--concurrency", default="1,16,64")
     cmp.add_argument("--num-prompts", type=int, help=f"per level (default: 4 x concurrency, at least {MIN_PROMPTS})")
     cmp.add_argument("--input-len", default="32:512")
@@ -356,7 +385,11 @@ def main() -> None:
     if args.cmd == "build":
         print(build())
     elif args.cmd == "convert":
-        print(convert(args.model, args.dtype, args.seed)[1])
+        checkpoint, path = convert(args.model, args.dtype, args.seed)
+        if args.gguf_type:
+            build()  # llama-quantize
+            path = quantized(checkpoint, args.dtype, args.seed, args.gguf_type)
+        print(path)
     else:
         compare(args)
 

@@ -67,6 +67,7 @@ def test_make_requests_from_text_file(tmp_path: Path, stories_path: str) -> None
         ("qwen2.5-0.5b", 494e6),
         ("llama-3.2-1b", 1.24e9),
         ("llama-3-8b", 8.0e9),
+        ("qwen3-30b-a3b-4l", 3.11e9),  # 4 of Qwen3-30B-A3B's 48 layers, with its embedding and LM head
     ],
 )
 def test_presets_have_realistic_shapes(name: str, params: float) -> None:

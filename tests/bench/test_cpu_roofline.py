@@ -9,8 +9,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import cpu_decode_floor  # noqa: E402
 import cpu_roofline  # noqa: E402
 
 
@@ -36,6 +38,44 @@ def test_workload_counts_by_hand() -> None:
     assert counts["gemm_flops"] == 2 * (fed * per_token + 3 * 8 * 10)  # 3 LM-head rows
     # Request 1's second output token reads a 4-token context; nothing else decodes.
     assert counts["kv_elements"] == 4 * 2 * 2 * 1 * 4
+
+
+def tiny_moe_config(**extra) -> SimpleNamespace:
+    """tiny_config with 4 experts of width 6, 2 chosen per token (Qwen3-MoE's names)."""
+    return SimpleNamespace(
+        **vars(tiny_config()), num_experts=4, num_experts_per_tok=2, moe_intermediate_size=6, **extra
+    )
+
+
+def test_moe_workload_counts_only_the_chosen_experts() -> None:
+    # Layer 0 is kept dense by mlp_only_layers: gate/up/down 3*8*16; layer 1 routes (router 8*4)
+    # to 2 experts of 3*8*6 each.
+    counts = cpu_roofline.workload_counts(tiny_moe_config(mlp_only_layers=[0]), [3], [2])
+    per_token = 2 * (64 + 64 + 32 + 32) + 3 * 8 * 16 + (8 * 4 + 2 * 3 * 8 * 6)
+    assert counts["gemm_flops"] == 2 * (4 * per_token + 2 * 8 * 10)
+
+
+def test_expected_distinct_experts_match_uniform_routing() -> None:
+    gen = torch.Generator().manual_seed(0)
+    for experts, top_k, batch in ((128, 8, 1), (128, 8, 16), (128, 8, 64), (8, 2, 4)):
+        # Each token draws top_k distinct experts uniformly; count the distinct ones of the batch.
+        draws = torch.rand(2000, batch, experts, generator=gen).argsort(-1)[..., :top_k]
+        seen = torch.zeros(2000, experts).scatter_(1, draws.reshape(2000, -1), 1.0).sum(1)
+        expected = cpu_decode_floor.expected_distinct(experts, top_k, batch)
+        assert abs(seen.mean().item() - expected) < 0.01 * experts, (experts, top_k, batch)
+
+
+def test_decode_step_bytes_by_hand() -> None:
+    cfg = tiny_moe_config(mlp_only_layers=[0])
+    table = cpu_decode_floor.table_from_config(cfg, elem=2)
+    # Per layer: attention 192 weights and two norms of 8; layer 0's dense MLP 384, layer 1's router 32.
+    assert table.whole == 2 * (1 * 8 + 2 * (192 + 16) + 384 + 32)
+    assert table.expert == {1: 2 * 3 * 8 * 6}
+    distinct = cpu_decode_floor.uniform_distinct(cfg, batch=3)
+    assert distinct == {1: pytest.approx(4 * (1 - 0.5**3))}
+    step = cpu_decode_floor.step_weight_bytes(table, 3, distinct)
+    assert step["experts"] == pytest.approx(2 * 3 * 8 * 6 * 3.5)
+    assert step["lm_head"] == 2 * 10 * 8 and step["embedding"] == 2 * 3 * 8
 
 
 def test_report_uses_each_engines_best_round(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
