@@ -170,6 +170,9 @@ struct Moe {
   std::vector<float> xg;       // [P, ldh]: each pair's token, float32, zero-padded
   std::vector<float> act;      // [P, ldi]: act(gate, up) per pair, zero-padded
   std::vector<float> y2;       // [P, H]: each pair's down projection (plus b2)
+  // The work items write disjoint rows and columns of act and y2 through a const Moe.
+  float* act_at(int64_t p) const { return const_cast<float*>(act.data()) + p * ldi; }
+  float* y2_at(int64_t p) const { return const_cast<float*>(y2.data()) + p * H; }
   int64_t ldh, ldi;
   const float* b13;  // [E, 2I] float32 or nullptr
   const float* b2;   // [E, H] float32 or nullptr
@@ -233,7 +236,7 @@ TRAM_INLINE void gate_up_rows(const Fmt& f, const Moe& s, int64_t e, int64_t n) 
     float g[MB][NB], u[MB][NB];
     f.template dot<MB, NB>(x, s.ldh, e, n, g);
     f.template dot<MB, NB>(x, s.ldh, e, s.I + n, u);
-    float* act = const_cast<float*>(s.act.data()) + (p0 + m0) * s.ldi + n;
+    float* act = s.act_at(p0 + m0) + n;
     for (int64_t m = 0; m < MB; ++m) {
       for (int64_t j = 0; j < NB; ++j) {
         const float gb = bg != nullptr ? bg[n + j] : 0.0f, ub = bg != nullptr ? bg[s.I + n + j] : 0.0f;
@@ -258,7 +261,7 @@ void gate_up_gemm(const Fmt& f, const Moe& s, int64_t e, int64_t i0, int64_t r) 
   }
   gemm_rows(s.xg.data() + p0 * s.ldh, s.ldh, M, s.H, s.ldh, buf.panels.data(), 2 * r,
             s.b13 != nullptr ? bias : nullptr, buf.sums.data(), kTileRows, 0, buf);
-  float* act = const_cast<float*>(s.act.data()) + p0 * s.ldi + i0;
+  float* act = s.act_at(p0) + i0;
   for (int64_t m = 0; m < M; ++m) {
     const float* h = buf.sums.data() + m * kTileRows;
     for (int64_t j = 0; j < r; ++j) act[m * s.ldi + j] = s.activation(h[j], h[r + j]);
@@ -286,7 +289,7 @@ TRAM_INLINE void down_rows(const Fmt& f, const Moe& s, int64_t e, int64_t n) {
     constexpr int64_t MB = decltype(mb)::value;
     float d[MB][NB];
     f.template dot<MB, NB>(s.act.data() + (p0 + m0) * s.ldi, s.ldi, e, n, d);
-    float* y = const_cast<float*>(s.y2.data()) + (p0 + m0) * s.H + n;
+    float* y = s.y2_at(p0 + m0) + n;
     for (int64_t m = 0; m < MB; ++m) {
       for (int64_t j = 0; j < NB; ++j) y[m * s.H + j] = d[m][j] + (s.b2 != nullptr ? s.b2[e * s.H + n + j] : 0.0f);
     }
@@ -302,7 +305,7 @@ void down_item(const Fmt& f, const Moe& s, int64_t e, int64_t n0) {
     f.fill(e, n0, r, s.ldi, buf.rows.data());
     tram::gemm::pack_panels(buf.rows.data(), r, s.ldi, buf.panels.data());
     gemm_rows(s.act.data() + p0 * s.ldi, s.ldi, s.count(e), s.I, s.ldi, buf.panels.data(), r,
-              s.b2 != nullptr ? s.b2 + e * s.H : nullptr, const_cast<float*>(s.y2.data()) + p0 * s.H, s.H, n0, buf);
+              s.b2 != nullptr ? s.b2 + e * s.H : nullptr, s.y2_at(p0), s.H, n0, buf);
     return;
   }
   const int64_t nb = s.count(e) == 1 ? kWideRows : kNarrowRows;
@@ -395,16 +398,27 @@ void route(Moe& s, const int32_t* ids) {
   }
 }
 
+// Each pair's token as a float32 row of xg (zero-padded); act's padding zeroed (the down projection
+// reads it); rows are independent, so in parallel.
 template <typename T>
 void gather_tokens(Moe& s, const T* x) {
   const int64_t P = s.start[s.E];
-  s.xg.assign(static_cast<size_t>(P * s.ldh), 0.0f);
+  std::vector<int64_t> token(static_cast<size_t>(P));
   for (int64_t i = 0; i < s.T * s.k; ++i) {
-    if (s.pos[i] < 0) continue;
-    float* dst = s.xg.data() + s.pos[i] * s.ldh;
-    const T* src = x + (i / s.k) * s.H;
-    for (int64_t h = 0; h < s.H; ++h) dst[h] = load1(src + h);
+    if (s.pos[i] >= 0) token[s.pos[i]] = i / s.k;
   }
+  s.xg.resize(static_cast<size_t>(P * s.ldh));
+  s.act.resize(static_cast<size_t>(P * s.ldi));
+  s.y2.resize(static_cast<size_t>(P * s.H));
+  at::parallel_for(0, P, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      float* dst = s.xg.data() + p * s.ldh;
+      const T* src = x + token[p] * s.H;
+      for (int64_t h = 0; h < s.H; ++h) dst[h] = load1(src + h);
+      std::fill(dst + s.H, dst + s.ldh, 0.0f);
+      std::fill(s.act.data() + p * s.ldi + s.I, s.act.data() + (p + 1) * s.ldi, 0.0f);
+    }
+  });
 }
 
 // out[t] = sum over its slots, in slot order, of weight * y2[pair]; one rounding to out's dtype.
@@ -459,11 +473,8 @@ at::Tensor fused_moe(const at::Tensor& x, const at::Tensor& topk_ids, const at::
   s.b2 = float_bias(b2, s.E, s.H, b2_keep, "b2");
   const at::Tensor xc = x.contiguous(), ids = topk_ids.contiguous(), wts = topk_weights.contiguous();
   route(s, ids.data_ptr<int32_t>());
-  const int64_t P = s.start[s.E];
   if (x.scalar_type() == at::kFloat) gather_tokens(s, xc.data_ptr<float>());
   else gather_tokens(s, xc.data_ptr<c10::BFloat16>());
-  s.act.assign(static_cast<size_t>(P * s.ldi), 0.0f);
-  s.y2.resize(static_cast<size_t>(P * s.H));
   const WeightArg a13{w13, w13_scale, w13_format, w13_param, "w13"}, a2{w2, w2_scale, w2_format, w2_param, "w2"};
   with_weight(a13, s.E, 2 * s.I, s.H, x.scalar_type(), [&](const auto& f) {
     for_expert_tiles(s, s.I, kGateRows, [&](int64_t e, int64_t i0) { gate_up_item(f, s, e, i0); });
