@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from tram.model.gguf.weight import BLOCK_SIZES, Q4_K, Q6_K, Q8_0, dequantize_gguf
 from tram.model.kernels.cpu_kernels import cpu_kernels_available
+from tram.model.layers.moe import cpu_kernel
 from tram.model.layers.moe.cpu_kernel import ExpertFormat, cpu_fused_moe
 from tram.model.quant.weights import Int4Weight, Int8Weight
 
@@ -180,6 +181,16 @@ def test_independent_of_the_thread_count(kind):
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[3])
+
+
+def test_long_inputs_go_through_in_pieces(monkeypatch):
+    monkeypatch.setattr(cpu_kernel, "MAX_TOKENS_PER_CALL", 16)
+    E, k, H, I = SHAPES[0]
+    x = torch.randn(40, H)
+    ids, weights = routing(40, E, k, seed=8, drop=True)
+    w13, w2, b13, b2 = float_weights(E, H, I, seed=9, bias=True)
+    out = cpu_fused_moe(x, ids, weights, quantized(w13, "float")[0], quantized(w2, "float")[0], b13, b2, "silu")
+    assert_close(out, reference_moe(x, ids, weights, w13, w2, b13, b2, "silu"), 1e-5)
 
 
 def test_unsupported_inputs_fall_back():

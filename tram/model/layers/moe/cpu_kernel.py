@@ -24,6 +24,10 @@ _ACTIVATIONS = {"silu": 0, "swiglu_oai": 1}
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16)
 # GGUF block types the kernel decodes (gguf_blocks.h): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
 _GGUF_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14})
+# Tokens per kernel call: the kernel holds three float32 rows per (token, slot) pair (the gathered x, the
+# activation and the down projection), 16 KiB per slot at hidden 2048; a long prefill goes through in
+# pieces of this many tokens (each still gives its experts tens of tokens to multiply at once).
+MAX_TOKENS_PER_CALL = 1024
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,8 @@ class ExpertFormat:
 def _supported(fmt: ExpertFormat, x: torch.Tensor) -> bool:
     if fmt.kind not in _FORMATS or fmt.data.device.type != "cpu" or fmt.data.dim() != 3:
         return False
+    if not fmt.data.is_contiguous() or (fmt.scale is not None and not fmt.scale.is_contiguous()):
+        return False  # the kernel streams the stored layout; a copy per call would cost more than it saves
     if fmt.kind == "float":
         return fmt.data.dtype == x.dtype
     if fmt.kind in ("int8", "int4"):
@@ -84,21 +90,21 @@ def cpu_fused_moe(
     module = kernels_for(x)
     if module is None or not hasattr(module, "fused_moe"):
         return None
-    return module.fused_moe(
-        x.contiguous(),
-        topk_ids.to(torch.int32).contiguous(),
-        topk_weights.to(torch.float32).contiguous(),
-        w13.data,
-        w13.scale,
-        _FORMATS[w13.kind],
-        w13.param(),
-        w2.data,
-        w2.scale,
-        _FORMATS[w2.kind],
-        w2.param(),
-        b13,
-        b2,
-        _ACTIVATIONS[activation],
-        float(alpha),
-        float(limit),
-    )
+    ids = topk_ids.to(torch.int32).contiguous()
+    weights = topk_weights.to(torch.float32).contiguous()
+    args = (w13.data, w13.scale, _FORMATS[w13.kind], w13.param(), w2.data, w2.scale, _FORMATS[w2.kind], w2.param())
+    rest = (b13, b2, _ACTIVATIONS[activation], float(alpha), float(limit))
+    x = x.contiguous()
+    if x.shape[0] <= MAX_TOKENS_PER_CALL:
+        return module.fused_moe(x, ids, weights, *args, *rest)
+    pieces = [
+        module.fused_moe(
+            x[i : i + MAX_TOKENS_PER_CALL],
+            ids[i : i + MAX_TOKENS_PER_CALL],
+            weights[i : i + MAX_TOKENS_PER_CALL],
+            *args,
+            *rest,
+        )
+        for i in range(0, x.shape[0], MAX_TOKENS_PER_CALL)
+    ]
+    return torch.cat(pieces)
