@@ -164,13 +164,13 @@ def test_slots_on_other_ranks_are_skipped(T):
     assert torch.count_nonzero(out[0]) == 0  # token 0 has no expert here
 
 
-@pytest.mark.parametrize("kind", ["float", "int4"])
-def test_independent_of_the_thread_count(kind):
+@pytest.mark.parametrize("kind,dtype", [("float", torch.float32), ("float", torch.bfloat16), ("int4", torch.float32)])
+def test_independent_of_the_thread_count(kind, dtype):
     E, k, H, I = SHAPES[1]
-    x = torch.randn(40, H)
+    x = torch.randn(40, H).to(dtype)
     ids, weights = routing(40, E, k, seed=5)
     ids[:3] = torch.tensor([0, 1, 2, 3], dtype=torch.int32)  # experts 0-3 with many tokens, others few
-    w13, w2, b13, b2 = float_weights(E, H, I, seed=6, bias=True)
+    w13, w2, b13, b2 = float_weights(E, H, I, seed=6, bias=True, dtype=dtype if kind == "float" else torch.float32)
     f13, f2 = quantized(w13, kind)[0], quantized(w2, kind)[0]
     threads = torch.get_num_threads()
     try:

@@ -20,7 +20,8 @@
 // and a third combines. Each weight row is read once per call and multiplied by all of its expert's
 // tokens. An expert with kGemmTokens tokens or more (prefill) multiplies them with tiled_gemm.h's
 // register-blocked kernel on its tile decoded once to float32; fewer go through quant_rows.h's dot
-// products (gguf_blocks.h's decoders for GGUF), which stream the weights in their stored form.
+// products (gguf_blocks.h's decoders for GGUF), which stream the weights in their stored form
+// (bfloat16 gate/up rows with AVX512-BF16 multiply bf16 x without widening either).
 //
 // Arithmetic: float32 throughout, rounded once to x's dtype at the end. Every output of a projection
 // is computed by one work item in a fixed order (quant_rows.h's two partial sums, or tiled_gemm.h's
@@ -168,6 +169,7 @@ struct Moe {
   std::vector<int64_t> start;  // [E + 1]: expert e's pairs are start[e] .. start[e + 1] - 1
   std::vector<int64_t> pos;    // [T * k]: the pair of slot (t, j), or -1
   std::vector<float> xg;       // [P, ldh]: each pair's token, float32, zero-padded
+  std::vector<c10::BFloat16> xb;  // [P, ldh]: the same in bfloat16 when x is (AVX512-BF16 builds only)
   std::vector<float> act;      // [P, ldi]: act(gate, up) per pair, zero-padded
   std::vector<float> y2;       // [P, H]: each pair's down projection (plus b2)
   // The work items write disjoint rows and columns of act and y2 through a const Moe.
@@ -226,16 +228,29 @@ void gemm_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t ld, co
 
 // ---- phase 1: gate and up rows i0 .. i0 + r - 1 of expert e for all its tokens, then act ----------
 
+// Rows n .. n + NB - 1 of expert e's w13 times pairs p .. p + MB - 1. Bfloat16 weights and x with
+// AVX512-BF16 multiply in bf16 pairs (dot_tile_bf16: exact products, no widening); else float32.
+template <int64_t MB, int64_t NB, typename Fmt>
+TRAM_INLINE void gate_up_dot(const Fmt& f, const Moe& s, int64_t p, int64_t e, int64_t n, float (&out)[MB][NB]) {
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<Fmt, FloatFormat<c10::BFloat16>>) {
+    if (!s.xb.empty()) {
+      return tram::rows::dot_tile_bf16<MB, NB>(s.xb.data() + p * s.ldh, s.ldh, f.w + (e * f.N + n) * f.K, f.K, out);
+    }
+  }
+#endif
+  f.template dot<MB, NB>(s.xg.data() + p * s.ldh, s.ldh, e, n, out);
+}
+
 template <int64_t NB, typename Fmt>
 TRAM_INLINE void gate_up_rows(const Fmt& f, const Moe& s, int64_t e, int64_t n) {
   const int64_t p0 = s.start[e];
   const float* bg = s.b13 != nullptr ? s.b13 + e * 2 * s.I : nullptr;
   row_groups(s.count(e), [&](auto mb, int64_t m0) {
     constexpr int64_t MB = decltype(mb)::value;
-    const float* x = s.xg.data() + (p0 + m0) * s.ldh;
     float g[MB][NB], u[MB][NB];
-    f.template dot<MB, NB>(x, s.ldh, e, n, g);
-    f.template dot<MB, NB>(x, s.ldh, e, s.I + n, u);
+    gate_up_dot<MB, NB>(f, s, p0 + m0, e, n, g);
+    gate_up_dot<MB, NB>(f, s, p0 + m0, e, s.I + n, u);
     float* act = s.act_at(p0 + m0) + n;
     for (int64_t m = 0; m < MB; ++m) {
       for (int64_t j = 0; j < NB; ++j) {
@@ -408,6 +423,9 @@ void gather_tokens(Moe& s, const T* x) {
     if (s.pos[i] >= 0) token[s.pos[i]] = i / s.k;
   }
   s.xg.resize(static_cast<size_t>(P * s.ldh));
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) s.xb.assign(static_cast<size_t>(P * s.ldh), c10::BFloat16(0.0f));
+#endif
   s.act.resize(static_cast<size_t>(P * s.ldi));
   s.y2.resize(static_cast<size_t>(P * s.H));
   at::parallel_for(0, P, 16, [&](int64_t begin, int64_t end) {
@@ -415,6 +433,7 @@ void gather_tokens(Moe& s, const T* x) {
       float* dst = s.xg.data() + p * s.ldh;
       const T* src = x + token[p] * s.H;
       for (int64_t h = 0; h < s.H; ++h) dst[h] = load1(src + h);
+      if (!s.xb.empty()) std::copy(src, src + s.H, s.xb.data() + p * s.ldh);
       std::fill(dst + s.H, dst + s.ldh, 0.0f);
       std::fill(s.act.data() + p * s.ldi + s.I, s.act.data() + (p + 1) * s.ldi, 0.0f);
     }
