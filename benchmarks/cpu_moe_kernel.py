@@ -7,7 +7,7 @@ random. GB/s counts the expert weight bytes the call must read: those of the exp
 shared). The reference runs on the bfloat16 weights for both formats (PyTorch has no int4 GEMM of
 this layout on CPU), so for int4 it is the float baseline the quantized kernel replaces.
 
-    python benchmarks/cpu_moe_kernel.py [--tokens 1 16 64 512] [--formats bf16 int4] [--quick]
+    python benchmarks/cpu_moe_kernel.py [--tokens 1 16 64 512] [--formats bf16 int4] [--threads N] [--quick]
 """
 
 from __future__ import annotations
@@ -67,9 +67,12 @@ def main() -> None:
     p.add_argument("--formats", nargs="+", default=["bf16", "int4"], choices=["bf16", "int4"])
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
     p.add_argument("--quick", action="store_true", help="fewer calls (1 repeat of 3; 1 call from 512 tokens)")
     args = p.parse_args()
     assert load_cpu_kernels() is not None, "the CPU kernels failed to build"
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     print(cpu_lines())
     print(machine_summary() + "\n")
     g = torch.Generator().manual_seed(0)

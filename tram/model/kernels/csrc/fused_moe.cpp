@@ -23,14 +23,16 @@
 // products (gguf_blocks.h's decoders for GGUF), which stream the weights in their stored form
 // (bfloat16 gate/up rows with AVX512-BF16 multiply bf16 x without widening either).
 //
-// Arithmetic: float32 throughout, rounded once to x's dtype at the end. Every output of a projection
-// is computed by one work item in a fixed order (quant_rows.h's two partial sums, or tiled_gemm.h's
-// single FMA chain, chosen by the expert's token count), and out[t] adds its slots' rows in slot
-// order: the result does not depend on the thread count. (It does depend on how many tokens share an
-// expert across kGemmTokens, as quant_linear and quant_gemm differ in the last bits.)
+// Arithmetic: float32 throughout (vdpbf16ps's bf16 products are exact; it treats subnormal inputs as
+// zero), rounded once to x's dtype at the end. Every output of a projection is computed by one work
+// item in a fixed order (quant_rows.h's two partial sums, or tiled_gemm.h's single FMA chain, chosen
+// by the expert's token count), and out[t] adds its slots' rows in slot order: the result does not
+// depend on the thread count. (It does depend on how many tokens share an expert across kGemmTokens,
+// as quant_linear and quant_gemm differ in the last bits.)
 #include "kernels.h"
 #include "dynamic_for.h"
 #include "gguf_blocks.h"
+#include "moe_formats.h"
 #include "quant_rows.h"
 #include "simd.h"
 #include "tiled_gemm.h"
@@ -49,6 +51,7 @@
 namespace {
 
 using namespace tram::simd;
+using namespace tram::moe;
 using tram::gemm::kTileRows;
 
 constexpr int64_t kGateRows = kTileRows / 2;  // gate rows per w13 work item, and as many up rows
@@ -57,99 +60,6 @@ constexpr int64_t kGemmTokens = 8;            // an expert with this many tokens
 constexpr int64_t kPad = 32;                  // x and act rows are zero-padded to a multiple of this
 
 int64_t padded(int64_t k) { return (k + kPad - 1) / kPad * kPad; }
-
-// ---- weight formats: dot<MB, NB>(x, ldx, e, n, sums) and fill(e, n, count, ld, buf) over rows n.. of
-// expert e ---------------------------------------------------------------------------------------
-
-template <typename T>
-struct FloatFormat {
-  const T* w;
-  int64_t N, K;
-  TRAM_INLINE tram::rows::FloatRows<T> rows(int64_t e, int64_t n) const { return {w + (e * N + n) * K, K}; }
-  template <int64_t MB, int64_t NB>
-  TRAM_INLINE void dot(const float* x, int64_t ldx, int64_t e, int64_t n, float (&s)[MB][NB]) const {
-    tram::rows::dot_tile<MB, NB>(x, ldx, rows(e, n), K, s);
-  }
-  void fill(int64_t e, int64_t n, int64_t count, int64_t ld, float* buf) const {
-    tram::rows::fill_rows(rows(e, n), nullptr, count, K, ld, buf);
-  }
-};
-
-struct Int8Format {
-  const int8_t* q;
-  const float* scale;  // [E, N]
-  int64_t N, K;
-  TRAM_INLINE tram::rows::Int8Rows rows(int64_t e, int64_t n) const { return {q + (e * N + n) * K, K}; }
-  template <int64_t MB, int64_t NB>
-  TRAM_INLINE void dot(const float* x, int64_t ldx, int64_t e, int64_t n, float (&s)[MB][NB]) const {
-    tram::rows::dot_tile<MB, NB>(x, ldx, rows(e, n), K, s);
-    for (int64_t m = 0; m < MB; ++m) {
-      for (int64_t j = 0; j < NB; ++j) s[m][j] *= scale[e * N + n + j];
-    }
-  }
-  void fill(int64_t e, int64_t n, int64_t count, int64_t ld, float* buf) const {
-    tram::rows::fill_rows(rows(e, n), scale + e * N + n, count, K, ld, buf);
-  }
-};
-
-struct Int4Format {
-  const uint8_t* q;
-  const float* scale;  // [E, N, K / group]
-  int64_t N, K, group;
-  TRAM_INLINE tram::rows::Int4Rows<false> rows(int64_t e, int64_t n) const {
-    return {q + (e * N + n) * (K / 2), scale + (e * N + n) * (K / group), nullptr, K, group};
-  }
-  template <int64_t MB, int64_t NB>
-  TRAM_INLINE void dot(const float* x, int64_t ldx, int64_t e, int64_t n, float (&s)[MB][NB]) const {
-    tram::rows::dot_tile<MB, NB>(x, ldx, rows(e, n), K, s);
-  }
-  void fill(int64_t e, int64_t n, int64_t count, int64_t ld, float* buf) const {
-    tram::rows::fill_rows(rows(e, n), nullptr, count, K, ld, buf);
-  }
-};
-
-// GGUF blocks of type F: each block's scales decoded once per row, its chunks of 32 widened in
-// registers (bit for bit gguf's dequantized weights), summed as quant_rows.h's dot_tile sums.
-template <typename F>
-struct GgufFormat {
-  const uint8_t* data;
-  int64_t N, K, row_bytes;
-  template <int64_t MB, int64_t NB>
-  TRAM_INLINE void dot(const float* x, int64_t ldx, int64_t e, int64_t n, float (&s)[MB][NB]) const {
-    using tram::gguf_float::kChunk;
-    const uint8_t* w = data + (e * N + n) * row_bytes;
-    vf16 even[MB][NB] = {}, odd[MB][NB] = {};
-    for (int64_t b = 0; b < K / F::kBlock; ++b) {
-      F blk[NB];
-      for (int64_t j = 0; j < NB; ++j) {
-        blk[j].load(w + j * row_bytes + b * F::kBytes);
-        prefetch_ahead(w + j * row_bytes + b * F::kBytes, F::kBytes);
-      }
-      const float* xb = x + b * F::kBlock;
-#pragma GCC unroll 8
-      for (int64_t c = 0; c < F::kBlock / kChunk; ++c) {
-        vf16 w0[NB], w1[NB];
-        for (int64_t j = 0; j < NB; ++j) blk[j].chunk(c, w0[j], w1[j]);
-        for (int64_t m = 0; m < MB; ++m) {
-          const vf16 x0 = vload<vf16>(xb + m * ldx + c * kChunk), x1 = vload<vf16>(xb + m * ldx + c * kChunk + 16);
-          for (int64_t j = 0; j < NB; ++j) {
-            even[m][j] += w0[j] * x0;
-            odd[m][j] += w1[j] * x1;
-          }
-        }
-      }
-    }
-    for (int64_t m = 0; m < MB; ++m) {
-      for (int64_t j = 0; j < NB; ++j) s[m][j] = hsum(even[m][j] + odd[m][j]);
-    }
-  }
-  void fill(int64_t e, int64_t n, int64_t count, int64_t ld, float* buf) const {
-    for (int64_t j = 0; j < count; ++j) {
-      tram::gguf_float::dequantize_row<F>(data + (e * N + n + j) * row_bytes, K, buf + j * ld);
-      std::fill(buf + j * ld + K, buf + (j + 1) * ld, 0.0f);
-    }
-  }
-};
 
 // ---- the call's state ---------------------------------------------------------------------------
 
