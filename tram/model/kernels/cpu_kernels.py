@@ -59,6 +59,7 @@ _SOURCES = [
         "quant_linear.cpp",
         "gguf_linear.cpp",
         "gguf_int8.cpp",
+        "fused_moe.cpp",
     )
 ]
 # -fopenmp: at::parallel_for is header code that only runs in parallel when compiled with OpenMP

@@ -300,4 +300,29 @@ int64_t row_bytes_of(int64_t K) {
   return K / F::kBlock * F::kBytes;
 }
 
+// ---- a whole row dequantized (gguf_dequantize_, and the tiles the many-rows GEMMs decode) ----------
+
+TRAM_INLINE void store16(vf16 v, float* out) { vstore(out, v); }
+
+TRAM_INLINE void store16(vf16 v, c10::BFloat16* out) {
+  store_bf16x8(out, round_bf16x8(low8(v)));
+  store_bf16x8(out + 8, round_bf16x8(high8(v)));
+}
+
+// One row of W ([K / block] blocks) into out (float32 or bfloat16): the weights the tiles compute with.
+template <typename F, typename T>
+void dequantize_row(const uint8_t* row, int64_t K, T* out) {
+  for (int64_t b = 0; b < K / F::kBlock; ++b) {
+    F blk;
+    blk.load(row + b * F::kBytes);
+#pragma GCC unroll 8
+    for (int64_t c = 0; c < F::kBlock / kChunk; ++c) {
+      vf16 w0, w1;
+      blk.chunk(c, w0, w1);
+      store16(w0, out + b * F::kBlock + c * kChunk);
+      store16(w1, out + b * F::kBlock + c * kChunk + kLanes);
+    }
+  }
+}
+
 }  // namespace tram::gguf_float

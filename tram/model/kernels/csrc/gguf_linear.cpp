@@ -200,29 +200,6 @@ void linear_impl(const Args& a) {
 
 // ---- dequantize ---------------------------------------------------------------------------------
 
-TRAM_INLINE void store16(vf16 v, float* out) { vstore(out, v); }
-
-TRAM_INLINE void store16(vf16 v, c10::BFloat16* out) {
-  store_bf16x8(out, round_bf16x8(low8(v)));
-  store_bf16x8(out + 8, round_bf16x8(high8(v)));
-}
-
-// Row n of W into out (float32 or bfloat16): the weights the tiles compute with.
-template <typename F, typename T>
-void dequantize_row(const uint8_t* row, int64_t K, T* out) {
-  for (int64_t b = 0; b < K / F::kBlock; ++b) {
-    F blk;
-    blk.load(row + b * F::kBytes);
-#pragma GCC unroll 8
-    for (int64_t c = 0; c < F::kBlock / kChunk; ++c) {
-      vf16 w0, w1;
-      blk.chunk(c, w0, w1);
-      store16(w0, out + b * F::kBlock + c * kChunk);
-      store16(w1, out + b * F::kBlock + c * kChunk + kLanes);
-    }
-  }
-}
-
 template <typename T>
 void dequantize_rows(const uint8_t* data, int64_t type, int64_t N, int64_t K, int64_t row_bytes, T* out) {
   with_format(type, [&](auto fmt) {

@@ -72,6 +72,15 @@ at::Tensor gguf_linear_int8(const at::Tensor& x, const at::Tensor& data, int64_t
 // x [M, K] -> (int8 quants [M, K], scales [M, K / 32]): the activations gguf_linear_int8 multiplies.
 std::vector<at::Tensor> quantize_activations_int8(const at::Tensor& x);
 
+// fused_moe.cpp: a mixture-of-experts layer's experts in one call (tokens grouped by expert, gate/up with
+// the activation, down, and a combine in slot order). Formats: 0 float (x's dtype), 1 int8 (scale [E, N]),
+// 2 int4 (param = group, scale [E, N, K / group]), 3 GGUF (param = ggml type); activation 0 silu, 1 swiglu_oai.
+at::Tensor fused_moe(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                     const at::Tensor& w13, const c10::optional<at::Tensor>& w13_scale, int64_t w13_format,
+                     int64_t w13_param, const at::Tensor& w2, const c10::optional<at::Tensor>& w2_scale,
+                     int64_t w2_format, int64_t w2_param, const c10::optional<at::Tensor>& b13,
+                     const c10::optional<at::Tensor>& b2, int64_t activation, double alpha, double limit);
+
 // rms_norm.cpp: transformers' RMSNorm, optionally after adding the residual.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,

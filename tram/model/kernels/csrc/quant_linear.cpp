@@ -26,6 +26,7 @@
 #include "dynamic_for.h"
 #include "prefetch.h"
 #include "simd.h"
+#include "quant_rows.h"
 #include "widen_int8.h"
 #include "tiled_gemm.h"
 
@@ -50,93 +51,21 @@ constexpr int64_t kLanes = 16;
 constexpr int64_t kGrainRows = 32;
 
 
-TRAM_INLINE vf16 widen_i8(const int8_t* p) { return to_float(vload<vi8x16>(p)); }
+using tram::rows::Int4Rows;
+using tram::rows::Int8Rows;
 
-// The last K % 16 weights of a row, zero-padded, without reading past the row.
-TRAM_INLINE vf16 widen_i8_tail(const int8_t* p, int64_t count) {
-  int8_t buf[kLanes] = {};
-  std::memcpy(buf, p, count);
-  return widen_i8(buf);
-}
-
-// Widened weights of one chunk of k: int8 as stored; int4 nibbles 0..15 minus their group's zero (8, or
-// the stored zero point: -15..15, still exact in int8) times its scale, which makes them the
-// dequantized weights themselves (the int8 scale comes after the sum).
-struct Int8Rows {
-  const int8_t* q;
-  int64_t K;
-  TRAM_INLINE vf16 chunk(int64_t j, int64_t k) const { return widen_i8(q + j * K + k); }
-  TRAM_INLINE void prefetch(int64_t j, int64_t k) const {
-    if ((k & 63) == 0) prefetch_ahead(q + j * K + k, 64);
-  }
-  TRAM_INLINE vf16 tail(int64_t j, int64_t k) const { return widen_i8_tail(q + j * K + k, K - k); }
-};
-
-// kZero: a zero point per group (zero is row n0's); else every zero is 8, as symmetric int4 stores it.
-template <bool kZero>
-struct Int4Rows {
-  const uint8_t* q;  // row n0
-  const float* scale;  // row n0's group scales
-  const uint8_t* zero;  // row n0's group zero points (kZero only)
-  int64_t K, group;
-  // Chunk c (16 k) of a run of 32: the run's low nibbles (c even) or high ones (c odd).
-  TRAM_INLINE vf16 chunk(int64_t j, int64_t k) const {
-    const vu8x16 bytes = vload<vu8x16>(q + j * (K / 2) + (k & ~int64_t{31}) / 2);
-    const vu8x16 nibbles = (k & 16) ? vu8x16(bytes >> 4) : vu8x16(bytes & 15);
-    const int64_t g = j * (K / group) + k / group;
-    const uint8_t z = kZero ? zero[g] : uint8_t{8};
-    return to_float(bitcast<vi8x16>(vu8x16(nibbles - z))) * scale[g];
-  }
-  TRAM_INLINE vf16 tail(int64_t, int64_t) const { return vf16{}; }  // K is a multiple of 32: no tail
-  TRAM_INLINE void prefetch(int64_t j, int64_t k) const {
-    if ((k & 127) == 0) prefetch_ahead(q + j * (K / 2) + k / 2, 64);
-  }
-};
-
-// Outputs n0 .. n0 + NB - 1 for rows m0 .. m0 + MB - 1 of x; xf is [M, k_pad] float32, zero-padded.
-// Each widened chunk of a weight row serves MB rows of x, each chunk of x NB weight rows; every
-// output keeps its own two partial sums (even and odd chunks of 16 k), so NB and MB change which
-// outputs share registers, never an output's order of additions.
+// Outputs n0 .. n0 + NB - 1 for rows m0 .. m0 + MB - 1 of x; xf is [M, k_pad] float32, zero-padded
+// (quant_rows.h's dot_tile), then the int8 row scale, the bias and one rounding to y's dtype.
 template <typename T, int64_t MB, int64_t NB, typename Rows>
 TRAM_INLINE void tile(const float* xf, int64_t m0, int64_t k_pad, const Rows& rows, const float* post_scale,
                       const T* bias, T* y, int64_t N, int64_t K, int64_t n0) {
-  const int64_t k_full = K - K % kLanes;
-  vf16 even[MB][NB] = {}, odd[MB][NB] = {};
-  int64_t k = 0;
-  for (; k + 2 * kLanes <= k_full; k += 2 * kLanes) {
-    vf16 w0[NB], w1[NB];
-    for (int64_t j = 0; j < NB; ++j) {
-      rows.prefetch(j, k);
-      w0[j] = rows.chunk(j, k);
-      w1[j] = rows.chunk(j, k + kLanes);
-    }
-    for (int64_t m = 0; m < MB; ++m) {
-      const float* xm = xf + (m0 + m) * k_pad + k;
-      const vf16 x0 = vload<vf16>(xm), x1 = vload<vf16>(xm + kLanes);
-      for (int64_t j = 0; j < NB; ++j) {
-        even[m][j] += w0[j] * x0;
-        odd[m][j] += w1[j] * x1;
-      }
-    }
-  }
-  if (k < k_full) {
-    for (int64_t j = 0; j < NB; ++j) {
-      const vf16 w0 = rows.chunk(j, k);
-      for (int64_t m = 0; m < MB; ++m) even[m][j] += w0 * vload<vf16>(xf + (m0 + m) * k_pad + k);
-    }
-    k += kLanes;
-  }
-  if (k < K) {  // the odd partial sum takes the tail, so a chunk never moves between the two sums
-    for (int64_t j = 0; j < NB; ++j) {
-      const vf16 w1 = rows.tail(j, k);
-      for (int64_t m = 0; m < MB; ++m) odd[m][j] += w1 * vload<vf16>(xf + (m0 + m) * k_pad + k);
-    }
-  }
+  float sums[MB][NB];
+  tram::rows::dot_tile<MB, NB>(xf + m0 * k_pad, k_pad, rows, K, sums);
   for (int64_t m = 0; m < MB; ++m) {
     for (int64_t j = 0; j < NB; ++j) {
       const float b = bias != nullptr ? load1(bias + n0 + j) : 0.0f;
       const float s = post_scale != nullptr ? post_scale[j] : 1.0f;
-      store(hsum(even[m][j] + odd[m][j]) * s + b, y + (m0 + m) * N + n0 + j);
+      store(sums[m][j] * s + b, y + (m0 + m) * N + n0 + j);
     }
   }
 }
@@ -204,36 +133,18 @@ void quant_linear_impl(const Args& a) {
 
 // ---- many rows of x (quant_gemm): W decoded a tile at a time (tiled_gemm.h) --------------------
 
-// Rows 0 .. count - 1 of `rows` as float32 into buf [count, ld], zeros past K: widened as the skinny
-// kernel widens them, times the row's scale for int8 (row_scale; int4's chunks come scaled), which
-// is each weight's dequantized value, the one rounding quant_dequantize_ makes.
-template <typename Rows>
-void fill_rows(const Rows& rows, const float* row_scale, int64_t count, int64_t K, int64_t ld, float* buf) {
-  for (int64_t j = 0; j < count; ++j) {
-    float* out = buf + j * ld;
-    const float s = row_scale != nullptr ? row_scale[j] : 1.0f;
-    int64_t k = 0;
-    for (; k + kLanes <= K; k += kLanes) vstore(out + k, row_scale != nullptr ? rows.chunk(j, k) * s : rows.chunk(j, k));
-    if (k < K) {
-      vstore(out + k, row_scale != nullptr ? rows.tail(j, k) * s : rows.tail(j, k));
-      k += kLanes;
-    }
-    std::fill(out + k, out + ld, 0.0f);
-  }
-}
-
 // Rows n0 .. n0 + count - 1 of W into buf [count, k_pad].
 void fill_tile(const Args& a, int64_t n0, int64_t count, float* buf) {
   if (a.group == 0) {
-    fill_rows(Int8Rows{static_cast<const int8_t*>(a.q) + n0 * a.K, a.K}, a.scale + n0, count, a.K, a.k_pad, buf);
+    tram::rows::fill_rows(Int8Rows{static_cast<const int8_t*>(a.q) + n0 * a.K, a.K}, a.scale + n0, count, a.K, a.k_pad, buf);
     return;
   }
   const int64_t groups = a.K / a.group;
   const uint8_t* q = static_cast<const uint8_t*>(a.q) + n0 * (a.K / 2);
   if (a.zero == nullptr) {
-    fill_rows(Int4Rows<false>{q, a.scale + n0 * groups, nullptr, a.K, a.group}, nullptr, count, a.K, a.k_pad, buf);
+    tram::rows::fill_rows(Int4Rows<false>{q, a.scale + n0 * groups, nullptr, a.K, a.group}, nullptr, count, a.K, a.k_pad, buf);
   } else {
-    fill_rows(Int4Rows<true>{q, a.scale + n0 * groups, a.zero + n0 * groups, a.K, a.group}, nullptr, count, a.K,
+    tram::rows::fill_rows(Int4Rows<true>{q, a.scale + n0 * groups, a.zero + n0 * groups, a.K, a.group}, nullptr, count, a.K,
               a.k_pad, buf);
   }
 }

@@ -20,6 +20,7 @@
 #include "kernels.h"
 #include "dynamic_for.h"
 #include "prefetch.h"
+#include "quant_rows.h"
 #include "simd.h"
 
 #include <ATen/Parallel.h>
@@ -100,40 +101,9 @@ TRAM_INLINE void tile(const float* xf, int64_t m0, int64_t k_pad, const T* row, 
 template <int64_t MB>
 TRAM_INLINE void tile_bf16(const c10::BFloat16* xb, int64_t m0, int64_t k_pad, const c10::BFloat16* row,
                            float bias, c10::BFloat16* y, int64_t N, int64_t K, int64_t n) {
-  constexpr int64_t kStep = 2 * kLanes;
-  const int64_t k_full = K - K % kStep;
-  __m512 even[MB], odd[MB];
-  for (int64_t m = 0; m < MB; ++m) even[m] = odd[m] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 2 * kStep <= k_full; k += 2 * kStep) {
-    prefetch_ahead(row + k, 2 * kStep * sizeof(c10::BFloat16));
-    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(row + k), w1 = (__m512bh)_mm512_loadu_si512(row + k + kStep);
-    for (int64_t m = 0; m < MB; ++m) {
-      const c10::BFloat16* xm = xb + (m0 + m) * k_pad + k;
-      even[m] = _mm512_dpbf16_ps(even[m], w0, (__m512bh)_mm512_loadu_si512(xm));
-      odd[m] = _mm512_dpbf16_ps(odd[m], w1, (__m512bh)_mm512_loadu_si512(xm + kStep));
-    }
-  }
-  if (k < k_full) {
-    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(row + k);
-    for (int64_t m = 0; m < MB; ++m) {
-      even[m] = _mm512_dpbf16_ps(even[m], w0, (__m512bh)_mm512_loadu_si512(xb + (m0 + m) * k_pad + k));
-    }
-    k += kStep;
-  }
-  if (k < K) {  // a masked load never touches memory past the row
-    const __mmask32 mask = static_cast<__mmask32>((uint64_t{1} << (K - k)) - 1);
-    const __m512bh w1 = (__m512bh)_mm512_maskz_loadu_epi16(mask, row + k);
-    for (int64_t m = 0; m < MB; ++m) {
-      odd[m] = _mm512_dpbf16_ps(odd[m], w1, (__m512bh)_mm512_loadu_si512(xb + (m0 + m) * k_pad + k));
-    }
-  }
-  for (int64_t m = 0; m < MB; ++m) {
-    vf16 sum;
-    const __m512 total = _mm512_add_ps(even[m], odd[m]);
-    std::memcpy(&sum, &total, sizeof(sum));
-    y[(m0 + m) * N + n] = static_cast<c10::BFloat16>(hsum(sum) + bias);
-  }
+  float sums[MB][1];
+  tram::rows::dot_tile_bf16<MB, 1>(xb + m0 * k_pad, k_pad, row, K, sums);
+  for (int64_t m = 0; m < MB; ++m) y[(m0 + m) * N + n] = static_cast<c10::BFloat16>(sums[m][0] + bias);
 }
 #endif
 

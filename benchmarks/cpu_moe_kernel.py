@@ -1,0 +1,102 @@
+"""Micro-benchmark: a mixture-of-experts layer's experts on CPU, the fused kernel (csrc/fused_moe.cpp)
+vs the grouped PyTorch reference (per expert: gather its tokens, two matmuls, activation, index_add).
+
+The layer is Qwen3-30B-A3B's (hidden 2048, 128 experts, top-8, expert intermediate 768), routed at
+random. GB/s counts the expert weight bytes the call must read: those of the experts its tokens chose
+(scales included). Each time is the best of --repeats loops of --calls calls (the machine may be
+shared). The reference runs on the bfloat16 weights for both formats (PyTorch has no int4 GEMM of
+this layout on CPU), so for int4 it is the float baseline the quantized kernel replaces.
+
+    python benchmarks/cpu_moe_kernel.py [--tokens 1 16 64 512] [--formats bf16 int4] [--threads N] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+
+import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
+import torch
+import torch.nn.functional as F
+
+from tram.bench.report import machine_summary
+from tram.bench.timing import best_ms
+from tram.model.kernels.cpu_kernels import load_cpu_kernels
+from tram.model.layers.moe.cpu_kernel import ExpertFormat, cpu_fused_moe
+from tram.model.quant.weights import Int4Weight
+
+HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 128, 8
+
+
+def cpu_lines() -> str:
+    """lscpu's model name and ISA flags (the vector extensions only)."""
+    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    flags = [f for f in fields.get("Flags", "").split() if f.startswith(("avx", "fma", "amx", "f16c"))]
+    return f"cpu: {fields.get('Model name', '?').strip()}; ISA: {' '.join(flags)}"
+
+
+def reference(x, ids, weights, w13, w2) -> torch.Tensor:
+    out = torch.zeros(x.shape, dtype=torch.float32)
+    for e in ids.unique().tolist():
+        if e < 0:
+            continue
+        t, j = (ids == e).nonzero(as_tuple=True)
+        gate, up = F.linear(x[t], w13[e]).float().chunk(2, dim=-1)
+        y = F.linear((F.silu(gate) * up).to(x.dtype), w2[e]).float()
+        out.index_add_(0, t, y * weights[t, j, None])
+    return out.to(x.dtype)
+
+
+def int4_format(w: torch.Tensor, group: int = 128) -> ExpertFormat:
+    per = [Int4Weight(w[e].float(), group) for e in range(w.shape[0])]
+    data = torch.stack([p.qweight for p in per])
+    scale = torch.stack([p.scale for p in per])
+    return ExpertFormat("int4", data, w.shape[1], w.shape[2], scale=scale, group=group)
+
+
+def expert_bytes(fmt: ExpertFormat) -> int:
+    """Bytes of one expert's weight (and scales)."""
+    per = fmt.data[0].numel() * fmt.data.element_size()
+    return per + (0 if fmt.scale is None else fmt.scale[0].numel() * 4)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64, 512])
+    p.add_argument("--formats", nargs="+", default=["bf16", "int4"], choices=["bf16", "int4"])
+    p.add_argument("--calls", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
+    p.add_argument("--quick", action="store_true", help="fewer calls (1 repeat of 3; 1 call from 512 tokens)")
+    args = p.parse_args()
+    assert load_cpu_kernels() is not None, "the CPU kernels failed to build"
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    print(cpu_lines())
+    print(machine_summary() + "\n")
+    g = torch.Generator().manual_seed(0)
+    w13 = torch.stack([(torch.randn(2 * INTER, HIDDEN, generator=g) * 0.02).bfloat16() for _ in range(EXPERTS)])
+    w2 = torch.stack([(torch.randn(HIDDEN, INTER, generator=g) * 0.02).bfloat16() for _ in range(EXPERTS)])
+    formats = {"bf16": (ExpertFormat("float", w13, 2 * INTER, HIDDEN), ExpertFormat("float", w2, HIDDEN, INTER))}
+    if "int4" in args.formats:
+        formats["int4"] = (int4_format(w13), int4_format(w2))
+    print("| weights | tokens | active experts | kernel ms | kernel GB/s | reference ms | speed-up |")
+    print("|---|---|---|---|---|---|---|")
+    for name in args.formats:
+        f13, f2 = formats[name]
+        for T in args.tokens:
+            x = torch.randn(T, HIDDEN, generator=g).bfloat16()
+            weights, ids = torch.randn(T, EXPERTS, generator=g).softmax(-1).topk(TOP_K, dim=-1)
+            ids = ids.to(torch.int32)
+            calls, repeats = (1 if T >= 512 else 3, 1) if args.quick else (args.calls, args.repeats)
+            with torch.inference_mode():
+                ours = best_ms(lambda: cpu_fused_moe(x, ids, weights, f13, f2, None, None, "silu"), repeats, calls)
+                ref = best_ms(lambda: reference(x, ids, weights, w13, w2), repeats, calls)
+            active = ids.unique().numel()
+            gbps = active * (expert_bytes(f13) + expert_bytes(f2)) / ours / 1e6
+            print(f"| {name} | {T} | {active} | {ours:.3f} | {gbps:.1f} | {ref:.3f} | {ref / ours:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

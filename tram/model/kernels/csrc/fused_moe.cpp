@@ -1,0 +1,419 @@
+// A mixture-of-experts layer's experts in one call (CPU): out[t] = sum over slots j of
+// topk_weights[t, j] * (act(x[t] W13[e]^T + b13[e]) W2[e]^T + b2[e]), e = topk_ids[t, j] (-1: skipped).
+//
+//   x             [T, H]        float32 or bfloat16, contiguous
+//   topk_ids      [T, k]        int32, local expert index or -1
+//   topk_weights  [T, k]        float32
+//   w13           [E, 2I, ...]  per expert gate rows [0, I), up rows [I, 2I) over H inputs
+//   w2            [E, H, ...]   per expert the down projection over I inputs
+//   b13 [E, 2I], b2 [E, H]      optional, any float dtype
+//   -> out        [T, H]        x's dtype
+// Weight formats (each of w13 and w2 has its own): 0 float (x's dtype: [E, N, K]), 1 int8 ([E, N, K]
+// int8, scale [E, N]), 2 int4 ([E, N, K / 2] uint8 as quant_linear.cpp packs it, scale [E, N, K / group],
+// param = group), 3 GGUF ([E, N, row_bytes] uint8, param = ggml type).
+//
+// Why one call: a decode step of a 128-expert top-8 layer touches up to all experts with a token or two
+// each. Per-expert linears would be ~2 x 128 small parallel regions, each too short to stream its
+// weights at full bandwidth. Here the (token, slot) pairs are grouped by expert (a counting sort), and
+// one parallel region runs over (expert, tile of rows) work items for the gate/up projection of every
+// active expert, the activation applied on the tile's outputs; a second one runs the down projection,
+// and a third combines. Each weight row is read once per call and multiplied by all of its expert's
+// tokens. An expert with kGemmTokens tokens or more (prefill) multiplies them with tiled_gemm.h's
+// register-blocked kernel on its tile decoded once to float32; fewer go through quant_rows.h's dot
+// products (gguf_blocks.h's decoders for GGUF), which stream the weights in their stored form
+// (bfloat16 gate/up rows with AVX512-BF16 multiply bf16 x without widening either).
+//
+// Arithmetic: float32 throughout (vdpbf16ps's bf16 products are exact; it treats subnormal inputs as
+// zero), rounded once to x's dtype at the end. Every output of a projection is computed by one work
+// item in a fixed order (quant_rows.h's two partial sums, or tiled_gemm.h's single FMA chain, chosen
+// by the expert's token count), and out[t] adds its slots' rows in slot order: the result does not
+// depend on the thread count. (It does depend on how many tokens share an expert across kGemmTokens,
+// as quant_linear and quant_gemm differ in the last bits.)
+#include "kernels.h"
+#include "dynamic_for.h"
+#include "gguf_blocks.h"
+#include "moe_formats.h"
+#include "quant_rows.h"
+#include "simd.h"
+#include "tiled_gemm.h"
+#include "widen_int8.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+using namespace tram::simd;
+using namespace tram::moe;
+using tram::gemm::kTileRows;
+
+constexpr int64_t kGateRows = kTileRows / 2;  // gate rows per w13 work item, and as many up rows
+constexpr int64_t kDownRows = kTileRows;      // w2 rows per work item
+constexpr int64_t kGemmTokens = 8;            // an expert with this many tokens takes the tiled GEMM
+constexpr int64_t kPad = 32;                  // x and act rows are zero-padded to a multiple of this
+
+int64_t padded(int64_t k) { return (k + kPad - 1) / kPad * kPad; }
+
+// ---- the call's state ---------------------------------------------------------------------------
+
+struct Activation {
+  int64_t kind;  // 0: silu(gate) * up; 1: gpt-oss's clamped swiglu
+  float alpha, limit;
+  TRAM_INLINE float operator()(float g, float u) const {
+    if (kind == 0) return g / (1.0f + std::exp(-g)) * u;
+    g = std::min(g, limit);
+    u = std::max(std::min(u, limit), -limit);
+    return (u + 1.0f) * (g / (1.0f + std::exp(-alpha * g)));
+  }
+};
+
+struct Moe {
+  int64_t T, H, I, k, E;
+  std::vector<int64_t> start;  // [E + 1]: expert e's pairs are start[e] .. start[e + 1] - 1
+  std::vector<int64_t> pos;    // [T * k]: the pair of slot (t, j), or -1
+  std::vector<float> xg;       // [P, ldh]: each pair's token, float32, zero-padded
+  std::vector<c10::BFloat16> xb;  // [P, ldh]: the same in bfloat16 when x is (AVX512-BF16 builds only)
+  std::vector<float> act;      // [P, ldi]: act(gate, up) per pair, zero-padded
+  std::vector<float> y2;       // [P, H]: each pair's down projection (plus b2)
+  // The work items write disjoint rows and columns of act and y2 through a const Moe.
+  float* act_at(int64_t p) const { return const_cast<float*>(act.data()) + p * ldi; }
+  float* y2_at(int64_t p) const { return const_cast<float*>(y2.data()) + p * H; }
+  int64_t ldh, ldi;
+  const float* b13;  // [E, 2I] float32 or nullptr
+  const float* b2;   // [E, H] float32 or nullptr
+  Activation activation;
+  int64_t count(int64_t e) const { return start[e + 1] - start[e]; }
+};
+
+// fn(integral_constant<MB>, m0) over rows 0 .. M - 1 in groups of four, then the rest as one group.
+template <typename Fn>
+TRAM_INLINE void row_groups(int64_t M, const Fn& fn) {
+  int64_t m0 = 0;
+  for (; m0 + 4 <= M; m0 += 4) fn(std::integral_constant<int64_t, 4>{}, m0);
+  switch (M - m0) {
+    case 3: fn(std::integral_constant<int64_t, 3>{}, m0); break;
+    case 2: fn(std::integral_constant<int64_t, 2>{}, m0); break;
+    case 1: fn(std::integral_constant<int64_t, 1>{}, m0); break;
+    default: break;
+  }
+}
+
+// The thread's buffers for a decoded tile (tiled_gemm.h), grown as needed and kept between calls.
+struct TileBuffers {
+  std::vector<float> rows, panels, partial, sums;
+  void reserve(int64_t ld, int64_t K, int64_t tokens) {
+    const auto grow = [](std::vector<float>& v, int64_t n) { v.resize(std::max(v.size(), static_cast<size_t>(n))); };
+    grow(rows, kTileRows * ld);
+    grow(panels, kTileRows * ld);
+    grow(partial, K > tram::gemm::kPassK ? tram::gemm::block_rows(K) * kTileRows : 0);
+    grow(sums, tokens * kTileRows);
+  }
+};
+
+TileBuffers& tile_buffers() {
+  thread_local TileBuffers buffers;
+  return buffers;
+}
+
+// y[m, n0 + j] (+ bias[n0 + j]) = x[m] . panels' output j, for rows 0 .. M - 1 of x; y's row stride N.
+void gemm_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t ld, const float* panels, int64_t count,
+               const float* bias, float* y, int64_t N, int64_t n0, TileBuffers& buf) {
+  const int64_t mc = tram::gemm::block_rows(K);
+  for (int64_t m0 = 0; m0 < M; m0 += mc) {
+    const int64_t m1 = std::min(M, m0 + mc);
+    for (int64_t k0 = 0; k0 < K; k0 += tram::gemm::kPassK) {
+      const int64_t k1 = std::min(K, k0 + tram::gemm::kPassK);
+      const tram::gemm::Sums<float> s{buf.partial.data(), m0, k0 == 0, k1 == K, bias, y, N};
+      tram::gemm::block_times_tile(x, ldx, panels, ld, k0, k1, count, s, m1, n0);
+    }
+  }
+}
+
+// ---- phase 1: gate and up rows i0 .. i0 + r - 1 of expert e for all its tokens, then act ----------
+
+// Rows n .. n + NB - 1 of expert e's w13 times pairs p .. p + MB - 1. Bfloat16 weights and x with
+// AVX512-BF16 multiply in bf16 pairs (dot_tile_bf16: exact products, no widening); else float32.
+template <int64_t MB, int64_t NB, typename Fmt>
+TRAM_INLINE void gate_up_dot(const Fmt& f, const Moe& s, int64_t p, int64_t e, int64_t n, float (&out)[MB][NB]) {
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<Fmt, FloatFormat<c10::BFloat16>>) {
+    if (!s.xb.empty()) {
+      return tram::rows::dot_tile_bf16<MB, NB>(s.xb.data() + p * s.ldh, s.ldh, f.w + (e * f.N + n) * f.K, f.K, out);
+    }
+  }
+#endif
+  f.template dot<MB, NB>(s.xg.data() + p * s.ldh, s.ldh, e, n, out);
+}
+
+template <int64_t NB, typename Fmt>
+TRAM_INLINE void gate_up_rows(const Fmt& f, const Moe& s, int64_t e, int64_t n) {
+  const int64_t p0 = s.start[e];
+  const float* bg = s.b13 != nullptr ? s.b13 + e * 2 * s.I : nullptr;
+  row_groups(s.count(e), [&](auto mb, int64_t m0) {
+    constexpr int64_t MB = decltype(mb)::value;
+    float g[MB][NB], u[MB][NB];
+    gate_up_dot<MB, NB>(f, s, p0 + m0, e, n, g);
+    gate_up_dot<MB, NB>(f, s, p0 + m0, e, s.I + n, u);
+    float* act = s.act_at(p0 + m0) + n;
+    for (int64_t m = 0; m < MB; ++m) {
+      for (int64_t j = 0; j < NB; ++j) {
+        const float gb = bg != nullptr ? bg[n + j] : 0.0f, ub = bg != nullptr ? bg[s.I + n + j] : 0.0f;
+        act[m * s.ldi + j] = s.activation(g[m][j] + gb, u[m][j] + ub);
+      }
+    }
+  });
+}
+
+template <typename Fmt>
+void gate_up_gemm(const Fmt& f, const Moe& s, int64_t e, int64_t i0, int64_t r) {
+  const int64_t p0 = s.start[e], M = s.count(e);
+  TileBuffers& buf = tile_buffers();
+  buf.reserve(s.ldh, s.H, M);
+  f.fill(e, i0, r, s.ldh, buf.rows.data());  // gate rows first, then the up rows: outputs j and r + j
+  f.fill(e, s.I + i0, r, s.ldh, buf.rows.data() + r * s.ldh);
+  tram::gemm::pack_panels(buf.rows.data(), 2 * r, s.ldh, buf.panels.data());
+  float bias[kTileRows];
+  for (int64_t j = 0; j < r; ++j) {
+    bias[j] = s.b13 != nullptr ? s.b13[e * 2 * s.I + i0 + j] : 0.0f;
+    bias[r + j] = s.b13 != nullptr ? s.b13[e * 2 * s.I + s.I + i0 + j] : 0.0f;
+  }
+  gemm_rows(s.xg.data() + p0 * s.ldh, s.ldh, M, s.H, s.ldh, buf.panels.data(), 2 * r,
+            s.b13 != nullptr ? bias : nullptr, buf.sums.data(), kTileRows, 0, buf);
+  float* act = s.act_at(p0) + i0;
+  for (int64_t m = 0; m < M; ++m) {
+    const float* h = buf.sums.data() + m * kTileRows;
+    for (int64_t j = 0; j < r; ++j) act[m * s.ldi + j] = s.activation(h[j], h[r + j]);
+  }
+}
+
+template <typename Fmt>
+void gate_up_item(const Fmt& f, const Moe& s, int64_t e, int64_t i0) {
+  const int64_t r = std::min(kGateRows, s.I - i0);
+  if (s.count(e) >= kGemmTokens) return gate_up_gemm(f, s, e, i0, r);
+  const int64_t nb = s.count(e) == 1 ? kWideRows : kNarrowRows;
+  int64_t n = i0;
+  for (; n + nb <= i0 + r; n += nb) {
+    nb == kWideRows ? gate_up_rows<kWideRows>(f, s, e, n) : gate_up_rows<kNarrowRows>(f, s, e, n);
+  }
+  for (; n < i0 + r; ++n) gate_up_rows<1>(f, s, e, n);
+}
+
+// ---- phase 2: down rows n0 .. n0 + r - 1 of expert e for all its tokens --------------------------
+
+template <int64_t NB, typename Fmt>
+TRAM_INLINE void down_rows(const Fmt& f, const Moe& s, int64_t e, int64_t n) {
+  const int64_t p0 = s.start[e];
+  row_groups(s.count(e), [&](auto mb, int64_t m0) {
+    constexpr int64_t MB = decltype(mb)::value;
+    float d[MB][NB];
+    f.template dot<MB, NB>(s.act.data() + (p0 + m0) * s.ldi, s.ldi, e, n, d);
+    float* y = s.y2_at(p0 + m0) + n;
+    for (int64_t m = 0; m < MB; ++m) {
+      for (int64_t j = 0; j < NB; ++j) y[m * s.H + j] = d[m][j] + (s.b2 != nullptr ? s.b2[e * s.H + n + j] : 0.0f);
+    }
+  });
+}
+
+template <typename Fmt>
+void down_item(const Fmt& f, const Moe& s, int64_t e, int64_t n0) {
+  const int64_t r = std::min(kDownRows, s.H - n0), p0 = s.start[e];
+  if (s.count(e) >= kGemmTokens) {
+    TileBuffers& buf = tile_buffers();
+    buf.reserve(s.ldi, s.I, 0);
+    f.fill(e, n0, r, s.ldi, buf.rows.data());
+    tram::gemm::pack_panels(buf.rows.data(), r, s.ldi, buf.panels.data());
+    gemm_rows(s.act.data() + p0 * s.ldi, s.ldi, s.count(e), s.I, s.ldi, buf.panels.data(), r,
+              s.b2 != nullptr ? s.b2 + e * s.H : nullptr, s.y2_at(p0), s.H, n0, buf);
+    return;
+  }
+  const int64_t nb = s.count(e) == 1 ? kWideRows : kNarrowRows;
+  int64_t n = n0;
+  for (; n + nb <= n0 + r; n += nb) {
+    nb == kWideRows ? down_rows<kWideRows>(f, s, e, n) : down_rows<kNarrowRows>(f, s, e, n);
+  }
+  for (; n < n0 + r; ++n) down_rows<1>(f, s, e, n);
+}
+
+// fn(e, row) for every active expert's tiles of `rows` in steps of `step`, in one parallel region;
+// an expert's tiles are neighbours, so a thread's chunk streams contiguous weights.
+template <typename Fn>
+void for_expert_tiles(const Moe& s, int64_t rows, int64_t step, const Fn& fn) {
+  std::vector<std::pair<int32_t, int32_t>> items;
+  for (int64_t e = 0; e < s.E; ++e) {
+    if (s.count(e) == 0) continue;
+    for (int64_t n = 0; n < rows; n += step) items.emplace_back(static_cast<int32_t>(e), static_cast<int32_t>(n));
+  }
+  tram::parallel::dynamic_for(static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) fn(items[i].first, items[i].second);
+  });
+}
+
+// ---- the weights' formats -----------------------------------------------------------------------
+
+struct WeightArg {
+  const at::Tensor& data;
+  const c10::optional<at::Tensor>& scale;
+  int64_t format, param;
+  const char* name;
+};
+
+// fn(Fmt{...}) for the weight [E, N, ...] over K inputs, after checking its shapes.
+template <typename Fn>
+void with_weight(const WeightArg& w, int64_t E, int64_t N, int64_t K, at::ScalarType x_dtype, Fn&& fn) {
+  const at::Tensor& d = w.data;
+  TORCH_CHECK(d.device().is_cpu() && d.dim() == 3 && d.is_contiguous() && d.size(0) == E && d.size(1) == N,
+              "fused_moe: ", w.name, " must be a contiguous [", E, ", ", N, ", ...] CPU tensor");
+  const bool has_scale = w.scale.has_value() && w.scale->defined();
+  const float* scale = nullptr;
+  if (has_scale) {
+    TORCH_CHECK(w.scale->is_contiguous() && w.scale->scalar_type() == at::kFloat, "fused_moe: ", w.name,
+                "'s scale must be contiguous float32");
+    scale = w.scale->data_ptr<float>();
+  }
+  switch (w.format) {
+    case 0:
+      TORCH_CHECK(d.size(2) == K && d.scalar_type() == x_dtype, "fused_moe: float ", w.name, " must be [E, N, ", K,
+                  "] in x's dtype");
+      if (x_dtype == at::kFloat) return fn(FloatFormat<float>{d.data_ptr<float>(), N, K});
+      return fn(FloatFormat<c10::BFloat16>{d.data_ptr<c10::BFloat16>(), N, K});
+    case 1:
+      TORCH_CHECK(d.scalar_type() == at::kChar && d.size(2) == K && has_scale && w.scale->numel() == E * N,
+                  "fused_moe: int8 ", w.name, " takes [E, N, K] int8 and scale [E, N]");
+      return fn(Int8Format{d.data_ptr<int8_t>(), scale, N, K});
+    case 2:
+      TORCH_CHECK(w.param > 0 && w.param % 32 == 0 && K % w.param == 0, "fused_moe: int4 groups must be multiples "
+                  "of 32 dividing K = ", K);
+      TORCH_CHECK(d.scalar_type() == at::kByte && d.size(2) == K / 2 && has_scale &&
+                      w.scale->numel() == E * N * (K / w.param),
+                  "fused_moe: int4 ", w.name, " takes [E, N, K / 2] uint8 and scale [E, N, K / group]");
+      return fn(Int4Format{d.data_ptr<uint8_t>(), scale, N, K, w.param});
+    case 3:
+      TORCH_CHECK(d.scalar_type() == at::kByte, "fused_moe: GGUF ", w.name, " must be uint8");
+      return tram::gguf_float::with_format(w.param, [&](auto fmt) {
+        using F = decltype(fmt);
+        TORCH_CHECK(K % F::kBlock == 0 && d.size(2) == tram::gguf_float::row_bytes_of<F>(K), "fused_moe: GGUF ",
+                    w.name, ": K = ", K, " in blocks of ", F::kBlock, " needs rows of ",
+                    tram::gguf_float::row_bytes_of<F>(K), " bytes");
+        fn(GgufFormat<F>{d.data_ptr<uint8_t>(), N, K, d.size(2)});
+      });
+    default:
+      TORCH_CHECK(false, "fused_moe: unknown weight format ", w.format);
+  }
+}
+
+// The pairs (t, j) grouped by expert (a counting sort: by expert, then token, then slot).
+void route(Moe& s, const int32_t* ids) {
+  std::vector<int64_t> cursor(static_cast<size_t>(s.E + 1), 0);
+  for (int64_t i = 0; i < s.T * s.k; ++i) {
+    TORCH_CHECK(ids[i] < s.E, "fused_moe: expert id ", ids[i], " out of range (", s.E, " experts)");
+    if (ids[i] >= 0) ++cursor[ids[i] + 1];
+  }
+  for (int64_t e = 0; e < s.E; ++e) cursor[e + 1] += cursor[e];
+  s.start = cursor;
+  s.pos.assign(static_cast<size_t>(s.T * s.k), -1);
+  for (int64_t i = 0; i < s.T * s.k; ++i) {
+    if (ids[i] >= 0) s.pos[i] = cursor[ids[i]]++;
+  }
+}
+
+// Each pair's token as a float32 row of xg (zero-padded); act's padding zeroed (the down projection
+// reads it); rows are independent, so in parallel.
+template <typename T>
+void gather_tokens(Moe& s, const T* x) {
+  const int64_t P = s.start[s.E];
+  std::vector<int64_t> token(static_cast<size_t>(P));
+  for (int64_t i = 0; i < s.T * s.k; ++i) {
+    if (s.pos[i] >= 0) token[s.pos[i]] = i / s.k;
+  }
+  s.xg.resize(static_cast<size_t>(P * s.ldh));
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) s.xb.assign(static_cast<size_t>(P * s.ldh), c10::BFloat16(0.0f));
+#endif
+  s.act.resize(static_cast<size_t>(P * s.ldi));
+  s.y2.resize(static_cast<size_t>(P * s.H));
+  at::parallel_for(0, P, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      float* dst = s.xg.data() + p * s.ldh;
+      const T* src = x + token[p] * s.H;
+      for (int64_t h = 0; h < s.H; ++h) dst[h] = load1(src + h);
+      if (!s.xb.empty()) std::copy(src, src + s.H, s.xb.data() + p * s.ldh);
+      std::fill(dst + s.H, dst + s.ldh, 0.0f);
+      std::fill(s.act.data() + p * s.ldi + s.I, s.act.data() + (p + 1) * s.ldi, 0.0f);
+    }
+  });
+}
+
+// out[t] = sum over its slots, in slot order, of weight * y2[pair]; one rounding to out's dtype.
+template <typename T>
+void combine(const Moe& s, const float* weights, T* out) {
+  at::parallel_for(0, s.T, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(static_cast<size_t>(s.H));
+    for (int64_t t = begin; t < end; ++t) {
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t j = 0; j < s.k; ++j) {
+        const int64_t p = s.pos[t * s.k + j];
+        if (p < 0) continue;
+        const float w = weights[t * s.k + j];
+        const float* y = s.y2.data() + p * s.H;
+        for (int64_t h = 0; h < s.H; ++h) acc[h] += w * y[h];
+      }
+      for (int64_t h = 0; h < s.H; ++h) store(acc[h], out + t * s.H + h);
+    }
+  });
+}
+
+const float* float_bias(const c10::optional<at::Tensor>& b, int64_t E, int64_t N, at::Tensor& keep, const char* name) {
+  if (!b.has_value() || !b->defined()) return nullptr;
+  TORCH_CHECK(b->numel() == E * N, "fused_moe: ", name, " must be [E, ", N, "]");
+  keep = b->to(at::kFloat).contiguous();
+  return keep.data_ptr<float>();
+}
+
+}  // namespace
+
+namespace tram {
+
+at::Tensor fused_moe(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                     const at::Tensor& w13, const c10::optional<at::Tensor>& w13_scale, int64_t w13_format,
+                     int64_t w13_param, const at::Tensor& w2, const c10::optional<at::Tensor>& w2_scale,
+                     int64_t w2_format, int64_t w2_param, const c10::optional<at::Tensor>& b13,
+                     const c10::optional<at::Tensor>& b2, int64_t activation, double alpha, double limit) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "fused_moe: x must be a [T, H] float32 or bfloat16 CPU tensor");
+  TORCH_CHECK(topk_ids.dim() == 2 && topk_ids.size(0) == x.size(0) && topk_ids.scalar_type() == at::kInt &&
+                  topk_weights.sizes() == topk_ids.sizes() && topk_weights.scalar_type() == at::kFloat,
+              "fused_moe: topk_ids [T, k] int32 and topk_weights [T, k] float32");
+  TORCH_CHECK(activation == 0 || activation == 1, "fused_moe: activation 0 (silu) or 1 (swiglu_oai)");
+  TORCH_CHECK(w13.dim() == 3 && w13.size(1) % 2 == 0, "fused_moe: w13 must be [E, 2I, ...]");
+  Moe s;
+  s.T = x.size(0), s.H = x.size(1), s.k = topk_ids.size(1), s.E = w13.size(0), s.I = w13.size(1) / 2;
+  s.ldh = padded(s.H), s.ldi = padded(s.I);
+  s.activation = Activation{activation, static_cast<float>(alpha), static_cast<float>(limit)};
+  at::Tensor out = at::empty({s.T, s.H}, x.options());
+  at::Tensor b13_keep, b2_keep;
+  s.b13 = float_bias(b13, s.E, 2 * s.I, b13_keep, "b13");
+  s.b2 = float_bias(b2, s.E, s.H, b2_keep, "b2");
+  const at::Tensor xc = x.contiguous(), ids = topk_ids.contiguous(), wts = topk_weights.contiguous();
+  route(s, ids.data_ptr<int32_t>());
+  if (x.scalar_type() == at::kFloat) gather_tokens(s, xc.data_ptr<float>());
+  else gather_tokens(s, xc.data_ptr<c10::BFloat16>());
+  const WeightArg a13{w13, w13_scale, w13_format, w13_param, "w13"}, a2{w2, w2_scale, w2_format, w2_param, "w2"};
+  with_weight(a13, s.E, 2 * s.I, s.H, x.scalar_type(), [&](const auto& f) {
+    for_expert_tiles(s, s.I, kGateRows, [&](int64_t e, int64_t i0) { gate_up_item(f, s, e, i0); });
+  });
+  with_weight(a2, s.E, s.H, s.I, x.scalar_type(), [&](const auto& f) {
+    for_expert_tiles(s, s.H, kDownRows, [&](int64_t e, int64_t n0) { down_item(f, s, e, n0); });
+  });
+  if (x.scalar_type() == at::kFloat) combine(s, wts.data_ptr<float>(), out.data_ptr<float>());
+  else combine(s, wts.data_ptr<float>(), out.data_ptr<c10::BFloat16>());
+  return out;
+}
+
+}  // namespace tram

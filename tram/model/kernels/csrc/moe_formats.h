@@ -1,0 +1,112 @@
+// The expert weight formats of fused_moe.cpp: a stacked weight [E, N, ...] over K inputs, with
+//   dot<MB, NB>(x, ldx, e, n, sums): sums[m][j] = row m of x (float32, stride ldx, zero-padded to a
+//       multiple of 32 k) times row n + j of expert e (quant_rows.h's dot_tile, or GGUF blocks);
+//   fill(e, n, count, ld, buf): rows n .. n + count - 1 of expert e dequantized to float32 into
+//       buf [count, ld], zeros past K (the tiles tiled_gemm.h multiplies).
+#pragma once
+
+#include "gguf_blocks.h"
+#include "prefetch.h"
+#include "quant_rows.h"
+#include "simd.h"
+
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace tram::moe {
+
+using namespace tram::simd;
+
+template <typename T>
+struct FloatFormat {
+  const T* w;
+  int64_t N, K;
+  TRAM_INLINE tram::rows::FloatRows<T> rows(int64_t e, int64_t n) const { return {w + (e * N + n) * K, K}; }
+  template <int64_t MB, int64_t NB>
+  TRAM_INLINE void dot(const float* x, int64_t ldx, int64_t e, int64_t n, float (&s)[MB][NB]) const {
+    tram::rows::dot_tile<MB, NB>(x, ldx, rows(e, n), K, s);
+  }
+  void fill(int64_t e, int64_t n, int64_t count, int64_t ld, float* buf) const {
+    tram::rows::fill_rows(rows(e, n), nullptr, count, K, ld, buf);
+  }
+};
+
+struct Int8Format {
+  const int8_t* q;
+  const float* scale;  // [E, N]
+  int64_t N, K;
+  TRAM_INLINE tram::rows::Int8Rows rows(int64_t e, int64_t n) const { return {q + (e * N + n) * K, K}; }
+  template <int64_t MB, int64_t NB>
+  TRAM_INLINE void dot(const float* x, int64_t ldx, int64_t e, int64_t n, float (&s)[MB][NB]) const {
+    tram::rows::dot_tile<MB, NB>(x, ldx, rows(e, n), K, s);
+    for (int64_t m = 0; m < MB; ++m) {
+      for (int64_t j = 0; j < NB; ++j) s[m][j] *= scale[e * N + n + j];
+    }
+  }
+  void fill(int64_t e, int64_t n, int64_t count, int64_t ld, float* buf) const {
+    tram::rows::fill_rows(rows(e, n), scale + e * N + n, count, K, ld, buf);
+  }
+};
+
+struct Int4Format {
+  const uint8_t* q;
+  const float* scale;  // [E, N, K / group]
+  int64_t N, K, group;
+  TRAM_INLINE tram::rows::Int4Rows<false> rows(int64_t e, int64_t n) const {
+    return {q + (e * N + n) * (K / 2), scale + (e * N + n) * (K / group), nullptr, K, group};
+  }
+  template <int64_t MB, int64_t NB>
+  TRAM_INLINE void dot(const float* x, int64_t ldx, int64_t e, int64_t n, float (&s)[MB][NB]) const {
+    tram::rows::dot_tile<MB, NB>(x, ldx, rows(e, n), K, s);
+  }
+  void fill(int64_t e, int64_t n, int64_t count, int64_t ld, float* buf) const {
+    tram::rows::fill_rows(rows(e, n), nullptr, count, K, ld, buf);
+  }
+};
+
+// GGUF blocks of type F: each block's scales decoded once per row, its chunks of 32 widened in
+// registers (bit for bit gguf's dequantized weights), summed as quant_rows.h's dot_tile sums.
+template <typename F>
+struct GgufFormat {
+  const uint8_t* data;
+  int64_t N, K, row_bytes;
+  template <int64_t MB, int64_t NB>
+  TRAM_INLINE void dot(const float* x, int64_t ldx, int64_t e, int64_t n, float (&s)[MB][NB]) const {
+    using tram::gguf_float::kChunk;
+    const uint8_t* w = data + (e * N + n) * row_bytes;
+    vf16 even[MB][NB] = {}, odd[MB][NB] = {};
+    for (int64_t b = 0; b < K / F::kBlock; ++b) {
+      F blk[NB];
+      for (int64_t j = 0; j < NB; ++j) {
+        blk[j].load(w + j * row_bytes + b * F::kBytes);
+        prefetch_ahead(w + j * row_bytes + b * F::kBytes, F::kBytes);
+      }
+      const float* xb = x + b * F::kBlock;
+#pragma GCC unroll 8
+      for (int64_t c = 0; c < F::kBlock / kChunk; ++c) {
+        vf16 w0[NB], w1[NB];
+        for (int64_t j = 0; j < NB; ++j) blk[j].chunk(c, w0[j], w1[j]);
+        for (int64_t m = 0; m < MB; ++m) {
+          const vf16 x0 = vload<vf16>(xb + m * ldx + c * kChunk), x1 = vload<vf16>(xb + m * ldx + c * kChunk + 16);
+          for (int64_t j = 0; j < NB; ++j) {
+            even[m][j] += w0[j] * x0;
+            odd[m][j] += w1[j] * x1;
+          }
+        }
+      }
+    }
+    for (int64_t m = 0; m < MB; ++m) {
+      for (int64_t j = 0; j < NB; ++j) s[m][j] = hsum(even[m][j] + odd[m][j]);
+    }
+  }
+  void fill(int64_t e, int64_t n, int64_t count, int64_t ld, float* buf) const {
+    for (int64_t j = 0; j < count; ++j) {
+      tram::gguf_float::dequantize_row<F>(data + (e * N + n + j) * row_bytes, K, buf + j * ld);
+      std::fill(buf + j * ld + K, buf + (j + 1) * ld, 0.0f);
+    }
+  }
+};
+
+}  // namespace tram::moe

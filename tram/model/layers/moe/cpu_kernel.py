@@ -1,0 +1,110 @@
+"""The CPU fused mixture-of-experts kernel (csrc/fused_moe.cpp) behind a small Python call.
+
+Why: a decode step of a many-expert layer touches most experts with a token or two each; per-expert
+linears would each be a short parallel region that never reaches the memory bandwidth. The kernel
+groups the (token, slot) pairs by expert, runs the gate/up projections of all active experts in one
+parallel region with the activation fused, the down projections in a second, and combines each
+token's slots in slot order (the result does not depend on the thread count).
+
+`cpu_fused_moe` returns None where the kernel does not apply (kernels unavailable, a GPU tensor,
+autograd, an unsupported format or dtype), and the caller keeps its PyTorch path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tram.model.kernels.cpu_kernels import kernels_for
+
+# The kernel's format codes; float weights must be in x's dtype.
+_FORMATS = {"float": 0, "int8": 1, "int4": 2, "gguf": 3}
+_ACTIVATIONS = {"silu": 0, "swiglu_oai": 1}
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16)
+# GGUF block types the kernel decodes (gguf_blocks.h): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
+_GGUF_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14})
+# Tokens per kernel call: the kernel holds three float32 rows per (token, slot) pair (the gathered x, the
+# activation and the down projection), 16 KiB per slot at hidden 2048; a long prefill goes through in
+# pieces of this many tokens (each still gives its experts tens of tokens to multiply at once).
+MAX_TOKENS_PER_CALL = 1024
+
+
+@dataclass(frozen=True)
+class ExpertFormat:
+    """One stacked expert weight ([E, N, ...] over K = in_features inputs) and how it is stored.
+
+    kind "float": data float32/bfloat16 [E, N, K]; "int8": data int8 [E, N, K], scale float32 [E, N];
+    "int4": data uint8 [E, N, K / 2] (quant/weights.py pack_int4), scale float32 [E, N, K / group];
+    "gguf": data uint8 [E, N, row_bytes] in ggml type `ggml_type`.
+    """
+
+    kind: str
+    data: torch.Tensor
+    out_features: int
+    in_features: int
+    scale: torch.Tensor | None = None
+    group: int = 0
+    ggml_type: int = 0
+
+    def param(self) -> int:
+        """The kernel's per-format argument: the int4 group or the ggml type."""
+        return self.group if self.kind == "int4" else self.ggml_type if self.kind == "gguf" else 0
+
+
+def _supported(fmt: ExpertFormat, x: torch.Tensor) -> bool:
+    if fmt.kind not in _FORMATS or fmt.data.device.type != "cpu" or fmt.data.dim() != 3:
+        return False
+    if not fmt.data.is_contiguous() or (fmt.scale is not None and not fmt.scale.is_contiguous()):
+        return False  # the kernel streams the stored layout; a copy per call would cost more than it saves
+    if fmt.kind == "float":
+        return fmt.data.dtype == x.dtype
+    if fmt.kind in ("int8", "int4"):
+        if fmt.scale is None or fmt.scale.dtype != torch.float32:
+            return False
+        if fmt.kind == "int4":
+            k, g = fmt.in_features, fmt.group
+            return g > 0 and g % 32 == 0 and k % g == 0
+        return True
+    return fmt.ggml_type in _GGUF_TYPES
+
+
+def cpu_fused_moe(
+    x: torch.Tensor,  # [T, H] float32 or bfloat16
+    topk_ids: torch.Tensor,  # [T, k] local expert ids, -1: not on this rank
+    topk_weights: torch.Tensor,  # [T, k] float32
+    w13: ExpertFormat,  # [E, 2I, H]: gate rows then up rows
+    w2: ExpertFormat,  # [E, H, I]
+    b13: torch.Tensor | None,  # [E, 2I]
+    b2: torch.Tensor | None,  # [E, H]
+    activation: str,
+    alpha: float = 1.702,
+    limit: float = 7.0,
+) -> torch.Tensor | None:
+    """sum over slots j of topk_weights[t, j] * expert e's MLP of x[t] (e = topk_ids[t, j]), float32
+    inside and rounded once to x's dtype; None where the kernel does not apply."""
+    if x.dtype not in _FLOAT_DTYPES or x.dim() != 2 or activation not in _ACTIVATIONS:
+        return None
+    if not (_supported(w13, x) and _supported(w2, x)):
+        return None
+    module = kernels_for(x)
+    if module is None or not hasattr(module, "fused_moe"):
+        return None
+    ids = topk_ids.to(torch.int32).contiguous()
+    weights = topk_weights.to(torch.float32).contiguous()
+    args = (w13.data, w13.scale, _FORMATS[w13.kind], w13.param(), w2.data, w2.scale, _FORMATS[w2.kind], w2.param())
+    rest = (b13, b2, _ACTIVATIONS[activation], float(alpha), float(limit))
+    x = x.contiguous()
+    if x.shape[0] <= MAX_TOKENS_PER_CALL:
+        return module.fused_moe(x, ids, weights, *args, *rest)
+    pieces = [
+        module.fused_moe(
+            x[i : i + MAX_TOKENS_PER_CALL],
+            ids[i : i + MAX_TOKENS_PER_CALL],
+            weights[i : i + MAX_TOKENS_PER_CALL],
+            *args,
+            *rest,
+        )
+        for i in range(0, x.shape[0], MAX_TOKENS_PER_CALL)
+    ]
+    return torch.cat(pieces)
