@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tram.model.layers.linear import linear
+from tram.model.layers.moe.cpu_kernel import ExpertFormat
 from tram.model.quant.weights import Int4Weight, Int8Weight, QuantizedWeight, int4_group_size
 
 ExpertLinear = Callable[[torch.Tensor, "torch.Tensor | None"], torch.Tensor]
@@ -64,6 +65,12 @@ class ExpertWeights:
             return sum(getattr(v, "nbytes", 0) for v in self._views)
         scale = 0 if self.scale is None else self.scale.numel() * self.scale.element_size()
         return self.data.numel() * self.data.element_size() + scale
+
+    def kernel_format(self) -> ExpertFormat:
+        """The fused CPU kernel's view of these weights (it declines the forms it does not read)."""
+        return ExpertFormat(
+            self.kind, self.data, self.out_features, self.in_features, self.scale, self.group, self.ggml_type
+        )
 
     def expert(self, e: int) -> ExpertLinear:
         """Expert e's projection: (x [M, K], bias [N] or None) -> [M, N]."""

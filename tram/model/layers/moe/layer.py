@@ -26,12 +26,17 @@ from torch import nn
 
 from tram.distributed import expert_parallel, get_tp, shard_range, tp_all_reduce
 from tram.model.layers.moe.checkpoint_experts import ExpertSlot, PairedExpert, as_expert
+from tram.model.layers.moe.cpu_kernel import cpu_fused_moe
 from tram.model.layers.moe.experts import ExpertWeights, quantize_experts
 from tram.model.layers.moe.reference import grouped_moe
 from tram.model.layers.moe.spec import MoESpec
 from tram.model.layers.parallel_linear import Shard
 from tram.model.weight_utils import WeightShapeError
 
+# The C++ kernel's crossover with the grouped path, in (token, slot) pairs per local expert on
+# average: on Qwen3-30B-A3B's layer shape (docs/benchmarks.md, "Mixture of experts") the kernel is
+# 1.6x faster at 4 and 2x slower at 32.
+FUSED_MAX_SLOTS_PER_EXPERT = 8
 # Per-expert checkpoint tensor name -> (parameter, half of w13: 0 gate, 1 up; None for w2).
 QWEN_EXPERT_NAMES = {"gate_proj": ("w13", 0), "up_proj": ("w13", 1), "down_proj": ("w2", None)}
 MIXTRAL_EXPERT_NAMES = {"w1": ("w13", 0), "w3": ("w13", 1), "w2": ("w2", None)}
@@ -223,4 +228,18 @@ class FusedMoE(nn.Module):
             from tram.model.layers.moe.triton_moe import triton_fused_moe  # triton: the gpu extra's
 
             return triton_fused_moe(x, topk_ids, topk_weights, w13.data, w2.data, *args)
+        if x.device.type == "cpu" and self.fused_kernel_takes(x, topk_ids, w13, w2):
+            out = cpu_fused_moe(x, topk_ids, topk_weights, w13.kernel_format(), w2.kernel_format(), *args)
+            if out is not None:
+                return out
         return grouped_moe(x, topk_ids, topk_weights, w13, w2, *args)
+
+    def fused_kernel_takes(
+        self, x: torch.Tensor, topk_ids: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights
+    ) -> bool:
+        """Whether the C++ kernel runs this step: it streams each active expert's weights once for all
+        its tokens, which wins while experts get a few tokens each (decode, small prefills); with many
+        tokens per expert the grouped path's GEMMs (oneDNN, MKL) win. GGUF experts with int8
+        activations keep llama.cpp's numerics on the grouped path."""
+        slots_per_expert = topk_ids.numel() / max(1, self.num_local)
+        return slots_per_expert <= FUSED_MAX_SLOTS_PER_EXPERT and not (w13.int8_activations or w2.int8_activations)
