@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
 
 import pytest
 import torch
 from api_helpers import assert_no_leak
 from hf_models import make_hf_model_dir
-from test_new_families import _greedy, _prompts, _token_ids, assert_all_greedy
+from test_new_families import _greedy, _prompts, _token_ids, assert_all_greedy, model_dir  # noqa: F401 - a fixture
 
 from tram import LLM
 from tram.model.layers.moe.experts import ExpertWeights
@@ -26,29 +25,16 @@ from tram.model.layers.moe.reference import grouped_moe
 from tram.model.layers.moe.spec import MoESpec
 
 
-@pytest.fixture(scope="module")
-def moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], str]:
-    tmp = tmp_path_factory.mktemp("moe")
-    made: dict[str, str] = {}
-
-    def get(kind: str) -> str:
-        if kind not in made:
-            made[kind] = make_hf_model_dir(tmp, kind)
-        return made[kind]
-
-    return get
-
-
 @pytest.mark.parametrize(
     "kind,expert_parallel",
     [("qwen3_moe", True), ("gpt_oss", True), ("mixtral", False)],
     ids=["qwen3_moe-ep2", "gpt_oss-ep2", "mixtral-tp2"],
 )
-def test_two_ranks_greedy_matches_transformers(kind: str, expert_parallel: bool, moe_dir) -> None:
+def test_two_ranks_greedy_matches_transformers(kind: str, expert_parallel: bool, model_dir) -> None:
     """Two ranks, each with half the experts (EP) or half of every expert's channels (TP); a 16-token
     budget chunks the longer prompts beside decodes. (Qwen3-MoE's and gpt-oss's TP=2 run in
     test_new_families.)"""
-    path = moe_dir(kind)
+    path = model_dir(kind)
     prompts = _prompts(kind + "-ranks", count=3)
     llm = LLM(
         path,
@@ -91,10 +77,10 @@ def test_quantized_experts_compute_with_their_dequantized_weights(method: str) -
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
-def test_quantized_moe_model_serves_without_leaks(method: str, moe_dir) -> None:
+def test_quantized_moe_model_serves_without_leaks(method: str, model_dir) -> None:
     """`quantization=` reaches the experts too (the unit test above checks their arithmetic): the
     engine serves a batch on them, and int8's greedy tokens start as the float model's."""
-    path = moe_dir("qwen3_moe")
+    path = model_dir("qwen3_moe")
     prompts = _prompts("moe-quant", count=3)
     llm = LLM(path, quantization=method, max_num_seqs=8, max_model_len=128)
     outs = _token_ids(llm, prompts, _greedy(max_tokens=6))
@@ -129,19 +115,19 @@ def _edited(src: str, tmp: str, **config: object) -> str:
     ],
     ids=["fewer-experts", "more-experts", "expert-width", "top-k"],
 )
-def test_checkpoint_disagreeing_with_its_config_fails_naming_it(config, message, moe_dir, tmp_path) -> None:
-    path = _edited(moe_dir("qwen3_moe"), str(tmp_path), **config)
+def test_checkpoint_disagreeing_with_its_config_fails_naming_it(config, message, model_dir, tmp_path) -> None:
+    path = _edited(model_dir("qwen3_moe"), str(tmp_path), **config)
     with pytest.raises(ValueError) as err:
         LLM(path, max_model_len=64)
     assert message in str(err.value)
     assert "\n" not in str(err.value).strip()
 
 
-def test_expert_parallel_size_must_divide_the_experts(moe_dir, tmp_path) -> None:
-    path = _edited(moe_dir("qwen3_moe"), str(tmp_path), num_experts=6)
+def test_expert_parallel_size_must_divide_the_experts(model_dir, tmp_path) -> None:
+    path = _edited(model_dir("qwen3_moe"), str(tmp_path), num_experts=6)
     with pytest.raises(ValueError, match="expert-parallel size 4 does not divide the model's 6 experts"):
         LLM(path, tensor_parallel_size=4, enable_expert_parallel=True, max_model_len=64)
-    path = _edited(moe_dir("qwen3_moe"), str(tmp_path), moe_intermediate_size=50)
+    path = _edited(model_dir("qwen3_moe"), str(tmp_path), moe_intermediate_size=50)
     with pytest.raises(ValueError, match="tensor_parallel_size 4 does not divide the experts' intermediate size 50"):
         LLM(path, tensor_parallel_size=4, max_model_len=64)
 
