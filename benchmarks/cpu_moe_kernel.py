@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from tram.bench.report import machine_summary
 from tram.bench.timing import best_ms
 from tram.model.kernels.cpu_kernels import load_cpu_kernels
-from tram.model.layers.moe.cpu_kernel import ExpertFormat, cpu_fused_moe
+from tram.model.layers.moe.cpu_kernel import cpu_fused_moe
+from tram.model.layers.moe.experts import ExpertWeights
 from tram.model.quant.weights import Int4Weight
 
 HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 128, 8
@@ -48,14 +49,14 @@ def reference(x, ids, weights, w13, w2) -> torch.Tensor:
     return out.to(x.dtype)
 
 
-def int4_format(w: torch.Tensor, group: int = 128) -> ExpertFormat:
+def int4_format(w: torch.Tensor, group: int = 128) -> ExpertWeights:
     per = [Int4Weight(w[e].float(), group) for e in range(w.shape[0])]
     data = torch.stack([p.qweight for p in per])
     scale = torch.stack([p.scale for p in per])
-    return ExpertFormat("int4", data, w.shape[1], w.shape[2], scale=scale, group=group)
+    return ExpertWeights("int4", data, w.shape[1], w.shape[2], scale=scale, group=group)
 
 
-def expert_bytes(fmt: ExpertFormat) -> int:
+def expert_bytes(fmt: ExpertWeights) -> int:
     """Bytes of one expert's weight (and scales)."""
     per = fmt.data[0].numel() * fmt.data.element_size()
     return per + (0 if fmt.scale is None else fmt.scale[0].numel() * 4)
@@ -78,7 +79,7 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     w13 = torch.stack([(torch.randn(2 * INTER, HIDDEN, generator=g) * 0.02).bfloat16() for _ in range(EXPERTS)])
     w2 = torch.stack([(torch.randn(HIDDEN, INTER, generator=g) * 0.02).bfloat16() for _ in range(EXPERTS)])
-    formats = {"bf16": (ExpertFormat("float", w13, 2 * INTER, HIDDEN), ExpertFormat("float", w2, HIDDEN, INTER))}
+    formats = {"bf16": (ExpertWeights("float", w13, 2 * INTER, HIDDEN), ExpertWeights("float", w2, HIDDEN, INTER))}
     if "int4" in args.formats:
         formats["int4"] = (int4_format(w13), int4_format(w2))
     print("| weights | tokens | active experts | kernel ms | kernel GB/s | reference ms | speed-up |")

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from tram.model.gguf.weight import BLOCK_SIZES, Q4_K, Q6_K, Q8_0, dequantize_gguf
 from tram.model.kernels.cpu_kernels import cpu_kernels_available
 from tram.model.layers.moe import cpu_kernel
-from tram.model.layers.moe.cpu_kernel import ExpertFormat, cpu_fused_moe
+from tram.model.layers.moe.cpu_kernel import cpu_fused_moe
+from tram.model.layers.moe.experts import ExpertWeights
 from tram.model.quant.weights import Int4Weight, Int8Weight
 
 pytestmark = pytest.mark.skipif(not cpu_kernels_available(), reason="the C++ CPU kernels did not build")
@@ -66,16 +67,16 @@ def float_weights(E: int, H: int, I: int, seed: int, bias: bool, dtype=torch.flo
     return w13, w2, b13, b2
 
 
-def quantized(w: torch.Tensor, kind: str, group: int = 32) -> tuple[ExpertFormat, torch.Tensor]:
+def quantized(w: torch.Tensor, kind: str, group: int = 32) -> tuple[ExpertWeights, torch.Tensor]:
     """The stacked format of w [E, N, K] and the dequantized weights it stands for."""
     E, N, K = w.shape
     if kind == "float":
-        return ExpertFormat("float", w.contiguous(), N, K), w
+        return ExpertWeights("float", w.contiguous(), N, K), w
     per = [Int8Weight(w[e]) if kind == "int8" else Int4Weight(w[e], group) for e in range(E)]
     data = torch.stack([p.qweight for p in per]).contiguous()
     scale = torch.stack([p.scale for p in per]).contiguous()
     deq = torch.stack([p.dequantize(torch.float32) for p in per])
-    return ExpertFormat(kind, data, N, K, scale=scale, group=group if kind == "int4" else 0), deq
+    return ExpertWeights(kind, data, N, K, scale=scale, group=group if kind == "int4" else 0), deq
 
 
 def assert_close(out: torch.Tensor, ref: torch.Tensor, rel: float) -> None:
@@ -135,10 +136,10 @@ def gguf_blocks(ggml_type: int, rows: int, k: int, seed: int) -> torch.Tensor:
     return torch.from_numpy(raw.reshape(rows, -1))
 
 
-def gguf_weight(ggml_type: int, E: int, N: int, K: int, seed: int) -> tuple[ExpertFormat, torch.Tensor]:
+def gguf_weight(ggml_type: int, E: int, N: int, K: int, seed: int) -> tuple[ExpertWeights, torch.Tensor]:
     data = torch.stack([gguf_blocks(ggml_type, N, K, seed + e) for e in range(E)]).contiguous()
     deq = torch.stack([dequantize_gguf(data[e], ggml_type, K) for e in range(E)])
-    return ExpertFormat("gguf", data, N, K, ggml_type=ggml_type), deq
+    return ExpertWeights("gguf", data, N, K, ggml_type=ggml_type), deq
 
 
 @pytest.mark.parametrize("types", [(Q8_0, Q8_0), (Q4_K, Q6_K)])
@@ -202,7 +203,7 @@ def test_unsupported_inputs_fall_back():
     assert cpu_fused_moe(x.half(), ids, weights, f13, f2, None, None, "silu") is None  # fp16 x
     assert cpu_fused_moe(x.bfloat16(), ids, weights, f13, f2, None, None, "silu") is None  # weights not x's dtype
     assert cpu_fused_moe(x, ids, weights, f13, f2, None, None, "gelu") is None
-    f16 = ExpertFormat("gguf", torch.zeros(E, 2 * I, 2 * H, dtype=torch.uint8), 2 * I, H, ggml_type=1)
+    f16 = ExpertWeights("gguf", torch.zeros(E, 2 * I, 2 * H, dtype=torch.uint8), 2 * I, H, ggml_type=1)
     assert cpu_fused_moe(x, ids, weights, f16, f2, None, None, "silu") is None
     with torch.inference_mode(False), torch.enable_grad():
         assert cpu_fused_moe(x, ids, weights, f13, f2, None, None, "silu") is None

@@ -74,14 +74,9 @@ def _block(tensors: dict[str, torch.Tensor], rank: int = 0, size: int = 1, ep: b
 def _outputs(blocks: list[SparseMoEBlock], x: torch.Tensor) -> torch.Tensor:
     """The ranks' partial outputs summed, as the all-reduce would (each rank runs its experts only)."""
     total = torch.zeros_like(x)
-    for rank, block in enumerate(blocks):
+    for block in blocks:
         weights, ids = select_experts(block.gate(x), TOP_K, "topk_softmax", False)
-        experts = block.experts
-        if experts.ep:
-            local = ids - experts.first_expert
-            ids = torch.where((local >= 0) & (local < experts.num_local), local, -1).to(torch.int32)
-        b2 = experts.w2_bias if (experts.ep or rank == 0) else None
-        total += experts.run_experts(x, ids, weights, experts.w13_bias, b2)
+        total += block.experts.rank_output(x, weights, ids)
     return total
 
 

@@ -36,6 +36,23 @@ def write_checkpoints(float_dir: str, root: Path, schemes: dict[str, tuple[dict,
     }
 
 
+@torch.no_grad()
+def oracle_continuation(
+    oracle: torch.nn.Module, prompt: list[int], tokens: list[int], max_tokens: int
+) -> tuple[list[int], torch.Tensor]:
+    """(the oracle's greedy continuation of prompt, its log-softmax [len, vocab] over prompt + tokens)."""
+    want = oracle.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=max_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+    )
+    ref = torch.log_softmax(oracle(torch.tensor([prompt + tokens])).logits[0].float(), dim=-1)
+    return want[0, len(prompt) :].tolist(), ref
+
+
 def assert_matches_oracle(
     llm: LLM, oracle: torch.nn.Module, prompts: list[list[int]], max_tokens: int, ignore_eos: bool = False
 ) -> None:
@@ -44,16 +61,7 @@ def assert_matches_oracle(
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     for p, out in zip(prompts, outs):
         comp = out.outputs[0]
-        with torch.no_grad():
-            want = oracle.generate(
-                torch.tensor([p]),
-                max_new_tokens=max_tokens,
-                do_sample=False,
-                eos_token_id=None,
-                pad_token_id=0,
-                attention_mask=torch.ones(1, len(p), dtype=torch.long),
-            )
-            ref = torch.log_softmax(oracle(torch.tensor([p + comp.token_ids])).logits[0].float(), dim=-1)
-        assert comp.token_ids == want[0, len(p) :].tolist(), p
+        want, ref = oracle_continuation(oracle, p, comp.token_ids, max_tokens)
+        assert comp.token_ids == want, p
         for i, (tid, row) in enumerate(zip(comp.token_ids, comp.logprobs)):
             assert row[tid].logprob == pytest.approx(ref[len(p) - 1 + i, tid].item(), abs=1e-3)

@@ -16,6 +16,7 @@ from conftest import assert_no_leak
 from gguf_tools import convert, quantize
 from hf_models import STORIES_DIR, make_hf_model_dir
 from quant_oracle import assert_matches_oracle as assert_matches_dequantized
+from quant_oracle import oracle_continuation
 
 from tram import LLM, SamplingParams
 
@@ -151,17 +152,8 @@ def _greedy_and_logprob_gaps(llm: LLM, oracle: torch.nn.Module) -> tuple[int, li
     same, gaps = 0, []
     for p, out in zip(PROMPTS, outs):
         ids = out.outputs[0].token_ids
-        with torch.no_grad():
-            want = oracle.generate(
-                torch.tensor([p]),
-                max_new_tokens=MAX_TOKENS,
-                do_sample=False,
-                eos_token_id=None,
-                pad_token_id=0,
-                attention_mask=torch.ones(1, len(p), dtype=torch.long),
-            )
-            ref = torch.log_softmax(oracle(torch.tensor([p + ids])).logits[0].float(), dim=-1)
-        same += ids == want[0, len(p) :].tolist()
+        want, ref = oracle_continuation(oracle, p, ids, MAX_TOKENS)
+        same += ids == want
         gaps += [
             abs(row[t].logprob - ref[len(p) - 1 + i, t].item())
             for i, (t, row) in enumerate(zip(ids, out.outputs[0].logprobs))

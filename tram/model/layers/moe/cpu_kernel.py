@@ -12,11 +12,10 @@ autograd, an unsupported format or dtype), and the caller keeps its PyTorch path
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from tram.model.kernels.cpu_kernels import kernels_for
+from tram.model.layers.moe.experts import ExpertWeights
 
 # The kernel's format codes; float weights must be in x's dtype.
 _FORMATS = {"float": 0, "int8": 1, "int4": 2, "gguf": 3}
@@ -30,29 +29,7 @@ _GGUF_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14})
 MAX_TOKENS_PER_CALL = 1024
 
 
-@dataclass(frozen=True)
-class ExpertFormat:
-    """One stacked expert weight ([E, N, ...] over K = in_features inputs) and how it is stored.
-
-    kind "float": data float32/bfloat16 [E, N, K]; "int8": data int8 [E, N, K], scale float32 [E, N];
-    "int4": data uint8 [E, N, K / 2] (quant/weights.py pack_int4), scale float32 [E, N, K / group];
-    "gguf": data uint8 [E, N, row_bytes] in ggml type `ggml_type`.
-    """
-
-    kind: str
-    data: torch.Tensor
-    out_features: int
-    in_features: int
-    scale: torch.Tensor | None = None
-    group: int = 0
-    ggml_type: int = 0
-
-    def param(self) -> int:
-        """The kernel's per-format argument: the int4 group or the ggml type."""
-        return self.group if self.kind == "int4" else self.ggml_type if self.kind == "gguf" else 0
-
-
-def _supported(fmt: ExpertFormat, x: torch.Tensor) -> bool:
+def _supported(fmt: ExpertWeights, x: torch.Tensor) -> bool:
     if fmt.kind not in _FORMATS or fmt.data.device.type != "cpu" or fmt.data.dim() != 3:
         return False
     if not fmt.data.is_contiguous() or (fmt.scale is not None and not fmt.scale.is_contiguous()):
@@ -73,8 +50,8 @@ def cpu_fused_moe(
     x: torch.Tensor,  # [T, H] float32 or bfloat16
     topk_ids: torch.Tensor,  # [T, k] local expert ids, -1: not on this rank
     topk_weights: torch.Tensor,  # [T, k] float32
-    w13: ExpertFormat,  # [E, 2I, H]: gate rows then up rows
-    w2: ExpertFormat,  # [E, H, I]
+    w13: ExpertWeights,  # [E, 2I, H]: gate rows then up rows
+    w2: ExpertWeights,  # [E, H, I]
     b13: torch.Tensor | None,  # [E, 2I]
     b2: torch.Tensor | None,  # [E, H]
     activation: str,

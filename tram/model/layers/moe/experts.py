@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 import torch
 
 from tram.model.layers.linear import linear
-from tram.model.layers.moe.cpu_kernel import ExpertFormat
 from tram.model.quant.weights import Int4Weight, Int8Weight, QuantizedWeight, int4_group_size
 
 ExpertLinear = Callable[[torch.Tensor, "torch.Tensor | None"], torch.Tensor]
@@ -66,20 +65,22 @@ class ExpertWeights:
         scale = 0 if self.scale is None else self.scale.numel() * self.scale.element_size()
         return self.data.numel() * self.data.element_size() + scale
 
-    def kernel_format(self) -> ExpertFormat:
-        """The fused CPU kernel's view of these weights (it declines the forms it does not read)."""
-        return ExpertFormat(
-            self.kind, self.data, self.out_features, self.in_features, self.scale, self.group, self.ggml_type
-        )
+    def param(self) -> int:
+        """The fused kernel's per-form argument: the int4 group or the ggml type."""
+        return self.group if self.kind == "int4" else self.ggml_type if self.kind == "gguf" else 0
 
     def expert(self, e: int) -> ExpertLinear:
         """Expert e's projection: (x [M, K], bias [N] or None) -> [M, N]."""
         if self.kind == "float":
             weight = self.data[e]
             return lambda x, bias: linear(x, weight, bias)
+        return self.views()[e].apply
+
+    def views(self) -> list[QuantizedWeight]:
+        """One weight object per expert (built on first use; "modules" weights are given them)."""
         if not self._views:
             self._views = [self._expert_view(i) for i in range(self.num_experts)]
-        return self._views[e].apply
+        return self._views
 
     def _expert_view(self, e: int) -> QuantizedWeight:
         n, k = self.out_features, self.in_features
@@ -97,9 +98,7 @@ class ExpertWeights:
         """[E, N, K] float weights (tests, and paths without a kernel for this kind)."""
         if self.kind == "float":
             return self.data.to(dtype)
-        if not self._views:
-            self._views = [self._expert_view(i) for i in range(self.num_experts)]
-        return torch.stack([view.dequantize(dtype) for view in self._views])
+        return torch.stack([view.dequantize(dtype) for view in self.views()])
 
 
 def quantize_experts(weights: ExpertWeights, method: str) -> ExpertWeights:

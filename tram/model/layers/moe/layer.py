@@ -60,7 +60,7 @@ class FusedMoE(nn.Module):
         tp = get_tp()
         self.spec = spec
         self.hidden_size = hidden_size
-        self.tp_size = tp.size
+        self.tp_size, self.tp_rank = tp.size, tp.rank
         self.expert_names = expert_names or QWEN_EXPERT_NAMES
         self.ep = expert_parallel() and tp.size > 1
         experts, width = spec.num_experts, spec.intermediate_size
@@ -86,22 +86,34 @@ class FusedMoE(nn.Module):
 
     # -- loading ---------------------------------------------------------------------------------
 
-    def load_checkpoint_tensor(self, name: str, loaded: torch.Tensor) -> None:
-        """A per-expert tensor, `name` relative to this module: "<expert>.<projection>.weight"."""
-        expert_str, _, rest = name.partition(".")
-        projection, _, kind = rest.rpartition(".")
-        if not expert_str.isdigit() or projection not in self.expert_names or kind not in ("weight", "bias"):
+    def _expert_projection(self, name: str, parts: str) -> tuple[int, str, int | None]:
+        """(expert, stacked parameter, half of w13) of a per-expert name "<expert>.<projection>",
+        counted as received; ValueError for a name or expert this layer does not have."""
+        expert_str, _, projection = parts.partition(".")
+        if not expert_str.isdigit() or projection not in self.expert_names:
             raise ValueError(f"experts.{name} is no expert weight this layer knows")
         expert = int(expert_str)
         if expert >= self.spec.num_experts:
             raise ValueError(f"experts.{name}: expert {expert}, but the config has {self.spec.num_experts} experts")
         param_name, half = self.expert_names[projection]
-        self._received.setdefault(f"{param_name}_{kind}", set()).add((expert, half))
+        return expert, param_name, half
+
+    def _local(self, expert: int) -> int | None:
+        """This rank's index of a global expert (None: another rank's)."""
         local = expert - self.first_expert
-        if not 0 <= local < self.num_local:
+        return local if 0 <= local < self.num_local else None
+
+    def load_checkpoint_tensor(self, name: str, loaded: torch.Tensor) -> None:
+        """A per-expert tensor, `name` relative to this module: "<expert>.<projection>.weight"."""
+        parts, _, kind = name.rpartition(".")
+        if kind not in ("weight", "bias"):
+            raise ValueError(f"experts.{name} is no expert weight this layer knows")
+        expert, param_name, half = self._expert_projection(name, parts)
+        self._received.setdefault(f"{param_name}_{kind}", set()).add((expert, half))
+        local = self._local(expert)
+        if local is None:
             return  # another rank's expert
-        param = getattr(self, f"{param_name}_{kind}")
-        if param is None:
+        if getattr(self, f"{param_name}_{kind}") is None:
             raise ValueError(f"experts.{name}: the config says these experts have no biases")
         self.load_expert(param_name, local, half, loaded, kind)
 
@@ -125,21 +137,14 @@ class FusedMoE(nn.Module):
 
     def quantized_expert_slot(self, name: str) -> ExpertSlot:
         """Where a quantized checkpoint's expert projection `name` ("3.gate_proj") goes; counts it received."""
-        expert_str, _, projection = name.partition(".")
-        if not expert_str.isdigit() or projection not in self.expert_names:
-            raise ValueError(f"experts.{name} is no expert projection this layer knows")
-        expert = int(expert_str)
-        if expert >= self.spec.num_experts:
-            raise ValueError(f"experts.{name}: expert {expert}, but the config has {self.spec.num_experts} experts")
-        param, half = self.expert_names[projection]
+        expert, param, half = self._expert_projection(name, name)
         self._received.setdefault(f"{param}_weight", set()).add((expert, half))
         hidden, width = self.hidden_size, self.spec.intermediate_size
         full = (width, hidden) if param == "w13" else (hidden, width)
         shard = None
         if not self.ep and self.tp_size > 1:
             shard = Shard(0 if param == "w13" else 1, self.channel_start, self.width, width)
-        local = expert - self.first_expert
-        return ExpertSlot(local if 0 <= local < self.num_local else None, param, half, full, shard)
+        return ExpertSlot(self._local(expert), param, half, full, shard)
 
     def drop_float_experts(self) -> None:
         """Before materialising: the checkpoint's experts are quantized, so no float copy is allocated."""
@@ -205,13 +210,17 @@ class FusedMoE(nn.Module):
     # -- compute -------------------------------------------------------------------------------------
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        out = self.rank_output(x, topk_weights, topk_ids)
+        return tp_all_reduce(out) if self.tp_size > 1 else out
+
+    def rank_output(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the output, before the all-reduce: its experts (EP) or its channels of
+        every expert (TP); under TP the down projection's bias joins once, on rank 0."""
         if self.ep:
             local = topk_ids - self.first_expert
             topk_ids = torch.where((local >= 0) & (local < self.num_local), local, -1).to(torch.int32)
-        # Under TP each rank's w2 output is partial; the bias joins once, on rank 0.
-        b2 = self.w2_bias if (self.ep or get_tp().rank == 0) else None
-        out = self.run_experts(x, topk_ids, topk_weights, self.w13_bias, b2)
-        return tp_all_reduce(out) if self.tp_size > 1 else out
+        b2 = self.w2_bias if (self.ep or self.tp_rank == 0) else None
+        return self.run_experts(x, topk_ids, topk_weights, self.w13_bias, b2)
 
     def run_experts(
         self,
@@ -229,7 +238,7 @@ class FusedMoE(nn.Module):
 
             return triton_fused_moe(x, topk_ids, topk_weights, w13.data, w2.data, *args)
         if x.device.type == "cpu" and self.fused_kernel_takes(x, topk_ids, w13, w2):
-            out = cpu_fused_moe(x, topk_ids, topk_weights, w13.kernel_format(), w2.kernel_format(), *args)
+            out = cpu_fused_moe(x, topk_ids, topk_weights, w13, w2, *args)
             if out is not None:
                 return out
         return grouped_moe(x, topk_ids, topk_weights, w13, w2, *args)

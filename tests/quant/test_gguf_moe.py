@@ -24,6 +24,7 @@ import torch
 from conftest import assert_no_leak
 from gguf_tools import convert_batch, dequantize, quantize
 from hf_models import make_hf_model_dir
+from quant_oracle import oracle_continuation
 
 from tram import LLM, SamplingParams
 from tram.model.layers.moe.layer import FusedMoE
@@ -111,17 +112,8 @@ def _transformers(files: dict[str, Path], kind: str, name: str) -> torch.nn.Modu
 def _assert_matches(got: list[tuple[list[int], list[float]]], oracle: torch.nn.Module) -> None:
     """Greedy tokens equal the oracle's, chosen-token logprobs within 1e-3 of its log-softmax."""
     for p, (tokens, logprobs) in zip(PROMPTS, got):
-        with torch.no_grad():
-            want = oracle.generate(
-                torch.tensor([p]),
-                max_new_tokens=MAX_TOKENS,
-                do_sample=False,
-                eos_token_id=None,
-                pad_token_id=0,
-                attention_mask=torch.ones(1, len(p), dtype=torch.long),
-            )
-            ref = torch.log_softmax(oracle(torch.tensor([p + tokens])).logits[0].float(), dim=-1)
-        assert tokens == want[0, len(p) :].tolist(), p
+        want, ref = oracle_continuation(oracle, p, tokens, MAX_TOKENS)
+        assert tokens == want, p
         chosen = [ref[len(p) - 1 + i, t].item() for i, t in enumerate(tokens)]
         assert logprobs == pytest.approx(chosen, abs=1e-3), p
 
@@ -214,7 +206,7 @@ def test_int8_activations_reach_the_experts(files: dict[str, Path]):
     llm = LLM(str(path), tokenizer=str(files["qwen3_moe"]), max_num_seqs=4, max_model_len=256, gguf_activations="int8")
     layers = _moe_layers(llm)
     assert layers and all(m.w13.int8_activations and m.w2.int8_activations for m in layers)
-    assert all(view.int8_activations for view in [layers[0].w13._expert_view(0), layers[0].w2._expert_view(1)])
+    assert all(view.int8_activations for view in [layers[0].w13.views()[0], layers[0].w2.views()[1]])
     got = _generate(llm)
     want = _generate(_llm(files, "qwen3_moe", "q8_0"))
     first = [logprobs[0] for _, logprobs in got], [logprobs[0] for _, logprobs in want]
