@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tram.model.gguf.weight import BLOCK_SIZES, Q4_K, Q6_K, Q8_0, dequantize_gguf
+from tram.model.gguf.weight import BLOCK_SIZES, Q4_K, Q5_K, Q6_K, Q8_0, dequantize_activations, dequantize_gguf
 from tram.model.kernels.cpu_kernels import cpu_kernels_available
 from tram.model.layers.moe import cpu_kernel
 from tram.model.layers.moe.cpu_kernel import cpu_fused_moe
@@ -129,17 +129,19 @@ def gguf_blocks(ggml_type: int, rows: int, k: int, seed: int) -> torch.Tensor:
     g = np.random.default_rng(seed)
     block, size = BLOCK_SIZES[ggml_type]
     raw = g.integers(0, 256, size=(rows, k // block, size), dtype=np.uint8)
-    offsets = {Q8_0: (0,), Q4_K: (0, 2), Q6_K: (208,)}[ggml_type]
+    offsets = {Q8_0: (0,), Q4_K: (0, 2), Q5_K: (0, 2), Q6_K: (208,)}[ggml_type]
     for off in offsets:
         d = (g.standard_normal((rows, k // block, 1)) * (0.05 / block if block == 256 else 0.05 / 8)).astype(np.float16)
         raw[..., off : off + 2] = d.view(np.uint8)
     return torch.from_numpy(raw.reshape(rows, -1))
 
 
-def gguf_weight(ggml_type: int, E: int, N: int, K: int, seed: int) -> tuple[ExpertWeights, torch.Tensor]:
+def gguf_weight(
+    ggml_type: int, E: int, N: int, K: int, seed: int, int8_activations: bool = False
+) -> tuple[ExpertWeights, torch.Tensor]:
     data = torch.stack([gguf_blocks(ggml_type, N, K, seed + e) for e in range(E)]).contiguous()
     deq = torch.stack([dequantize_gguf(data[e], ggml_type, K) for e in range(E)])
-    return ExpertWeights("gguf", data, N, K, ggml_type=ggml_type), deq
+    return ExpertWeights("gguf", data, N, K, ggml_type=ggml_type, int8_activations=int8_activations), deq
 
 
 @pytest.mark.parametrize("types", [(Q8_0, Q8_0), (Q4_K, Q6_K)])
@@ -152,6 +154,54 @@ def test_gguf_matches_the_dequantized_reference(types, T):
     f2, d2 = gguf_weight(types[1], E, H, I, seed=50)
     out = cpu_fused_moe(x, ids, weights, f13, f2, None, None, "silu")
     assert_close(out, reference_moe(x, ids, weights, d13, d2, None, None, "silu"), 1e-5)
+
+
+def reference_moe_int8(x, ids, weights, w13, w2) -> torch.Tensor:
+    """reference_moe with each projection's input quantized to int8 per 256 values (llama.cpp's Q8_K)
+    and multiplied back, as the K-quants' int8 activations are."""
+    out = torch.zeros(x.shape, dtype=torch.float32)
+    for e in range(w13.shape[0]):
+        t, j = (ids == e).nonzero(as_tuple=True)
+        if t.numel() == 0:
+            continue
+        gate, up = (dequantize_activations(x[t].float(), 256) @ w13[e].T).chunk(2, dim=-1)
+        y = dequantize_activations(F.silu(gate) * up, 256) @ w2[e].T
+        out.index_add_(0, t, y * weights[t, j, None])
+    return out.to(x.dtype)
+
+
+@pytest.mark.parametrize("types", [(Q4_K, Q6_K), (Q5_K, Q4_K)])
+@pytest.mark.parametrize("T", [1, 24])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_k_quants_with_int8_activations_match_the_quantized_reference(types, T, dtype):
+    """The activations' grid makes a rounding difference of the gate/up sums a whole int8 step of the
+    down projection's input now and then, so the bound is a step's share of the output, not float32's."""
+    E, k, H, I = 4, 2, 512, 256
+    x = torch.randn(T, H).to(dtype)
+    ids, weights = routing(T, E, k, seed=T)
+    f13, d13 = gguf_weight(types[0], E, 2 * I, H, seed=10, int8_activations=True)
+    f2, d2 = gguf_weight(types[1], E, H, I, seed=50, int8_activations=True)
+    assert cpu_kernel.takes_int8_activations(f13, f2)
+    out = cpu_fused_moe(x, ids, weights, f13, f2, None, None, "silu")
+    assert_close(out, reference_moe_int8(x, ids, weights, d13, d2), 2e-3 if dtype == torch.float32 else 1e-2)
+    exact = reference_moe(x, ids, weights, d13, d2, None, None, "silu")  # float activations: further away
+    assert (out.float() - exact.float()).abs().max() < 0.05 * exact.float().abs().max()
+
+
+def test_k_quants_with_int8_activations_are_the_same_for_any_batch():
+    """Integer products at every token count (no switch to a float GEMM past 8 tokens an expert), so a
+    token's output is bit for bit the same alone and in a batch that crowds its experts."""
+    E, k, H, I = 4, 2, 256, 256
+    x = torch.randn(40, H)
+    ids, weights = routing(40, E, k, seed=7)
+    f13, _ = gguf_weight(Q4_K, E, 2 * I, H, seed=11, int8_activations=True)
+    f2, _ = gguf_weight(Q6_K, E, H, I, seed=12, int8_activations=True)
+    together = cpu_fused_moe(x, ids, weights, f13, f2, None, None, "silu")
+    for t in (0, 17, 39):
+        alone = cpu_fused_moe(x[t : t + 1], ids[t : t + 1], weights[t : t + 1], f13, f2, None, None, "silu")
+        assert torch.equal(alone, together[t : t + 1])
+    q8, _ = gguf_weight(Q8_0, E, H, I, seed=12, int8_activations=True)
+    assert not cpu_kernel.takes_int8_activations(f13, q8)  # Q8_0 with int8 activations: the grouped path
 
 
 @pytest.mark.parametrize("T", [1, 5, 40])

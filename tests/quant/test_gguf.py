@@ -71,19 +71,38 @@ def _kept_types(llm: LLM) -> dict[str, int]:
     return counts
 
 
-def _int8_activations(oracle: torch.nn.Module) -> torch.nn.Module:
-    """The oracle with every linear's input quantized to int8 per 32 values and dequantized, as
-    `--gguf-activations int8` does (tram's quantize_activations, which the kernel tests hold the C++ to)."""
-    from tram.model.gguf.weight import quantize_activations
+# transformers' Llama linears and the GGUF tensors they come from.
+_GGUF_NAMES = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
 
-    def quantize_input(module: torch.nn.Module, args: tuple) -> tuple:
-        x = args[0]
-        q, d = quantize_activations(x.reshape(-1, x.shape[-1]))
-        return ((q.float().reshape(q.shape[0], -1, 32) * d.unsqueeze(2)).reshape(x.shape),)
 
-    for module in oracle.modules():
+def _gguf_tensor(module_name: str) -> str:
+    if module_name == "lm_head":
+        return "output.weight"
+    layer, rest = module_name.removeprefix("model.layers.").split(".", 1)
+    return f"blk.{layer}.{_GGUF_NAMES[rest]}.weight"
+
+
+def _int8_activations(oracle: torch.nn.Module, gguf: Path) -> torch.nn.Module:
+    """The oracle with every linear's input quantized to int8 and dequantized, as `--gguf-activations
+    int8` does: per 256 values before a K-quant weight, per 32 before the others (tram's
+    quantize_activations, which the kernel tests hold the C++ to)."""
+    from gguf import GGUFReader
+
+    from tram.model.gguf.weight import activation_block, dequantize_activations
+
+    types = {t.name: int(t.tensor_type) for t in GGUFReader(str(gguf)).tensors}
+    for name, module in oracle.named_modules():
         if isinstance(module, torch.nn.Linear):
-            module.register_forward_pre_hook(quantize_input)
+            block = activation_block(types[_gguf_tensor(name)])
+            module.register_forward_pre_hook(lambda m, args, b=block: (dequantize_activations(args[0], b),))
     return oracle
 
 
@@ -163,16 +182,17 @@ def _greedy_and_logprob_gaps(llm: LLM, oracle: torch.nn.Module) -> tuple[int, li
 
 def test_int8_activations_are_the_oracle_s_with_quantized_inputs(workdir: Path, llama_256_f32: Path):
     """--gguf-activations int8 on all eight kept types (every linear of this file, the LM head too),
-    against transformers on the file with each linear's input quantized the same way. Tokens agree
-    to ~1e-6 until a float32 summation-order difference moves one activation across a rounding
-    boundary of its int8 grid (one step: 1/127 of its block's largest value); from there the KV cache
-    carries a ~1e-2 difference (measured: 4/4 prompts' greedy tokens equal, 23 of 48 logprobs within
-    1e-5, the largest gap 0.031: a wrong scale or quant would leave none that close). The plain float32
-    oracle is further away (2/4 prompts, 0.072)."""
+    against transformers on the file with each linear's input quantized the same way (per 256 values
+    before the K-quants, per 32 before the others). Tokens agree to ~1e-6 unless a float32
+    summation-order difference moves one activation across a rounding boundary of its int8 grid (one
+    step: 1/127 of its block's largest value), after which the KV cache carries a ~1e-2 difference
+    (measured: 4/4 prompts' greedy tokens equal, all 48 logprobs within 2e-6; an earlier grid per 32
+    for every type crossed such a boundary and left 23 of 48 within 1e-5, the largest gap 0.031: a
+    wrong scale or quant would leave none that close). The plain float32 oracle is further away."""
     gguf = quantize(llama_256_f32, workdir / f"llama256-Q4_K_M-{len(MIXED)}.gguf", "Q4_K_M", MIXED)
     llm = _llm(gguf, tokenizer=STORIES_DIR, gguf_activations="int8")
     assert len(_kept_types(llm)) == 8
-    same, gaps = _greedy_and_logprob_gaps(llm, _int8_activations(_oracle(gguf)))
+    same, gaps = _greedy_and_logprob_gaps(llm, _int8_activations(_oracle(gguf), gguf))
     assert same >= 3, same
     assert sum(g < 1e-4 for g in gaps) >= len(gaps) // 3 and max(gaps) < 0.1, gaps
     assert_no_leak(llm.llm_engine)

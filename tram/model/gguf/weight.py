@@ -20,8 +20,9 @@ to). A row of a weight [N, K] is K / block_size blocks, each a run of bytes with
     then F.linear in float32 (`reference_linear`).
 
 With `int8_activations` (`--gguf-activations int8`) every call, whatever its rows, goes to
-csrc/gguf_int8.cpp instead: x quantized to int8 per 32 values (`quantize_activations`) meets the
-weights' integer quants in integer dot products, as llama.cpp and vLLM's GGUF kernels compute. Its
+csrc/gguf_int8.cpp instead: x quantized to int8 (`quantize_activations`: per 256 values for the
+K-quants, llama.cpp's Q8_K, per 32 for the others) meets the weights' integer quants in integer dot
+products, as llama.cpp and vLLM's GGUF kernels compute. Its
 PyTorch reference is `reference_linear_int8`: the same int8 activations, dequantized, times the
 dequantized weight.
 
@@ -194,22 +195,36 @@ def dequantize_gguf(data: torch.Tensor, ggml_type: int, in_features: int) -> tor
     return _DEQUANTIZERS[ggml_type](blocks).reshape(data.shape[0], in_features)
 
 
-def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (int8 [M, K], float32 scales [M, K / 32]) as csrc/gguf_int8.cpp quantizes it, bit for bit:
-    per 32 values d = max|x| / 127 and q = round-half-even(x * (1 / d)), 0 where d is 0."""
+K_QUANTS = frozenset({Q4_K, Q5_K, Q6_K})
+
+
+def activation_block(ggml_type: int) -> int:
+    """k per activation scale under int8 activations: 256 for the K-quants (llama.cpp's Q8_K, so a whole
+    super-block sums in integers), 32 for the others (Q8_0's)."""
+    return 256 if ggml_type in K_QUANTS else 32
+
+
+def quantize_activations(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (int8 [M, K], float32 scales [M, K / block]) as csrc/gguf_int8.cpp quantizes it, bit for
+    bit: per `block` values d = max|x| / 127 and q = round-half-even(x * (1 / d)), 0 where d is 0."""
     m, k = x.shape
-    blocks = x.float().reshape(m, k // 32, 32)
+    blocks = x.float().reshape(m, k // block, block)
     d = blocks.abs().amax(dim=2, keepdim=True) / 127.0
     inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
     q = torch.round(blocks * inv).clamp(-127, 127).to(torch.int8)
-    return q.reshape(m, k), d.reshape(m, k // 32)
+    return q.reshape(m, k), d.reshape(m, k // block)
+
+
+def dequantize_activations(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """x as the int8 activations stand for it: quantized per `block` values and multiplied back, x's shape."""
+    q, d = quantize_activations(x.reshape(-1, x.shape[-1]), block)
+    return (q.float().reshape(q.shape[0], -1, block) * d.unsqueeze(2)).reshape(x.shape)
 
 
 def reference_linear_int8(x: torch.Tensor, weight: GGUFWeight, bias: torch.Tensor | None) -> torch.Tensor:
     """The int8-activation product in PyTorch: x's int8 quants times their scales, then F.linear with the
     dequantized weight in float32, rounded once to x's dtype (the kernel differs in summation order only)."""
-    q, d = quantize_activations(x)
-    xd = (q.float().reshape(q.shape[0], -1, 32) * d.unsqueeze(2)).reshape(q.shape)
+    xd = dequantize_activations(x, activation_block(weight.ggml_type))
     y = F.linear(xd, weight.dequantize(torch.float32), None if bias is None else bias.float())
     return y.to(x.dtype)
 

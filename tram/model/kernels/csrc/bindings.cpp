@@ -56,8 +56,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "number of rows; invariant to batch, threads and instruction set",
         py::arg("x"), py::arg("data"), py::arg("ggml_type"), py::arg("bias") = py::none());
   m.def("quantize_activations_int8", &tram::quantize_activations_int8,
-        "x [M,K] -> (int8 [M,K], scales [M,K/32]): gguf_linear_int8's activations",
-        py::arg("x"));
+        "x [M,K] -> (int8 [M,K], scales [M,K/block]): gguf_linear_int8's activations (block 256: the K-quants')",
+        py::arg("x"), py::arg("block") = 32);
   m.def("gguf_dequantize_", &tram::gguf_dequantize_,
         "gguf_linear's W dequantized into out (CPU): (out [N,K] float32 or bfloat16, data, ggml_type)",
         py::arg("out"), py::arg("data"), py::arg("ggml_type"));

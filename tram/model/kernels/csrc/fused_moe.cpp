@@ -74,6 +74,28 @@ struct Activation {
   }
 };
 
+// Rows quantized per 256 k for format 4: q [P, K], d [P, K / 256], bs [P, K / 16].
+struct Q8KRowsBuffer {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int16_t> bs;
+  int64_t K = 0;
+  tram::q8k::Rows rows() const { return {q.data(), d.data(), bs.data(), K}; }
+  // Rows 0 .. P - 1 of x (stride ldx), K of each, in parallel.
+  void quantize(const float* x, int64_t ldx, int64_t P, int64_t k) {
+    K = k;
+    q.resize(static_cast<size_t>(P * K));
+    d.resize(static_cast<size_t>(P * K / tram::q8k::kBlock));
+    bs.resize(static_cast<size_t>(P * K / tram::q8k::kSum));
+    at::parallel_for(0, P, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) {
+        tram::q8k::quantize_row(x + p * ldx, K, q.data() + p * K, d.data() + p * (K / tram::q8k::kBlock),
+                                bs.data() + p * (K / tram::q8k::kSum));
+      }
+    });
+  }
+};
+
 struct Moe {
   int64_t T, H, I, k, E;
   std::vector<int64_t> start;  // [E + 1]: expert e's pairs are start[e] .. start[e + 1] - 1
@@ -82,6 +104,7 @@ struct Moe {
   std::vector<c10::BFloat16> xb;  // [P, ldh]: the same in bfloat16 when x is (AVX512-BF16 builds only)
   std::vector<float> act;      // [P, ldi]: act(gate, up) per pair, zero-padded
   std::vector<float> y2;       // [P, H]: each pair's down projection (plus b2)
+  Q8KRowsBuffer xq, aq;        // xg's and act's rows quantized per 256 k (format 4 only)
   // The work items write disjoint rows and columns of act and y2 through a const Moe.
   float* act_at(int64_t p) const { return const_cast<float*>(act.data()) + p * ldi; }
   float* y2_at(int64_t p) const { return const_cast<float*>(y2.data()) + p * H; }
@@ -142,6 +165,9 @@ void gemm_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t ld, co
 // AVX512-BF16 multiply in bf16 pairs (dot_tile_bf16: exact products, no widening); else float32.
 template <int64_t MB, int64_t NB, typename Fmt>
 TRAM_INLINE void gate_up_dot(const Fmt& f, const Moe& s, int64_t p, int64_t e, int64_t n, float (&out)[MB][NB]) {
+  if constexpr (kInt8Rows<Fmt>) {
+    return f.template dot_q<MB, NB>(s.xq.rows(), p, e, n, out);
+  } else {
 #if defined(__AVX512BF16__)
   if constexpr (std::is_same_v<Fmt, FloatFormat<c10::BFloat16>>) {
     if (!s.xb.empty()) {
@@ -149,7 +175,8 @@ TRAM_INLINE void gate_up_dot(const Fmt& f, const Moe& s, int64_t p, int64_t e, i
     }
   }
 #endif
-  f.template dot<MB, NB>(s.xg.data() + p * s.ldh, s.ldh, e, n, out);
+    f.template dot<MB, NB>(s.xg.data() + p * s.ldh, s.ldh, e, n, out);
+  }
 }
 
 template <int64_t NB, typename Fmt>
@@ -193,10 +220,57 @@ void gate_up_gemm(const Fmt& f, const Moe& s, int64_t e, int64_t i0, int64_t r) 
   }
 }
 
+#if defined(TRAM_Q8K_GEMM)
+// An int8-activation expert with many tokens: its rows repacked 16 at a time (gguf_q8k_gemm.h), the
+// gate rows' outputs kept while the up rows' arrive, the activation applied on those.
+template <typename Fmt>
+void gate_up_int8_gemm(const Fmt& f, const Moe& s, int64_t e, int64_t i0, int64_t r) {
+  using tram::q8k::kPackRows;
+  const int64_t p0 = s.start[e], p1 = s.start[e + 1];
+  const float* bg = s.b13 != nullptr ? s.b13 + e * 2 * s.I : nullptr;
+  thread_local std::vector<float> gate;
+  gate.resize(static_cast<size_t>((p1 - p0) * kPackRows));
+  for (int64_t n = i0; n < i0 + r; n += kPackRows) {
+    const int64_t rows = std::min(kPackRows, i0 + r - n);
+    f.gemm(s.xq.rows(), p0, p1, e, n, rows, [&](int64_t p, __m512 v) { _mm512_storeu_ps(gate.data() + (p - p0) * kPackRows, v); });
+    f.gemm(s.xq.rows(), p0, p1, e, s.I + n, rows, [&](int64_t p, __m512 v) {
+      alignas(64) float up[kPackRows];
+      _mm512_store_ps(up, v);
+      const float* g = gate.data() + (p - p0) * kPackRows;
+      float* act = s.act_at(p) + n;
+      for (int64_t j = 0; j < rows; ++j) {
+        const float gb = bg != nullptr ? bg[n + j] : 0.0f, ub = bg != nullptr ? bg[s.I + n + j] : 0.0f;
+        act[j] = s.activation(g[j] + gb, up[j] + ub);
+      }
+    });
+  }
+}
+
+template <typename Fmt>
+void down_int8_gemm(const Fmt& f, const Moe& s, int64_t e, int64_t n0, int64_t r) {
+  using tram::q8k::kPackRows;
+  for (int64_t n = n0; n < n0 + r; n += kPackRows) {
+    const int64_t rows = std::min(kPackRows, n0 + r - n);
+    f.gemm(s.aq.rows(), s.start[e], s.start[e + 1], e, n, rows, [&](int64_t p, __m512 v) {
+      alignas(64) float out[kPackRows];
+      _mm512_store_ps(out, v);
+      float* y = s.y2_at(p) + n;
+      for (int64_t j = 0; j < rows; ++j) y[j] = out[j] + (s.b2 != nullptr ? s.b2[e * s.H + n + j] : 0.0f);
+    });
+  }
+}
+#endif
+
 template <typename Fmt>
 void gate_up_item(const Fmt& f, const Moe& s, int64_t e, int64_t i0) {
   const int64_t r = std::min(kGateRows, s.I - i0);
-  if (s.count(e) >= kGemmTokens) return gate_up_gemm(f, s, e, i0, r);
+  if constexpr (!kInt8Rows<Fmt>) {
+    if (s.count(e) >= kGemmTokens) return gate_up_gemm(f, s, e, i0, r);
+  } else {
+#if defined(TRAM_Q8K_GEMM)
+    if (s.count(e) >= kGemmTokens) return gate_up_int8_gemm(f, s, e, i0, r);
+#endif
+  }
   const int64_t nb = s.count(e) == 1 ? kWideRows : kNarrowRows;
   int64_t n = i0;
   for (; n + nb <= i0 + r; n += nb) {
@@ -213,7 +287,11 @@ TRAM_INLINE void down_rows(const Fmt& f, const Moe& s, int64_t e, int64_t n) {
   row_groups(s.count(e), [&](auto mb, int64_t m0) {
     constexpr int64_t MB = decltype(mb)::value;
     float d[MB][NB];
-    f.template dot<MB, NB>(s.act.data() + (p0 + m0) * s.ldi, s.ldi, e, n, d);
+    if constexpr (kInt8Rows<Fmt>) {
+      f.template dot_q<MB, NB>(s.aq.rows(), p0 + m0, e, n, d);
+    } else {
+      f.template dot<MB, NB>(s.act.data() + (p0 + m0) * s.ldi, s.ldi, e, n, d);
+    }
     float* y = s.y2_at(p0 + m0) + n;
     for (int64_t m = 0; m < MB; ++m) {
       for (int64_t j = 0; j < NB; ++j) y[m * s.H + j] = d[m][j] + (s.b2 != nullptr ? s.b2[e * s.H + n + j] : 0.0f);
@@ -222,16 +300,25 @@ TRAM_INLINE void down_rows(const Fmt& f, const Moe& s, int64_t e, int64_t n) {
 }
 
 template <typename Fmt>
+void down_gemm(const Fmt& f, const Moe& s, int64_t e, int64_t n0, int64_t r) {
+  const int64_t p0 = s.start[e];
+  TileBuffers& buf = tile_buffers();
+  buf.reserve(s.ldi, s.I, 0);
+  f.fill(e, n0, r, s.ldi, buf.rows.data());
+  tram::gemm::pack_panels(buf.rows.data(), r, s.ldi, buf.panels.data());
+  gemm_rows(s.act.data() + p0 * s.ldi, s.ldi, s.count(e), s.I, s.ldi, buf.panels.data(), r,
+            s.b2 != nullptr ? s.b2 + e * s.H : nullptr, s.y2_at(p0), s.H, n0, buf);
+}
+
+template <typename Fmt>
 void down_item(const Fmt& f, const Moe& s, int64_t e, int64_t n0) {
-  const int64_t r = std::min(kDownRows, s.H - n0), p0 = s.start[e];
-  if (s.count(e) >= kGemmTokens) {
-    TileBuffers& buf = tile_buffers();
-    buf.reserve(s.ldi, s.I, 0);
-    f.fill(e, n0, r, s.ldi, buf.rows.data());
-    tram::gemm::pack_panels(buf.rows.data(), r, s.ldi, buf.panels.data());
-    gemm_rows(s.act.data() + p0 * s.ldi, s.ldi, s.count(e), s.I, s.ldi, buf.panels.data(), r,
-              s.b2 != nullptr ? s.b2 + e * s.H : nullptr, s.y2_at(p0), s.H, n0, buf);
-    return;
+  const int64_t r = std::min(kDownRows, s.H - n0);
+  if constexpr (!kInt8Rows<Fmt>) {
+    if (s.count(e) >= kGemmTokens) return down_gemm(f, s, e, n0, r);
+  } else {
+#if defined(TRAM_Q8K_GEMM)
+    if (s.count(e) >= kGemmTokens) return down_int8_gemm(f, s, e, n0, r);
+#endif
   }
   const int64_t nb = s.count(e) == 1 ? kWideRows : kNarrowRows;
   int64_t n = n0;
@@ -303,6 +390,21 @@ void with_weight(const WeightArg& w, int64_t E, int64_t N, int64_t K, at::Scalar
                     tram::gguf_float::row_bytes_of<F>(K), " bytes");
         fn(GgufFormat<F>{d.data_ptr<uint8_t>(), N, K, d.size(2)});
       });
+    case 4: {
+      TORCH_CHECK(d.scalar_type() == at::kByte && K % tram::q8k::kBlock == 0, "fused_moe: int8-activation GGUF ",
+                  w.name, " must be uint8 K-quant rows with K = ", K, " a multiple of 256");
+      bool taken = false;
+#if defined(TRAM_Q8K_KERNELS)
+      taken = tram::q8k::with_kquant(w.param, [&](auto fmt) {
+        using F = decltype(fmt);
+        TORCH_CHECK(d.size(2) == K / tram::q8k::kBlock * F::kBytes, "fused_moe: GGUF ", w.name, " rows of ",
+                    d.size(2), " bytes, expected ", K / tram::q8k::kBlock * F::kBytes);
+        fn(GgufQ8KFormat<F>{d.data_ptr<uint8_t>(), N, K, d.size(2)});
+      });
+#endif
+      TORCH_CHECK(taken, "fused_moe: int8 activations take Q4_K, Q5_K or Q6_K experts on an AVX2 build, not type ", w.param);
+      return;
+    }
     default:
       TORCH_CHECK(false, "fused_moe: unknown weight format ", w.format);
   }
@@ -405,9 +507,11 @@ at::Tensor fused_moe(const at::Tensor& x, const at::Tensor& topk_ids, const at::
   if (x.scalar_type() == at::kFloat) gather_tokens(s, xc.data_ptr<float>());
   else gather_tokens(s, xc.data_ptr<c10::BFloat16>());
   const WeightArg a13{w13, w13_scale, w13_format, w13_param, "w13"}, a2{w2, w2_scale, w2_format, w2_param, "w2"};
+  if (w13_format == 4) s.xq.quantize(s.xg.data(), s.ldh, s.start[s.E], s.H);
   with_weight(a13, s.E, 2 * s.I, s.H, x.scalar_type(), [&](const auto& f) {
     for_expert_tiles(s, s.I, kGateRows, [&](int64_t e, int64_t i0) { gate_up_item(f, s, e, i0); });
   });
+  if (w2_format == 4) s.aq.quantize(s.act.data(), s.ldi, s.start[s.E], s.I);
   with_weight(a2, s.E, s.H, s.I, x.scalar_type(), [&](const auto& f) {
     for_expert_tiles(s, s.H, kDownRows, [&](int64_t e, int64_t n0) { down_item(f, s, e, n0); });
   });

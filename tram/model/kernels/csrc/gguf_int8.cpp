@@ -26,6 +26,8 @@
 #include "kernels.h"
 #include "dynamic_for.h"
 #include "gguf_int8_blocks.h"
+#include "gguf_q8k.h"
+#include "gguf_q8k_gemm.h"
 #include "prefetch.h"
 #include "simd.h"
 
@@ -342,6 +344,102 @@ void linear_impl(const Args& a) {
   });
 }
 
+// ---- the K-quants: activations per 256 k (gguf_q8k.h) ----------------------------------------------
+
+struct Q8KActivations {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int16_t> bs;
+  tram::q8k::Rows rows(int64_t K) const { return {q.data(), d.data(), bs.data(), K}; }
+};
+
+void quantize_q8k(const float* x, int64_t M, int64_t K, Q8KActivations& out) {
+  out.q.resize(static_cast<size_t>(M * K));
+  out.d.resize(static_cast<size_t>(M * K / tram::q8k::kBlock));
+  out.bs.resize(static_cast<size_t>(M * K / tram::q8k::kSum));
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      tram::q8k::quantize_row(x + m * K, K, out.q.data() + m * K, out.d.data() + m * (K / tram::q8k::kBlock),
+                              out.bs.data() + m * (K / tram::q8k::kSum));
+    }
+  });
+}
+
+#if defined(TRAM_Q8K_KERNELS)
+#if defined(TRAM_Q8K_512)
+constexpr int64_t kQ8KOneRowW = 2, kQ8KRowsX = 4, kQ8KRowsW = 1;
+#else
+constexpr int64_t kQ8KOneRowW = 1, kQ8KRowsX = 2, kQ8KRowsW = 1;
+#endif
+
+template <typename F, typename T, int64_t MB, int64_t NB>
+TRAM_INLINE void q8k_tile(const tram::q8k::Rows& x, const Args& a, int64_t m0, int64_t n0) {
+  float s[MB][NB];
+  tram::q8k::dot_tile<F, MB, NB>(x, m0, a.w + n0 * a.row_bytes, a.row_bytes, a.K / tram::q8k::kBlock, s);
+  const T* bias = static_cast<const T*>(a.bias);
+  T* y = static_cast<T*>(a.y);
+  for (int64_t m = 0; m < MB; ++m) {
+    for (int64_t j = 0; j < NB; ++j) store(s[m][j] + (bias != nullptr ? load1(bias + n0 + j) : 0.0f), y + (m0 + m) * a.N + n0 + j);
+  }
+}
+
+#if defined(TRAM_Q8K_GEMM)
+constexpr int64_t kQ8KGemmMinRows = 8;  // rows of x from which repacking W for vpdpbusd pays
+
+// Many rows of x: tiles of 16 rows of W, each packed once and multiplied by every row of x.
+template <typename F, typename T>
+void q8k_gemm(const tram::q8k::Rows& x, int64_t M, const Args& a) {
+  using tram::q8k::kPackRows;
+  const int64_t tiles = (a.N + kPackRows - 1) / kPackRows, blocks = a.K / tram::q8k::kBlock;
+  const T* bias = static_cast<const T*>(a.bias);
+  T* y = static_cast<T*>(a.y);
+  tram::parallel::dynamic_for(tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n0 = t * kPackRows, rows = std::min(kPackRows, a.N - n0);
+      const auto* tile = tram::q8k::pack_tile<F>(a.w + n0 * a.row_bytes, a.row_bytes, rows, blocks);
+      tram::q8k::gemm_tile<F>(x, 0, M, tile, blocks, [&](int64_t m, __m512 v) {
+        alignas(64) float out[kPackRows];
+        _mm512_store_ps(out, v);
+        for (int64_t j = 0; j < rows; ++j) {
+          store(out[j] + (bias != nullptr ? load1(bias + n0 + j) : 0.0f), y + m * a.N + n0 + j);
+        }
+      });
+    }
+  });
+}
+#endif
+
+template <typename F, typename T>
+void q8k_linear(const tram::q8k::Rows& x, int64_t M, const Args& a) {
+#if defined(TRAM_Q8K_GEMM)
+  if (M >= kQ8KGemmMinRows) return q8k_gemm<F, T>(x, M, a);
+#endif
+  tram::parallel::dynamic_for(a.N, kGrainRows, [&](int64_t begin, int64_t end) {
+    for (int64_t mb = 0; mb < M; mb += kXRows) {
+      const int64_t me = std::min(M, mb + kXRows);
+      int64_t n = begin;
+      if (me - mb == 1) {
+        for (; n + kQ8KOneRowW <= end; n += kQ8KOneRowW) q8k_tile<F, T, 1, kQ8KOneRowW>(x, a, mb, n);
+        for (; n < end; ++n) q8k_tile<F, T, 1, 1>(x, a, mb, n);
+        continue;
+      }
+      for (; n + kQ8KRowsW <= end; n += kQ8KRowsW) {
+        int64_t m = mb;
+        for (; m + kQ8KRowsX <= me; m += kQ8KRowsX) q8k_tile<F, T, kQ8KRowsX, kQ8KRowsW>(x, a, m, n);
+        for (; m < me; ++m) q8k_tile<F, T, 1, kQ8KRowsW>(x, a, m, n);
+      }
+      for (; n < end; ++n) {
+        for (int64_t m = mb; m < me; ++m) q8k_tile<F, T, 1, 1>(x, a, m, n);
+      }
+    }
+  });
+}
+#endif
+
+bool is_kquant(int64_t type) {
+  return type == tram::gguf::kQ4_K || type == tram::gguf::kQ5_K || type == tram::gguf::kQ6_K;
+}
+
 template <typename Fn>
 void with_format(int64_t type, Fn&& fn) {
   with_one_of<Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K>(type, "gguf_linear_int8", fn);
@@ -384,6 +482,23 @@ at::Tensor gguf_linear_int8(const at::Tensor& x, const at::Tensor& data, int64_t
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y;
   const at::Tensor xf = x.to(at::kFloat).contiguous();
+  if (is_kquant(ggml_type)) {
+    Q8KActivations qa;
+    quantize_q8k(xf.data_ptr<float>(), M, K, qa);
+    const Args a{nullptr, K, N, row_bytes, data.data_ptr<uint8_t>(), b, y.data_ptr()};
+    const bool done = tram::q8k::with_kquant(ggml_type, [&](auto fmt) {
+      using F = decltype(fmt);
+#if defined(TRAM_Q8K_KERNELS)
+      if (x.scalar_type() == at::kFloat) {
+        q8k_linear<F, float>(qa.rows(K), M, a);
+      } else {
+        q8k_linear<F, c10::BFloat16>(qa.rows(K), M, a);
+      }
+#endif
+    });
+    TORCH_CHECK(done, "gguf_linear_int8: the K-quants need a build with AVX2");
+    return y;
+  }
   QuantizedX qx;
   quantize_x(xf.data_ptr<float>(), M, K, zero, offset, qx);
   const Args a{&qx, K, N, row_bytes, data.data_ptr<uint8_t>(), b, y.data_ptr()};
@@ -398,15 +513,23 @@ at::Tensor gguf_linear_int8(const at::Tensor& x, const at::Tensor& data, int64_t
   return y;
 }
 
-std::vector<at::Tensor> quantize_activations_int8(const at::Tensor& x) {
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.size(1) % kXBlock == 0,
-              "quantize_activations_int8: x must be a [M, K] CPU tensor with K a multiple of 32");
+std::vector<at::Tensor> quantize_activations_int8(const at::Tensor& x, int64_t block) {
+  TORCH_CHECK(block == kXBlock || block == tram::q8k::kBlock, "quantize_activations_int8: block 32 or 256");
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.size(1) % block == 0,
+              "quantize_activations_int8: x must be a [M, K] CPU tensor with K a multiple of ", block);
   const int64_t M = x.size(0), K = x.size(1);
   const at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
+  at::Tensor d = at::empty({M, K / block}, x.options().dtype(at::kFloat));
+  if (block == tram::q8k::kBlock) {
+    Q8KActivations qa;
+    quantize_q8k(xf.data_ptr<float>(), M, K, qa);
+    std::memcpy(q.data_ptr<int8_t>(), qa.q.data(), static_cast<size_t>(M * K));
+    std::memcpy(d.data_ptr<float>(), qa.d.data(), static_cast<size_t>(M * (K / block)) * sizeof(float));
+    return {q, d};
+  }
   QuantizedX qx;
   quantize_x(xf.data_ptr<float>(), M, K, 0, false, qx);
-  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
-  at::Tensor d = at::empty({M, K / kXBlock}, x.options().dtype(at::kFloat));
   for (int64_t m = 0; m < M; ++m) {
     std::memcpy(q.data_ptr<int8_t>() + m * K, qx.qrow(m), static_cast<size_t>(K));
     for (int64_t blk = 0; blk < K / kXBlock; ++blk) d.data_ptr<float>()[m * (K / kXBlock) + blk] = qx.dl[qx.lane0(m) + 8 * blk];

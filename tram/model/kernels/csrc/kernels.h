@@ -69,8 +69,9 @@ at::Tensor gguf_gemm(const at::Tensor& x, const at::Tensor& data, int64_t ggml_t
 // gguf_int8.cpp: the same product with x quantized to int8 per 32 k (llama.cpp's numerics), any M.
 at::Tensor gguf_linear_int8(const at::Tensor& x, const at::Tensor& data, int64_t ggml_type,
                             const c10::optional<at::Tensor>& bias);
-// x [M, K] -> (int8 quants [M, K], scales [M, K / 32]): the activations gguf_linear_int8 multiplies.
-std::vector<at::Tensor> quantize_activations_int8(const at::Tensor& x);
+// x [M, K] -> (int8 quants [M, K], scales [M, K / block]): the activations gguf_linear_int8 multiplies
+// (block 32; 256 for the K-quants).
+std::vector<at::Tensor> quantize_activations_int8(const at::Tensor& x, int64_t block);
 
 // fused_moe.cpp: a mixture-of-experts layer's experts in one call (tokens grouped by expert, gate/up with
 // the activation, down, and a combine in slot order). Formats: 0 float (x's dtype), 1 int8 (scale [E, N]),

@@ -6,6 +6,8 @@
 #pragma once
 
 #include "gguf_blocks.h"
+#include "gguf_q8k.h"
+#include "gguf_q8k_gemm.h"
 #include "prefetch.h"
 #include "quant_rows.h"
 #include "simd.h"
@@ -18,6 +20,10 @@
 namespace tram::moe {
 
 using namespace tram::simd;
+
+// Every format but GgufQ8KFormat multiplies float32 rows of x; that one int8 rows (Moe quantizes them).
+template <typename Fmt>
+inline constexpr bool kInt8Rows = false;
 
 template <typename T>
 struct FloatFormat {
@@ -108,5 +114,35 @@ struct GgufFormat {
     }
   }
 };
+
+#if defined(TRAM_Q8K_KERNELS)
+// A K-quant (Q4_K, Q5_K, Q6_K) with activations quantized per 256 k (gguf_q8k.h, llama.cpp's
+// numerics): dot_q<MB, NB>(x, m0, e, n, sums) multiplies rows m0 .. of the quantized rows x. No
+// fill: at every token count the same integer dot products, so a token's result does not depend
+// on how many share its expert.
+template <typename F>
+struct GgufQ8KFormat {
+  const uint8_t* data;
+  int64_t N, K, row_bytes;
+  template <int64_t MB, int64_t NB>
+  TRAM_INLINE void dot_q(const tram::q8k::Rows& x, int64_t m0, int64_t e, int64_t n, float (&s)[MB][NB]) const {
+    tram::q8k::dot_tile<F, MB, NB>(x, m0, data + (e * N + n) * row_bytes, row_bytes, K / tram::q8k::kBlock, s);
+  }
+#if defined(TRAM_Q8K_GEMM)
+  // Rows n .. n + rows - 1 (rows <= 16) of expert e times rows p_begin .. p_end - 1 of x, repacked once
+  // (gguf_q8k_gemm.h, the same numbers as dot_q): store(p, v) gets row p's 16 outputs.
+  template <typename Store>
+  void gemm(const tram::q8k::Rows& x, int64_t p_begin, int64_t p_end, int64_t e, int64_t n, int64_t rows,
+            const Store& store) const {
+    const int64_t blocks = K / tram::q8k::kBlock;
+    const auto* tile = tram::q8k::pack_tile<F>(data + (e * N + n) * row_bytes, row_bytes, rows, blocks);
+    tram::q8k::gemm_tile<F>(x, p_begin, p_end, tile, blocks, store);
+  }
+#endif
+};
+
+template <typename F>
+inline constexpr bool kInt8Rows<GgufQ8KFormat<F>> = true;
+#endif
 
 }  // namespace tram::moe

@@ -17,12 +17,16 @@ import torch
 from tram.model.kernels.cpu_kernels import kernels_for
 from tram.model.layers.moe.experts import ExpertWeights
 
-# The kernel's format codes; float weights must be in x's dtype.
+# The kernel's format codes; float weights must be in x's dtype. GGUF K-quants with int8 activations are
+# format 4 (inputs quantized per 256 values, llama.cpp's Q8_K).
 _FORMATS = {"float": 0, "int8": 1, "int4": 2, "gguf": 3}
+_GGUF_INT8 = 4
 _ACTIVATIONS = {"silu": 0, "swiglu_oai": 1}
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16)
-# GGUF block types the kernel decodes (gguf_blocks.h): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
+# GGUF block types the kernel decodes (gguf_blocks.h): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; with
+# int8 activations, the K-quants (gguf_q8k.h).
 _GGUF_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14})
+_GGUF_INT8_TYPES = frozenset({12, 13, 14})
 # Tokens per kernel call: the kernel holds three float32 rows per (token, slot) pair (the gathered x, the
 # activation and the down projection), 16 KiB per slot at hidden 2048; a long prefill goes through in
 # pieces of this many tokens (each still gives its experts tens of tokens to multiply at once).
@@ -43,7 +47,17 @@ def _supported(fmt: ExpertWeights, x: torch.Tensor) -> bool:
             k, g = fmt.in_features, fmt.group
             return g > 0 and g % 32 == 0 and k % g == 0
         return True
-    return fmt.ggml_type in _GGUF_TYPES
+    return fmt.ggml_type in (_GGUF_INT8_TYPES if fmt.int8_activations else _GGUF_TYPES)
+
+
+def takes_int8_activations(w13: ExpertWeights, w2: ExpertWeights) -> bool:
+    """Whether both projections are GGUF K-quants under `--gguf-activations int8`, which the kernel
+    multiplies in integers at every token count (other int8-activation experts take the grouped path)."""
+    return all(w.kind == "gguf" and w.int8_activations and w.ggml_type in _GGUF_INT8_TYPES for w in (w13, w2))
+
+
+def _format(fmt: ExpertWeights) -> int:
+    return _GGUF_INT8 if fmt.kind == "gguf" and fmt.int8_activations else _FORMATS[fmt.kind]
 
 
 def cpu_fused_moe(
@@ -69,7 +83,7 @@ def cpu_fused_moe(
         return None
     ids = topk_ids.to(torch.int32).contiguous()
     weights = topk_weights.to(torch.float32).contiguous()
-    args = (w13.data, w13.scale, _FORMATS[w13.kind], w13.param(), w2.data, w2.scale, _FORMATS[w2.kind], w2.param())
+    args = (w13.data, w13.scale, _format(w13), w13.param(), w2.data, w2.scale, _format(w2), w2.param())
     rest = (b13, b2, _ACTIVATIONS[activation], float(alpha), float(limit))
     x = x.contiguous()
     if x.shape[0] <= MAX_TOKENS_PER_CALL:
