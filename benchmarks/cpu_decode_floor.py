@@ -136,7 +136,9 @@ def stream_read_rate(repeats: int = 5) -> float:
 
 
 # ---- Tram's decode step, measured ---------------------------------------------------------------
-def make_llm(model: str, dtype: str, batch: int, max_model_len: int, seed: int, tokenizer: str | None) -> Any:
+def make_llm(
+    model: str, dtype: str, batch: int, max_model_len: int, seed: int, tokenizer: str | None, **extra: Any
+) -> Any:
     from tram import LLM
     from tram.bench.presets import is_config_only
 
@@ -152,7 +154,7 @@ def make_llm(model: str, dtype: str, batch: int, max_model_len: int, seed: int, 
         kwargs["load_format"] = "dummy"
     if tokenizer:
         kwargs["tokenizer"] = tokenizer
-    return LLM(model, **kwargs)
+    return LLM(model, **kwargs, **extra)
 
 
 def _pure_decode(engine: Any, batch: int) -> bool:
@@ -306,7 +308,8 @@ def run_decode_step(args: Any) -> None:
     targets = [] if args.gguf_only else [(f"{args.model} {args.dtype}", model, table_from_config(cfg, elem), None)]
     if args.gguf and not args.float_only:
         path = gguf_file(args.gguf, args.model, args.seed)
-        targets.append((f"{args.model} GGUF {args.gguf} ({args.dtype} activations)", path, None, model))
+        acts = "int8" if args.gguf_activations == "int8" else args.dtype
+        targets.append((f"{args.model} GGUF {args.gguf} ({acts} activations)", path, None, model))
     print(machine_summary())
     rate = stream_read_rate()
     print(f"best streaming read: {rate:.1f} GB/s on {torch.get_num_threads()} threads")
@@ -315,7 +318,8 @@ def run_decode_step(args: Any) -> None:
     for label, path, table, tokenizer in targets:
         table = table or table_from_gguf(path, cfg)
         with environment({"TRAM_CPU_THREADS": str(args.threads)}):
-            llm = make_llm(path, args.dtype, args.batch, args.context + args.steps + 16, args.seed, tokenizer)
+            extra = {"gguf_activations": args.gguf_activations} if path.endswith(".gguf") else {}
+            llm = make_llm(path, args.dtype, args.batch, args.context + args.steps + 16, args.seed, tokenizer, **extra)
         with torch.inference_mode():
             measured = measure_decode(llm, args.batch, args.context, args.steps, 2, 2, args.seed)
         llm.llm_engine.engine_core.shutdown()

@@ -120,6 +120,12 @@ def main() -> None:
         help="--decode-step: also a GGUF file: its path, or a llama.cpp type (Q4_K_M) converted by "
         "`llama_cpp_peer.py convert --model MODEL --dtype bfloat16 --gguf-type TYPE`",
     )
+    p.add_argument(
+        "--gguf-activations",
+        default="float32",
+        choices=["float32", "int8"],
+        help="--decode-step: the GGUF file's activations (`--gguf-activations int8`: llama.cpp's numerics)",
+    )
     p.add_argument("--float-only", action="store_true", help="--decode-step: skip the GGUF file")
     p.add_argument("--gguf-only", action="store_true", help="--decode-step: skip the float model")
     p.add_argument("--goal", type=float, default=1.5, help="--decode-step: the step time goal, x the floor")

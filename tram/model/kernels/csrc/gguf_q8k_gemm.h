@@ -28,29 +28,34 @@ constexpr int64_t kPackRows = 16;  // rows of W per packed tile: one int32 lane 
 
 // One block (256 k) of a tile of 16 rows of W:
 //   u      [64][16][4]   step t (k 4t .. 4t + 3) of row r at (16 t + r) * 4
-//   scale  [groups][16]  the sub-scale of group g (Q4_K/Q5_K: 8 groups of 32 k; Q6_K: 16 of 16 k)
-//   pair   [pairs][16]   two int16 per row, multiplied into the activations' partial sums by vpdpwssd:
-//                        Q4_K/Q5_K the minimums (m_2p, m_2p+1) (Imin); Q6_K -32 * (sc_2p, sc_2p+1),
-//                        the zero point's share of I
+//   sp     [16 or 32][16] per row: the sub-scales of the groups (Q4_K/Q5_K: 8 groups of 32 k; Q6_K: 16
+//                        of 16 k), then pairs of int16 that vpdpwssd multiplies into the activations'
+//                        partial sums: Q4_K/Q5_K the minimums (m_2p, m_2p+1) (Imin); Q6_K
+//                        -32 * (sc_2p, sc_2p+1), the zero point's share of I
 //   d, dmin [16]         d_w and -dmin_w
 template <typename F>
 struct PackedBlock {
   static constexpr int kGroups = F::kMins ? 8 : 16, kSteps = 64 / kGroups, kPairs = F::kMins ? 4 : 8;
+  static constexpr int kRowsSP = F::kMins ? 16 : 32;
   alignas(64) uint8_t u[64 * kPackRows * 4];
-  alignas(64) int32_t scale[kGroups * kPackRows];
-  alignas(64) int32_t pair[kPairs * kPackRows];
+  alignas(64) int32_t sp[kRowsSP][kPackRows];
   alignas(64) float d[kPackRows], dmin[kPackRows];
+  const int32_t* scale(int g) const { return sp[g]; }
+  const int32_t* pair(int p) const { return sp[kGroups + p]; }
 };
 
-TRAM_INLINE int32_t two_int16(int32_t lo, int32_t hi) {
-  return static_cast<int32_t>((static_cast<uint32_t>(lo) & 0xFFFFu) | (static_cast<uint32_t>(hi) << 16));
-}
+// Before the transposes, per row: the quants (256 bytes) and the scale/pair words (16 or 32 int32).
+template <typename F>
+struct alignas(64) PackStage {
+  uint8_t u[kPackRows][kBlock];
+  int32_t sp[PackedBlock<F>::kRowsSP / 16][kPackRows][16];
+};
 
-// Steps t0 .. t0 + 15 (4 bytes each) of the 16 rows of tmp, step by step: out + 64 t holds step t0 + t
-// of rows 0 .. 15 (a 16 x 16 transpose of int32: pairs, quads, then 128-bit lanes).
-TRAM_INLINE void transpose16(const uint8_t (&tmp)[kPackRows][kBlock], int64_t t0, uint8_t* out) {
+// 16 rows of 16 int32 (row i at src + i * stride, 64-byte aligned) transposed: out + 64 j holds int32
+// j of rows 0 .. 15 (pairs, quads, then 128-bit lanes).
+TRAM_INLINE void transpose16(const uint8_t* src, int64_t stride, uint8_t* out) {
   __m512i r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(tmp[i] + 4 * t0);
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(src + i * stride);
   for (int i = 0; i < 8; ++i) {
     t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
     t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
@@ -72,24 +77,27 @@ TRAM_INLINE void transpose16(const uint8_t (&tmp)[kPackRows][kBlock], int64_t t0
   }
 }
 
-// Row r's block (or zeros past the tile's rows: block null) into its lane of out, its quants into u.
+// Row r's block (or zeros past the tile's rows: block null) into stage and its lane of out's d, dmin.
 template <typename F>
-TRAM_INLINE void pack_row(const uint8_t* block, int64_t r, PackedBlock<F>& out, uint8_t* u) {
-  using P = PackedBlock<F>;
+TRAM_INLINE void pack_row(const uint8_t* block, int64_t r, PackStage<F>& stage, PackedBlock<F>& out) {
   if (block == nullptr) {
-    std::memset(u, 0, kBlock);
-    for (int g = 0; g < P::kGroups; ++g) out.scale[g * kPackRows + r] = 0;
-    for (int p = 0; p < P::kPairs; ++p) out.pair[p * kPackRows + r] = 0;
+    std::memset(stage.u[r], 0, kBlock);
+    for (auto& part : stage.sp) std::memset(part[r], 0, sizeof(part[r]));
     out.d[r] = 0.0f, out.dmin[r] = 0.0f;
     return;
   }
   F blk;
   blk.load(block);
-  for (int c = 0; c < 4; ++c) _mm512_store_si512(u + 64 * c, blk.quants(c));
-  for (int g = 0; g < P::kGroups; ++g) out.scale[g * kPackRows + r] = blk.s[g];
-  for (int p = 0; p < P::kPairs; ++p) {
-    out.pair[p * kPackRows + r] = F::kMins ? two_int16(blk.s[8 + 2 * p], blk.s[9 + 2 * p])
-                                           : two_int16(-32 * blk.s[2 * p], -32 * blk.s[2 * p + 1]);
+  for (int c = 0; c < 4; ++c) _mm512_store_si512(stage.u[r] + 64 * c, blk.quants(c));
+  const __m256i s16 = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk.s));
+  if constexpr (F::kMins) {  // sc_0..7 as int32, then the minimums' int16 pairs as they lie
+    const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(s16))),
+                                         _mm256_zextsi128_si256(_mm256_extracti128_si256(s16, 1)), 1);
+    _mm512_store_si512(stage.sp[0][r], w);
+  } else {  // sc_0..15 as int32; then -32 * sc as int16 pairs
+    _mm512_store_si512(stage.sp[0][r], _mm512_cvtepi16_epi32(s16));
+    const __m256i pairs = _mm256_mullo_epi16(s16, _mm256_set1_epi16(-32));
+    _mm512_store_si512(stage.sp[1][r], _mm512_zextsi256_si512(pairs));
   }
   out.d[r] = blk.d, out.dmin[r] = blk.dmin;
 }
@@ -131,7 +139,7 @@ TRAM_INLINE void gemm_rows(const Rows& x, int64_t m0, const PackedBlock<F>* tile
           ig[m] = _mm512_dpbusd_epi32(ig[m], wv, _mm512_set1_epi32(q4));
         }
       }
-      const __m512i sc = _mm512_load_si512(pb.scale + g * kPackRows);
+      const __m512i sc = _mm512_load_si512(pb.scale(g));
       for (int64_t m = 0; m < MB; ++m) iblk[m] = _mm512_add_epi32(iblk[m], _mm512_mullo_epi32(ig[m], sc));
     }
     const __m512 d = _mm512_load_ps(pb.d), dmin = _mm512_load_ps(pb.dmin);
@@ -140,7 +148,7 @@ TRAM_INLINE void gemm_rows(const Rows& x, int64_t m0, const PackedBlock<F>* tile
       activation_pairs<F>(x.bs_at(m0 + m) + b * (kBlock / kSum), ap);
       __m512i ipair = _mm512_setzero_si512();
       for (int p = 0; p < P::kPairs; ++p) {
-        ipair = _mm512_dpwssd_epi32(ipair, _mm512_load_si512(pb.pair + p * kPackRows), _mm512_set1_epi32(ap[p]));
+        ipair = _mm512_dpwssd_epi32(ipair, _mm512_load_si512(pb.pair(p)), _mm512_set1_epi32(ap[p]));
       }
       const __m512 dx = _mm512_set1_ps(x.d_at(m0 + m)[b]);
       if constexpr (F::kMins) {
@@ -154,7 +162,7 @@ TRAM_INLINE void gemm_rows(const Rows& x, int64_t m0, const PackedBlock<F>* tile
   for (int64_t m = 0; m < MB; ++m) store(m0 + m, _mm512_add_ps(acc[m], accm[m]));
 }
 
-constexpr int64_t kGemmRowsX = 4;  // rows of x per register tile
+constexpr int64_t kGemmRowsX = 4;  // rows of x per register tile (6 or 8 measured no faster)
 
 // Rows m_begin .. m_end - 1 of x against a packed tile, in register tiles of kGemmRowsX rows.
 template <typename F, typename Store>
@@ -170,22 +178,23 @@ void gemm_tile(const Rows& x, int64_t m_begin, int64_t m_end, const PackedBlock<
 // the cache at every block of the long Q6_K rows).
 template <typename F>
 const PackedBlock<F>* pack_tile(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t blocks) {
-  struct alignas(64) Quants {
-    uint8_t u[kPackRows][kBlock];
-  };
   thread_local std::vector<PackedBlock<F>> buffer;
-  thread_local std::vector<Quants> quants;
+  thread_local std::vector<PackStage<F>> stages;
   if (static_cast<int64_t>(buffer.size()) < blocks) buffer.resize(static_cast<size_t>(blocks));
-  if (static_cast<int64_t>(quants.size()) < blocks) quants.resize(static_cast<size_t>(blocks));
+  if (static_cast<int64_t>(stages.size()) < blocks) stages.resize(static_cast<size_t>(blocks));
   for (int64_t r = 0; r < kPackRows; ++r) {
     const uint8_t* row = r < rows ? w + r * row_bytes : nullptr;
     for (int64_t b = 0; b < blocks; ++b) {
       if (row != nullptr) tram::simd::prefetch_ahead(row + b * F::kBytes, F::kBytes);
-      pack_row<F>(row != nullptr ? row + b * F::kBytes : nullptr, r, buffer[b], quants[b].u[r]);
+      pack_row<F>(row != nullptr ? row + b * F::kBytes : nullptr, r, stages[b], buffer[b]);
     }
   }
   for (int64_t b = 0; b < blocks; ++b) {
-    for (int64_t t0 = 0; t0 < 64; t0 += 16) transpose16(quants[b].u, t0, buffer[b].u + t0 * 64);
+    const PackStage<F>& st = stages[b];
+    for (int64_t t0 = 0; t0 < 64; t0 += 16) transpose16(st.u[0] + 4 * t0, kBlock, buffer[b].u + t0 * 64);
+    for (int part = 0; part < PackedBlock<F>::kRowsSP / 16; ++part) {
+      transpose16(reinterpret_cast<const uint8_t*>(st.sp[part][0]), 64, reinterpret_cast<uint8_t*>(buffer[b].sp[16 * part]));
+    }
   }
   return buffer.data();
 }
