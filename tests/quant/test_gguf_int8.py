@@ -1,7 +1,9 @@
-"""GGUF linears with int8 activations (`--gguf-activations int8`, csrc/gguf_int8.cpp): x quantized per 32
-values (per 256 for the K-quants), integer dot products with the weights' quants. Checked against the PyTorch reference (the same
-int8 activations, dequantized, times the dequantized weight) on every kept type, shape and row count,
-and for what serving needs: one numerics whatever the batch, the threads or the number of rows."""
+"""GGUF linears with int8 activations (`--gguf-activations int8`, csrc/gguf_int8.cpp, and csrc/gguf_q8k.h
+and gguf_q8k_gemm.h for the K-quants): x quantized per 32 values (per 256 for the K-quants), integer dot
+products with the weights' quants. Checked against the PyTorch reference (the same int8 activations,
+dequantized, times the dequantized weight) on every kept type, shape and row count, and for what serving
+needs: one numerics whatever the batch, the threads or the number of rows (the K-quants' row kernel and
+repacked GEMM give the same bits)."""
 
 from __future__ import annotations
 

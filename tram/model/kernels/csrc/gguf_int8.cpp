@@ -1,5 +1,6 @@
 // y = x W^T (+ b) with W in a GGUF block layout and x quantized to int8 per 32 k, as llama.cpp's CPU
-// backend and vLLM's GGUF kernels compute: the weights' integer quants meet int8 activations in
+// backend and vLLM's GGUF kernels compute (the K-quants take x per 256 k instead, llama.cpp's Q8_K,
+// in gguf_q8k.h's row kernel and gguf_q8k_gemm.h's repacked GEMM): the weights' integer quants meet int8 activations in
 // integer dot products (AVX-512 VNNI vpdpbusd; AVX-VNNI; AVX2 vpmaddubsw + vpmaddwd), and floats
 // appear once per 4 k. Widening every weight to float32 (gguf_linear.cpp) costs 4-11 instructions
 // per 16 weights of Q5_0 or Q6_K, which makes one-row decode compute-bound on those types; here a

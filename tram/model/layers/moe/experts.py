@@ -42,7 +42,7 @@ class ExpertWeights:
     scale: torch.Tensor | None = None
     group: int = 0
     ggml_type: int = 0
-    int8_activations: bool = False  # gguf: x quantized to int8 per 32 values (`--gguf-activations int8`)
+    int8_activations: bool = False  # gguf: x quantized to int8 (`--gguf-activations int8`; per 256 for K-quants)
     _views: list[QuantizedWeight] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
