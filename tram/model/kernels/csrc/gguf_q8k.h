@@ -180,9 +180,9 @@ TRAM_INLINE V scale_lanes(V v, const ScaleIdx& t, int c) {
 }
 #endif
 
-
 // ---- the weight blocks: load(b) once per block and row of W; quants(c) and scales(c) per chunk c
-// of 64 k; block_sums(bs) the block's integer term from the activations' partial sums -------------
+// of 64 k; min_sums(bs) (Imin) or zero_sums(bs) (the zero point's share of I) from the activations'
+// partial sums ----------------------------------------------------------------------------------------
 
 template <bool kFifthBit>
 struct K4 {
