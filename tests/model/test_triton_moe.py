@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
+from moe_oracle import reference_moe  # noqa: E402
 from triton_interp import interpreter_on, load_interpreted  # noqa: E402
 
 moe = load_interpreted("_tram_triton_moe_interpreted", "tram/model/layers/moe/triton_moe.py")
@@ -33,28 +33,6 @@ TOL = {FP32: dict(atol=2e-5, rtol=2e-5), BF16: dict(atol=3e-2, rtol=3e-2)}
 
 def test_kernels_run_in_the_interpreter():
     assert moe._INTERPRETED
-
-
-def reference_moe(x, topk_ids, topk_weights, w13, w2, b13, b2, activation, alpha=1.702, limit=7.0):
-    out = torch.zeros(x.shape, dtype=torch.float32)
-    for e in range(w13.shape[0]):
-        tokens, slots = (topk_ids == e).nonzero(as_tuple=True)
-        if tokens.numel() == 0:
-            continue
-        h = x[tokens].float() @ w13[e].float().T
-        if b13 is not None:
-            h = h + b13[e].float()
-        gate, up = h.chunk(2, dim=-1)
-        if activation == "silu":
-            act = F.silu(gate) * up
-        else:
-            gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
-            act = (up + 1) * gate * torch.sigmoid(alpha * gate)
-        y = act @ w2[e].float().T
-        if b2 is not None:
-            y = y + b2[e].float()
-        out.index_add_(0, tokens, y * topk_weights[tokens, slots, None])
-    return out.to(x.dtype)
 
 
 def _routing(t: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -74,28 +74,6 @@ struct Activation {
   }
 };
 
-// Rows quantized per 256 k for format 4: q [P, K], d [P, K / 256], bs [P, K / 16].
-struct Q8KRowsBuffer {
-  std::vector<int8_t> q;
-  std::vector<float> d;
-  std::vector<int16_t> bs;
-  int64_t K = 0;
-  tram::q8k::Rows rows() const { return {q.data(), d.data(), bs.data(), K}; }
-  // Rows 0 .. P - 1 of x (stride ldx), K of each, in parallel.
-  void quantize(const float* x, int64_t ldx, int64_t P, int64_t k) {
-    K = k;
-    q.resize(static_cast<size_t>(P * K));
-    d.resize(static_cast<size_t>(P * K / tram::q8k::kBlock));
-    bs.resize(static_cast<size_t>(P * K / tram::q8k::kSum));
-    at::parallel_for(0, P, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t p = begin; p < end; ++p) {
-        tram::q8k::quantize_row(x + p * ldx, K, q.data() + p * K, d.data() + p * (K / tram::q8k::kBlock),
-                                bs.data() + p * (K / tram::q8k::kSum));
-      }
-    });
-  }
-};
-
 struct Moe {
   int64_t T, H, I, k, E;
   std::vector<int64_t> start;  // [E + 1]: expert e's pairs are start[e] .. start[e + 1] - 1
@@ -104,7 +82,7 @@ struct Moe {
   std::vector<c10::BFloat16> xb;  // [P, ldh]: the same in bfloat16 when x is (AVX512-BF16 builds only)
   std::vector<float> act;      // [P, ldi]: act(gate, up) per pair, zero-padded
   std::vector<float> y2;       // [P, H]: each pair's down projection (plus b2)
-  Q8KRowsBuffer xq, aq;        // xg's and act's rows quantized per 256 k (format 4 only)
+  tram::q8k::QuantizedRows xq, aq;  // xg's and act's rows quantized per 256 k (format 4 only)
   // The work items write disjoint rows and columns of act and y2 through a const Moe.
   float* act_at(int64_t p) const { return const_cast<float*>(act.data()) + p * ldi; }
   float* y2_at(int64_t p) const { return const_cast<float*>(y2.data()) + p * H; }
@@ -126,6 +104,19 @@ TRAM_INLINE void row_groups(int64_t M, const Fn& fn) {
     case 1: fn(std::integral_constant<int64_t, 1>{}, m0); break;
     default: break;
   }
+}
+
+// fn(integral_constant<NB>, n) over rows n0 .. n0 + r - 1 of W in groups of NB: kWideRows for an expert
+// with one token, kNarrowRows for a few, then the rest one by one.
+template <typename Fn>
+TRAM_INLINE void row_tiles(int64_t tokens, int64_t n0, int64_t r, const Fn& fn) {
+  int64_t n = n0;
+  if (tokens == 1) {
+    for (; n + kWideRows <= n0 + r; n += kWideRows) fn(std::integral_constant<int64_t, kWideRows>{}, n);
+  } else {
+    for (; n + kNarrowRows <= n0 + r; n += kNarrowRows) fn(std::integral_constant<int64_t, kNarrowRows>{}, n);
+  }
+  for (; n < n0 + r; ++n) fn(std::integral_constant<int64_t, 1>{}, n);
 }
 
 // The thread's buffers for a decoded tile (tiled_gemm.h), grown as needed and kept between calls.
@@ -271,12 +262,7 @@ void gate_up_item(const Fmt& f, const Moe& s, int64_t e, int64_t i0) {
     if (s.count(e) >= kGemmTokens) return gate_up_int8_gemm(f, s, e, i0, r);
 #endif
   }
-  const int64_t nb = s.count(e) == 1 ? kWideRows : kNarrowRows;
-  int64_t n = i0;
-  for (; n + nb <= i0 + r; n += nb) {
-    nb == kWideRows ? gate_up_rows<kWideRows>(f, s, e, n) : gate_up_rows<kNarrowRows>(f, s, e, n);
-  }
-  for (; n < i0 + r; ++n) gate_up_rows<1>(f, s, e, n);
+  row_tiles(s.count(e), i0, r, [&](auto nb, int64_t n) { gate_up_rows<decltype(nb)::value>(f, s, e, n); });
 }
 
 // ---- phase 2: down rows n0 .. n0 + r - 1 of expert e for all its tokens --------------------------
@@ -320,12 +306,7 @@ void down_item(const Fmt& f, const Moe& s, int64_t e, int64_t n0) {
     if (s.count(e) >= kGemmTokens) return down_int8_gemm(f, s, e, n0, r);
 #endif
   }
-  const int64_t nb = s.count(e) == 1 ? kWideRows : kNarrowRows;
-  int64_t n = n0;
-  for (; n + nb <= n0 + r; n += nb) {
-    nb == kWideRows ? down_rows<kWideRows>(f, s, e, n) : down_rows<kNarrowRows>(f, s, e, n);
-  }
-  for (; n < n0 + r; ++n) down_rows<1>(f, s, e, n);
+  row_tiles(s.count(e), n0, r, [&](auto nb, int64_t n) { down_rows<decltype(nb)::value>(f, s, e, n); });
 }
 
 // fn(e, row) for every active expert's tiles of `rows` in steps of `step`, in one parallel region;
@@ -427,8 +408,9 @@ void route(Moe& s, const int32_t* ids) {
 
 // Each pair's token as a float32 row of xg (zero-padded); act's padding zeroed (the down projection
 // reads it); rows are independent, so in parallel.
+// bf16_copy: also keep x in bfloat16 (xb) for float w13's bf16 dot products.
 template <typename T>
-void gather_tokens(Moe& s, const T* x) {
+void gather_tokens(Moe& s, const T* x, bool bf16_copy) {
   const int64_t P = s.start[s.E];
   std::vector<int64_t> token(static_cast<size_t>(P));
   for (int64_t i = 0; i < s.T * s.k; ++i) {
@@ -436,7 +418,9 @@ void gather_tokens(Moe& s, const T* x) {
   }
   s.xg.resize(static_cast<size_t>(P * s.ldh));
 #if defined(__AVX512BF16__)
-  if constexpr (std::is_same_v<T, c10::BFloat16>) s.xb.assign(static_cast<size_t>(P * s.ldh), c10::BFloat16(0.0f));
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (bf16_copy) s.xb.assign(static_cast<size_t>(P * s.ldh), c10::BFloat16(0.0f));
+  }
 #endif
   s.act.resize(static_cast<size_t>(P * s.ldi));
   s.y2.resize(static_cast<size_t>(P * s.H));
@@ -504,8 +488,8 @@ at::Tensor fused_moe(const at::Tensor& x, const at::Tensor& topk_ids, const at::
   s.b2 = float_bias(b2, s.E, s.H, b2_keep, "b2");
   const at::Tensor xc = x.contiguous(), ids = topk_ids.contiguous(), wts = topk_weights.contiguous();
   route(s, ids.data_ptr<int32_t>());
-  if (x.scalar_type() == at::kFloat) gather_tokens(s, xc.data_ptr<float>());
-  else gather_tokens(s, xc.data_ptr<c10::BFloat16>());
+  if (x.scalar_type() == at::kFloat) gather_tokens(s, xc.data_ptr<float>(), false);
+  else gather_tokens(s, xc.data_ptr<c10::BFloat16>(), w13_format == 0);
   const WeightArg a13{w13, w13_scale, w13_format, w13_param, "w13"}, a2{w2, w2_scale, w2_format, w2_param, "w2"};
   if (w13_format == 4) s.xq.quantize(s.xg.data(), s.ldh, s.start[s.E], s.H);
   with_weight(a13, s.E, 2 * s.I, s.H, x.scalar_type(), [&](const auto& f) {

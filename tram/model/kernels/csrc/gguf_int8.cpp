@@ -347,25 +347,6 @@ void linear_impl(const Args& a) {
 
 // ---- the K-quants: activations per 256 k (gguf_q8k.h) ----------------------------------------------
 
-struct Q8KActivations {
-  std::vector<int8_t> q;
-  std::vector<float> d;
-  std::vector<int16_t> bs;
-  tram::q8k::Rows rows(int64_t K) const { return {q.data(), d.data(), bs.data(), K}; }
-};
-
-void quantize_q8k(const float* x, int64_t M, int64_t K, Q8KActivations& out) {
-  out.q.resize(static_cast<size_t>(M * K));
-  out.d.resize(static_cast<size_t>(M * K / tram::q8k::kBlock));
-  out.bs.resize(static_cast<size_t>(M * K / tram::q8k::kSum));
-  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m) {
-      tram::q8k::quantize_row(x + m * K, K, out.q.data() + m * K, out.d.data() + m * (K / tram::q8k::kBlock),
-                              out.bs.data() + m * (K / tram::q8k::kSum));
-    }
-  });
-}
-
 #if defined(TRAM_Q8K_KERNELS)
 #if defined(TRAM_Q8K_512)
 constexpr int64_t kQ8KOneRowW = 2, kQ8KRowsX = 4, kQ8KRowsW = 1;
@@ -484,16 +465,16 @@ at::Tensor gguf_linear_int8(const at::Tensor& x, const at::Tensor& data, int64_t
   if (M == 0 || N == 0) return y;
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   if (is_kquant(ggml_type)) {
-    Q8KActivations qa;
-    quantize_q8k(xf.data_ptr<float>(), M, K, qa);
+    tram::q8k::QuantizedRows qa;
+    qa.quantize(xf.data_ptr<float>(), K, M, K);
     const Args a{nullptr, K, N, row_bytes, data.data_ptr<uint8_t>(), b, y.data_ptr()};
     const bool done = tram::q8k::with_kquant(ggml_type, [&](auto fmt) {
       using F = decltype(fmt);
 #if defined(TRAM_Q8K_KERNELS)
       if (x.scalar_type() == at::kFloat) {
-        q8k_linear<F, float>(qa.rows(K), M, a);
+        q8k_linear<F, float>(qa.rows(), M, a);
       } else {
-        q8k_linear<F, c10::BFloat16>(qa.rows(K), M, a);
+        q8k_linear<F, c10::BFloat16>(qa.rows(), M, a);
       }
 #endif
     });
@@ -523,8 +504,8 @@ std::vector<at::Tensor> quantize_activations_int8(const at::Tensor& x, int64_t b
   at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
   at::Tensor d = at::empty({M, K / block}, x.options().dtype(at::kFloat));
   if (block == tram::q8k::kBlock) {
-    Q8KActivations qa;
-    quantize_q8k(xf.data_ptr<float>(), M, K, qa);
+    tram::q8k::QuantizedRows qa;
+    qa.quantize(xf.data_ptr<float>(), K, M, K);
     std::memcpy(q.data_ptr<int8_t>(), qa.q.data(), static_cast<size_t>(M * K));
     std::memcpy(d.data_ptr<float>(), qa.d.data(), static_cast<size_t>(M * (K / block)) * sizeof(float));
     return {q, d};

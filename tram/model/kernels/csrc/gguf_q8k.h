@@ -23,6 +23,8 @@
 #include "prefetch.h"
 #include "simd.h"
 
+#include <ATen/Parallel.h>
+
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -31,6 +33,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace tram::q8k {
 
@@ -71,6 +74,27 @@ inline void quantize_row(const float* x, int64_t K, int8_t* q, float* d, int16_t
     }
   }
 }
+
+// Rows quantized per 256 k, owning their buffers: q [M, K], d [M, K / 256], bs [M, K / 16].
+struct QuantizedRows {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int16_t> bs;
+  int64_t K = 0;
+  Rows rows() const { return {q.data(), d.data(), bs.data(), K}; }
+  // Rows 0 .. M - 1 of x (stride ldx), K values each, in parallel.
+  void quantize(const float* x, int64_t ldx, int64_t M, int64_t k) {
+    K = k;
+    q.resize(static_cast<size_t>(M * K));
+    d.resize(static_cast<size_t>(M * K / kBlock));
+    bs.resize(static_cast<size_t>(M * K / kSum));
+    at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t m = begin; m < end; ++m) {
+        quantize_row(x + m * ldx, K, q.data() + m * K, d.data() + m * (K / kBlock), bs.data() + m * (K / kSum));
+      }
+    });
+  }
+};
 
 // Q4_K / Q5_K's twelve bytes of 6-bit scales and minimums as sc[0..7], m[0..7]: j < 4 in the low
 // six bits of bytes j and j + 4; j >= 4 split between the nibbles of bytes j + 4 and the top two
