@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from tram.model.gguf.weight import K_QUANTS
 from tram.model.kernels.cpu_kernels import kernels_for
 from tram.model.layers.moe.experts import ExpertWeights
 
@@ -26,7 +27,6 @@ _FLOAT_DTYPES = (torch.float32, torch.bfloat16)
 # GGUF block types the kernel decodes (gguf_blocks.h): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; with
 # int8 activations, the K-quants (gguf_q8k.h).
 _GGUF_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14})
-_GGUF_INT8_TYPES = frozenset({12, 13, 14})
 # Tokens per kernel call: the kernel holds three float32 rows per (token, slot) pair (the gathered x, the
 # activation and the down projection), 16 KiB per slot at hidden 2048; a long prefill goes through in
 # pieces of this many tokens (each still gives its experts tens of tokens to multiply at once).
@@ -47,13 +47,13 @@ def _supported(fmt: ExpertWeights, x: torch.Tensor) -> bool:
             k, g = fmt.in_features, fmt.group
             return g > 0 and g % 32 == 0 and k % g == 0
         return True
-    return fmt.ggml_type in (_GGUF_INT8_TYPES if fmt.int8_activations else _GGUF_TYPES)
+    return fmt.ggml_type in (K_QUANTS if fmt.int8_activations else _GGUF_TYPES)
 
 
 def takes_int8_activations(w13: ExpertWeights, w2: ExpertWeights) -> bool:
     """Whether both projections are GGUF K-quants under `--gguf-activations int8`, which the kernel
     multiplies in integers at every token count (other int8-activation experts take the grouped path)."""
-    return all(w.kind == "gguf" and w.int8_activations and w.ggml_type in _GGUF_INT8_TYPES for w in (w13, w2))
+    return all(w.kind == "gguf" and w.int8_activations and w.ggml_type in K_QUANTS for w in (w13, w2))
 
 
 def _format(fmt: ExpertWeights) -> int:
