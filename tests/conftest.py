@@ -55,6 +55,15 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         pool.POOL.close()
 
 
+@pytest.fixture(autouse=True)
+def _default_device_back_on_the_host():
+    """The Triton tests make CUDA torch's default device when they run compiled on a GPU
+    (tests/triton_interp.py); every other test makes its tensors on the CPU."""
+    yield
+    if torch.cuda.is_available():
+        torch.set_default_device(None)
+
+
 @pytest.fixture(params=[1, 2], ids=lambda n: f"threads{n}")
 def threads(request: pytest.FixtureRequest):
     """Runs a kernel test with one and with two torch threads."""

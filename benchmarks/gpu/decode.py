@@ -24,6 +24,9 @@ from gpu.common import (  # isort: skip (this folder, on sys.path when gpu_bench
     parse_ints,
 )
 
+# Tokens of max_model_len beyond the context and the measured steps (see run_decode).
+DECODE_HEADROOM = 256
+
 
 def weight_bytes_read(model: torch.nn.Module, batch: int, tied: bool) -> int:
     """Weight bytes one decode step must read: every matrix once, but of an untied embedding table
@@ -77,9 +80,10 @@ def decode_row(ctx: Ctx, llm: Any, batch: int, bandwidth: float) -> dict[str, An
 
     args, engine = ctx.args, llm.llm_engine
     runner = engine.engine_core.model_runner
-    num_steps = args.decode_warmup + args.decode_steps
-    # max_tokens leaves room so that no request finishes inside the measured steps.
-    params = SamplingParams(temperature=0.0, max_tokens=num_steps + 2, ignore_eos=True, detokenize=False)
+    # max_tokens leaves room so that no request finishes inside the measured steps, also one whose
+    # prompt was done early and that decoded while the others' prompts were still being prefilled.
+    max_tokens = runner.model_config.max_model_len - args.context
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
     ids = [f"decode-{batch}-{i}" for i in range(batch)]
     requests = fixed_requests(batch, args.context, 1, runner.vocab_size, args.seed + batch)
     for rid, req in zip(ids, requests):
@@ -120,7 +124,9 @@ def run_decode(ctx: Ctx, results: dict[str, Any]) -> None:
     results["copy"] = measure_copy_bandwidth(ctx.device, args.copy_mib)
     bandwidth = results["copy"]["bandwidth_GBps"] * 1e9
     results["rows"] = []
-    max_model_len = args.context + args.decode_warmup + args.decode_steps + 8
+    # Room for the measured steps and for the tokens that the first requests decode while the last
+    # ones are still prefilling (one per step of the batch's prefill).
+    max_model_len = args.context + args.decode_warmup + args.decode_steps + DECODE_HEADROOM
     with model_dir(args) as path:
         log(f"decode: loading Tram ({args.preset}, dummy weights)")
         llm = make_llm(ctx, path, max(batches), max_model_len)

@@ -225,3 +225,14 @@ def test_failing_section_keeps_the_others(runs: dict[str, BenchRun]) -> None:
     assert sections["decode"]["status"] == "ok"
     assert_positive(sections["decode"]["results"]["rows"][0], "step_ms")
     assert "ERROR:" in proc.stdout
+
+
+def test_transformers_config_fields_this_version_lacks_are_left_out() -> None:
+    # The GPU machines' transformers (5.17) has no auto_switch_to_flash; passing it raised TypeError.
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    from tram.bench.hf_backends import known_fields
+
+    kwargs = {"num_blocks": 64, "no_such_field_in_any_version": False}
+    assert known_fields(ContinuousBatchingConfig, kwargs) == {"num_blocks": 64}
+    ContinuousBatchingConfig(**known_fields(ContinuousBatchingConfig, kwargs))

@@ -26,7 +26,16 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def triton_llm(model_dir: str) -> LLM:
     # A small token budget forces chunked prefill; the shared opening forces prefix-cache hits.
-    return LLM(model_dir, attention_backend="triton", max_num_batched_tokens=16, max_num_seqs=4)
+    # float32 as the oracle (on CUDA a float32 checkpoint would otherwise run in bfloat16); on a GPU
+    # a small share of its memory, or this tiny model gets tens of millions of cache blocks.
+    return LLM(
+        model_dir,
+        attention_backend="triton",
+        dtype="float32",
+        gpu_memory_utilization=0.05,
+        max_num_batched_tokens=16,
+        max_num_seqs=4,
+    )
 
 
 def _check_greedy(llm: LLM, model: str, prompts: list[str], max_tokens: int) -> None:

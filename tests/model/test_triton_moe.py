@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("triton")
 
 from moe_oracle import reference_moe  # noqa: E402
-from triton_interp import interpreter_on, load_interpreted  # noqa: E402
+from triton_interp import interpreter_on, load_interpreted, on_device  # noqa: E402
 
 moe = load_interpreted("_tram_triton_moe_interpreted", "tram/model/layers/moe/triton_moe.py")
 
@@ -32,20 +32,22 @@ TOL = {FP32: dict(atol=2e-5, rtol=2e-5), BF16: dict(atol=3e-2, rtol=3e-2)}
 
 
 def test_kernels_run_in_the_interpreter():
-    assert moe._INTERPRETED
+    assert moe._INTERPRETED != on_device()  # compiled on a GPU machine with TRITON_INTERPRET=0
 
 
 def _routing(t: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """k distinct experts of 0..2 per token (expert 3 stays empty), every third slot -1 (for T=5 one
     token has both slots skipped), softmax-like positive weights."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.stack([torch.randperm(E - 1, generator=g)[:K] for _ in range(t)]).to(torch.int32)
+    # Drawn on the CPU whatever the default device, so that every run routes the same way.
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    ids = torch.stack([torch.randperm(E - 1, generator=g, device="cpu")[:K] for _ in range(t)]).to(torch.int32)
     flat = ids.view(-1)
     flat[2::3] = -1
     if t == 5:
         ids[3] = -1
-    weights = torch.rand(t, K, generator=g) + 0.1
-    return ids, weights / weights.sum(-1, keepdim=True)
+    weights = torch.rand(t, K, generator=g, device="cpu") + 0.1
+    device = torch.get_default_device()
+    return ids.to(device), (weights / weights.sum(-1, keepdim=True)).to(device)
 
 
 def _weights(bias: bool, dtype: torch.dtype, seed: int):

@@ -7,6 +7,7 @@ their output token counts equal Tram's and tokens/s compare like with like.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -127,7 +128,9 @@ class HFContinuousBatching:
         start = time.perf_counter()
         with self.model.continuous_batching_context_manager(
             generation_config=self.gen_config,
-            continuous_batching_config=ContinuousBatchingConfig(**self.cb_kwargs),
+            continuous_batching_config=ContinuousBatchingConfig(
+                **known_fields(ContinuousBatchingConfig, self.cb_kwargs)
+            ),
             block=True,
             timeout=60,
             persistent_manager=True,
@@ -169,6 +172,16 @@ class HFContinuousBatching:
 
     def close(self) -> None:
         self.model.destroy_cached_continuous_batching_manager()
+
+
+def known_fields(config_cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The kwargs that this transformers version's config class has fields for (auto_switch_to_flash
+    came after 5.17, the version on the GPU machines); the others are logged and left out."""
+    names = {f.name for f in dataclasses.fields(config_cls)} if dataclasses.is_dataclass(config_cls) else set(kwargs)
+    dropped = sorted(set(kwargs) - names)
+    if dropped:
+        logging.getLogger(__name__).info("transformers' %s has no %s: left out", config_cls.__name__, dropped)
+    return {k: v for k, v in kwargs.items() if k in names}
 
 
 def collect_results(manager: Any, num: int, deadline: float = math.inf) -> tuple[dict[str, Any], bool]:
