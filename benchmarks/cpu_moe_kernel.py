@@ -4,10 +4,13 @@ vs the grouped PyTorch reference (per expert: gather its tokens, two matmuls, ac
 The layer is Qwen3-30B-A3B's (hidden 2048, 128 experts, top-8, expert intermediate 768), routed at
 random. GB/s counts the expert weight bytes the call must read: those of the experts its tokens chose
 (scales included). Each time is the best of --repeats loops of --calls calls (the machine may be
-shared). The reference runs on the bfloat16 weights for both formats (PyTorch has no int4 GEMM of
-this layout on CPU), so for int4 it is the float baseline the quantized kernel replaces.
+shared). The reference runs on the bfloat16 weights for bf16 and int4 (PyTorch has no int4 GEMM of
+this layout on CPU), so for int4 it is the float baseline the quantized kernel replaces. For `awq`
+(int4 with a zero point per group of 128, as AWQ and asymmetric GPTQ checkpoints hold experts) the
+reference is the path such experts took before the kernel took zero points: the grouped path, expert
+by expert on the quantized linear kernels (csrc/quant_linear.cpp).
 
-    python benchmarks/cpu_moe_kernel.py [--tokens 1 16 64 512] [--formats bf16 int4] [--threads N] [--quick]
+    python benchmarks/cpu_moe_kernel.py [--tokens 1 16 64 512] [--formats bf16 int4 awq] [--threads N] [--quick]
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from tram.bench.timing import best_ms
 from tram.model.kernels.cpu_kernels import load_cpu_kernels
 from tram.model.layers.moe.cpu_kernel import cpu_fused_moe
 from tram.model.layers.moe.experts import ExpertWeights
-from tram.model.quant.weights import Int4Weight
+from tram.model.layers.moe.reference import grouped_moe
+from tram.model.quant.checkpoint_weight import CheckpointInt4Weight
+from tram.model.quant.weights import Int4Weight, unpack_int4
 
 HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 128, 8
 
@@ -56,16 +61,28 @@ def int4_format(w: torch.Tensor, group: int = 128) -> ExpertWeights:
     return ExpertWeights("int4", data, w.shape[1], w.shape[2], scale=scale, group=group)
 
 
+def awq_format(w: torch.Tensor, group: int = 128) -> ExpertWeights:
+    """int4 with random zero points per group (an AWQ checkpoint's layout after loading)."""
+    g = torch.Generator().manual_seed(w.shape[1])
+    per = []
+    for e in range(w.shape[0]):
+        base = Int4Weight(w[e].float(), group)
+        zero = torch.randint(0, 16, base.scale.shape, generator=g).to(torch.uint8)
+        per.append(CheckpointInt4Weight(unpack_int4(base.qweight), base.scale, group, zero))
+    stack = {f: torch.stack([getattr(p, f) for p in per]) for f in ("qweight", "scale", "zero")}
+    return ExpertWeights("int4", stack["qweight"], w.shape[1], w.shape[2], stack["scale"], stack["zero"], group)
+
+
 def expert_bytes(fmt: ExpertWeights) -> int:
-    """Bytes of one expert's weight (and scales)."""
+    """Bytes of one expert's weight (and scales, zero points)."""
     per = fmt.data[0].numel() * fmt.data.element_size()
-    return per + (0 if fmt.scale is None else fmt.scale[0].numel() * 4)
+    return per + sum(0 if t is None else t[0].numel() * t.element_size() for t in (fmt.scale, fmt.zero))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64, 512])
-    p.add_argument("--formats", nargs="+", default=["bf16", "int4"], choices=["bf16", "int4"])
+    p.add_argument("--formats", nargs="+", default=["bf16", "int4"], choices=["bf16", "int4", "awq"])
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
@@ -82,6 +99,8 @@ def main() -> None:
     formats = {"bf16": (ExpertWeights("float", w13, 2 * INTER, HIDDEN), ExpertWeights("float", w2, HIDDEN, INTER))}
     if "int4" in args.formats:
         formats["int4"] = (int4_format(w13), int4_format(w2))
+    if "awq" in args.formats:
+        formats["awq"] = (awq_format(w13), awq_format(w2))
     print("| weights | tokens | active experts | kernel ms | kernel GB/s | reference ms | speed-up |")
     print("|---|---|---|---|---|---|---|")
     for name in args.formats:
@@ -93,7 +112,11 @@ def main() -> None:
             calls, repeats = (1 if T >= 512 else 3, 1) if args.quick else (args.calls, args.repeats)
             with torch.inference_mode():
                 ours = best_ms(lambda: cpu_fused_moe(x, ids, weights, f13, f2, None, None, "silu"), repeats, calls)
-                ref = best_ms(lambda: reference(x, ids, weights, w13, w2), repeats, calls)
+                if name == "awq":  # the per-expert checkpoint weights, as the grouped path ran them
+                    m13, m2 = (ExpertWeights.of_modules(f.views(), f.out_features, f.in_features) for f in (f13, f2))
+                    ref = best_ms(lambda: grouped_moe(x, ids, weights, m13, m2, None, None, "silu"), repeats, calls)
+                else:
+                    ref = best_ms(lambda: reference(x, ids, weights, w13, w2), repeats, calls)
             active = ids.unique().numel()
             gbps = active * (expert_bytes(f13) + expert_bytes(f2)) / ours / 1e6
             print(f"| {name} | {T} | {active} | {ours:.3f} | {gbps:.1f} | {ref:.3f} | {ref / ours:.2f}x |")

@@ -14,7 +14,8 @@ from tram.model.kernels.cpu_kernels import cpu_kernels_available
 from tram.model.layers.moe import cpu_kernel
 from tram.model.layers.moe.cpu_kernel import cpu_fused_moe
 from tram.model.layers.moe.experts import ExpertWeights
-from tram.model.quant.weights import Int4Weight, Int8Weight
+from tram.model.quant.checkpoint_weight import CheckpointInt4Weight
+from tram.model.quant.weights import Int4Weight, Int8Weight, unpack_int4
 
 pytestmark = pytest.mark.skipif(not cpu_kernels_available(), reason="the C++ CPU kernels did not build")
 
@@ -53,11 +54,22 @@ def quantized(w: torch.Tensor, kind: str, group: int = 32) -> tuple[ExpertWeight
     E, N, K = w.shape
     if kind == "float":
         return ExpertWeights("float", w.contiguous(), N, K), w
-    per = [Int8Weight(w[e]) if kind == "int8" else Int4Weight(w[e], group) for e in range(E)]
+    if kind == "int4-zero":  # a checkpoint's asymmetric int4 (AWQ): random zero points per group
+        g = torch.Generator().manual_seed(N * K)
+        per = []
+        for e in range(E):
+            base = Int4Weight(w[e], group)
+            zero = torch.randint(0, 16, base.scale.shape, generator=g).to(torch.uint8)
+            per.append(CheckpointInt4Weight(unpack_int4(base.qweight), base.scale, group, zero))
+    else:
+        per = [Int8Weight(w[e]) if kind == "int8" else Int4Weight(w[e], group) for e in range(E)]
     data = torch.stack([p.qweight for p in per]).contiguous()
     scale = torch.stack([p.scale for p in per]).contiguous()
+    zero = torch.stack([p.zero for p in per]).contiguous() if kind == "int4-zero" else None
     deq = torch.stack([p.dequantize(torch.float32) for p in per])
-    return ExpertWeights(kind, data, N, K, scale=scale, group=group if kind == "int4" else 0), deq
+    stacked_kind = kind.removesuffix("-zero")
+    group = group if stacked_kind == "int4" else 0
+    return ExpertWeights(stacked_kind, data, N, K, scale=scale, zero=zero, group=group), deq
 
 
 def assert_close(out: torch.Tensor, ref: torch.Tensor, rel: float) -> None:
@@ -90,7 +102,7 @@ def test_bfloat16_matches_the_reference(T, bias):
     assert_close(out, reference_moe(x, ids, weights, w13, w2, b13, b2, "silu"), 1e-2)
 
 
-@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("kind", ["int8", "int4", "int4-zero"])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("T", [1, 3, 40])
 def test_quantized_match_the_dequantized_reference(kind, shape, T):

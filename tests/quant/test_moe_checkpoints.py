@@ -15,8 +15,16 @@ from tram.model.layers.moe.layer import FusedMoE
 
 SCHEMES = {
     "gptq-g64-asym-actorder": _gptq(64, False, True),
+    "gptq-g64-sym": _gptq(64, True, False),
     "awq-g64": _awq(64),
     "ct-w8a16-channel": _compressed(8, -1, True),
+}
+# The form each scheme's experts take: stacked for the fused kernels, or per expert (act-order).
+EXPERT_FORM = {
+    "gptq-g64-asym-actorder": ("modules", False),
+    "gptq-g64-sym": ("int4", False),
+    "awq-g64": ("int4", True),
+    "ct-w8a16-channel": ("int8", False),
 }
 PROMPTS = [[1, 5, 9, 200, 301], [1] + list(range(60, 83))]  # the longer one prefills past the skinny rows
 
@@ -50,13 +58,17 @@ def test_quantized_moe_checkpoint_over_two_ranks(expert_parallel: bool, checkpoi
         llm.llm_engine.engine_core.shutdown()
 
 
-def test_quantized_experts_are_kept_quantized(checkpoints) -> None:
-    """The experts compute with the checkpoint's packed weights; no float expert weight is kept."""
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_quantized_experts_are_kept_quantized(scheme: str, checkpoints) -> None:
+    """The experts compute with the checkpoint's packed weights (stacked for the fused kernels where
+    their layout allows: zero points kept, no act-order); no float expert weight is kept."""
     from tram.config import ModelConfig
     from tram.model.loader import load_model
 
-    quantized, _ = checkpoints["awq-g64"]
-    model = load_model(ModelConfig(model=quantized, quantization="awq"))
+    quantized, _ = checkpoints[scheme]
+    model = load_model(ModelConfig(model=quantized))
     layers = [m for m in model.modules() if isinstance(m, FusedMoE)]
-    assert layers and all(m.w13 is not None and m.w13.kind == "modules" for m in layers)
+    kind, zero_points = EXPERT_FORM[scheme]
+    assert layers and all(w.kind == kind for m in layers for w in (m.w13, m.w2))
+    assert all((w.zero is not None) == zero_points for m in layers for w in (m.w13, m.w2))
     assert all(m.w13_weight.numel() == 0 and m.w2_weight.numel() == 0 for m in layers)

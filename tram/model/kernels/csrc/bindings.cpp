@@ -65,12 +65,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "A mixture-of-experts layer's experts (CPU): (x [T,H] float32 or bfloat16, topk_ids [T,k] int32 (-1: skip), "
         "topk_weights [T,k] float32, w13 [E,2I,...], w13_scale or None, w13_format, w13_param, w2 [E,H,...], "
         "w2_scale or None, w2_format, w2_param, b13 [E,2I] or None, b2 [E,H] or None, activation (0 silu, "
-        "1 swiglu_oai), alpha, limit) -> [T,H]; formats: 0 float (x's dtype), 1 int8, 2 int4 (param: group), "
-        "3 GGUF (param: ggml type)",
+        "1 swiglu_oai), alpha, limit, w13_zero, w2_zero) -> [T,H]; formats: 0 float (x's dtype), 1 int8, 2 int4 "
+        "(param: group; zero [E,N,K/group] uint8 or None: 8), 3 GGUF (param: ggml type), 4 GGUF K-quants with int8 "
+        "activations",
         py::arg("x"), py::arg("topk_ids"), py::arg("topk_weights"), py::arg("w13"), py::arg("w13_scale"),
         py::arg("w13_format"), py::arg("w13_param"), py::arg("w2"), py::arg("w2_scale"), py::arg("w2_format"),
         py::arg("w2_param"), py::arg("b13"), py::arg("b2"), py::arg("activation"), py::arg("alpha") = 1.702,
-        py::arg("limit") = 7.0);
+        py::arg("limit") = 7.0, py::arg("w13_zero") = py::none(), py::arg("w2_zero") = py::none());
   m.def("rms_norm", &tram::rms_norm, "transformers' RMSNorm (CPU): (x [T,N], weight [N], eps) -> [T,N]",
         py::arg("x"), py::arg("weight"), py::arg("eps"));
   m.def("add_rms_norm", &tram::add_rms_norm,

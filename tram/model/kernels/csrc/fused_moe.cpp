@@ -10,7 +10,8 @@
 //   -> out        [T, H]        x's dtype
 // Weight formats (each of w13 and w2 has its own): 0 float (x's dtype: [E, N, K]), 1 int8 ([E, N, K]
 // int8, scale [E, N]), 2 int4 ([E, N, K / 2] uint8 as quant_linear.cpp packs it, scale [E, N, K / group],
-// param = group), 3 GGUF ([E, N, row_bytes] uint8, param = ggml type).
+// param = group; with zero [E, N, K / group] uint8 a zero point per group, else 8), 3 GGUF ([E, N,
+// row_bytes] uint8, param = ggml type), 4 GGUF K-quants with int8 activations.
 //
 // Why one call: a decode step of a 128-expert top-8 layer touches up to all experts with a token or two
 // each. Per-expert linears would be ~2 x 128 small parallel regions, each too short to stream its
@@ -328,6 +329,7 @@ void for_expert_tiles(const Moe& s, int64_t rows, int64_t step, const Fn& fn) {
 struct WeightArg {
   const at::Tensor& data;
   const c10::optional<at::Tensor>& scale;
+  const c10::optional<at::Tensor>& zero;  // int4 only
   int64_t format, param;
   const char* name;
 };
@@ -361,7 +363,12 @@ void with_weight(const WeightArg& w, int64_t E, int64_t N, int64_t K, at::Scalar
       TORCH_CHECK(d.scalar_type() == at::kByte && d.size(2) == K / 2 && has_scale &&
                       w.scale->numel() == E * N * (K / w.param),
                   "fused_moe: int4 ", w.name, " takes [E, N, K / 2] uint8 and scale [E, N, K / group]");
-      return fn(Int4Format{d.data_ptr<uint8_t>(), scale, N, K, w.param});
+      if (w.zero.has_value() && w.zero->defined()) {
+        TORCH_CHECK(w.zero->scalar_type() == at::kByte && w.zero->is_contiguous() && w.zero->numel() == w.scale->numel(),
+                    "fused_moe: int4 ", w.name, "'s zero points must be contiguous uint8 [E, N, K / group]");
+        return fn(Int4Format<true>{d.data_ptr<uint8_t>(), scale, w.zero->data_ptr<uint8_t>(), N, K, w.param});
+      }
+      return fn(Int4Format<false>{d.data_ptr<uint8_t>(), scale, nullptr, N, K, w.param});
     case 3:
       TORCH_CHECK(d.scalar_type() == at::kByte, "fused_moe: GGUF ", w.name, " must be uint8");
       return tram::gguf_float::with_format(w.param, [&](auto fmt) {
@@ -470,7 +477,8 @@ at::Tensor fused_moe(const at::Tensor& x, const at::Tensor& topk_ids, const at::
                      const at::Tensor& w13, const c10::optional<at::Tensor>& w13_scale, int64_t w13_format,
                      int64_t w13_param, const at::Tensor& w2, const c10::optional<at::Tensor>& w2_scale,
                      int64_t w2_format, int64_t w2_param, const c10::optional<at::Tensor>& b13,
-                     const c10::optional<at::Tensor>& b2, int64_t activation, double alpha, double limit) {
+                     const c10::optional<at::Tensor>& b2, int64_t activation, double alpha, double limit,
+                     const c10::optional<at::Tensor>& w13_zero, const c10::optional<at::Tensor>& w2_zero) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "fused_moe: x must be a [T, H] float32 or bfloat16 CPU tensor");
   TORCH_CHECK(topk_ids.dim() == 2 && topk_ids.size(0) == x.size(0) && topk_ids.scalar_type() == at::kInt &&
@@ -490,7 +498,8 @@ at::Tensor fused_moe(const at::Tensor& x, const at::Tensor& topk_ids, const at::
   route(s, ids.data_ptr<int32_t>());
   if (x.scalar_type() == at::kFloat) gather_tokens(s, xc.data_ptr<float>(), false);
   else gather_tokens(s, xc.data_ptr<c10::BFloat16>(), w13_format == 0);
-  const WeightArg a13{w13, w13_scale, w13_format, w13_param, "w13"}, a2{w2, w2_scale, w2_format, w2_param, "w2"};
+  const WeightArg a13{w13, w13_scale, w13_zero, w13_format, w13_param, "w13"};
+  const WeightArg a2{w2, w2_scale, w2_zero, w2_format, w2_param, "w2"};
   if (w13_format == 4) s.xq.quantize(s.xg.data(), s.ldh, s.start[s.E], s.H);
   with_weight(a13, s.E, 2 * s.I, s.H, x.scalar_type(), [&](const auto& f) {
     for_expert_tiles(s, s.I, kGateRows, [&](int64_t e, int64_t i0) { gate_up_item(f, s, e, i0); });

@@ -80,7 +80,8 @@ at::Tensor fused_moe(const at::Tensor& x, const at::Tensor& topk_ids, const at::
                      const at::Tensor& w13, const c10::optional<at::Tensor>& w13_scale, int64_t w13_format,
                      int64_t w13_param, const at::Tensor& w2, const c10::optional<at::Tensor>& w2_scale,
                      int64_t w2_format, int64_t w2_param, const c10::optional<at::Tensor>& b13,
-                     const c10::optional<at::Tensor>& b2, int64_t activation, double alpha, double limit);
+                     const c10::optional<at::Tensor>& b2, int64_t activation, double alpha, double limit,
+                     const c10::optional<at::Tensor>& w13_zero, const c10::optional<at::Tensor>& w2_zero);
 
 // rms_norm.cpp: transformers' RMSNorm, optionally after adding the residual.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);

@@ -56,12 +56,17 @@ struct Int8Format {
   }
 };
 
+// kZero: a zero point per group ([E, N, K / group] uint8, a quantized checkpoint's: AWQ, asymmetric
+// GPTQ and compressed-tensors), w = (q - zero) * scale; else 8, Tram's symmetric int4.
+template <bool kZero>
 struct Int4Format {
   const uint8_t* q;
   const float* scale;  // [E, N, K / group]
+  const uint8_t* zero;  // [E, N, K / group] (kZero only)
   int64_t N, K, group;
-  TRAM_INLINE tram::rows::Int4Rows<false> rows(int64_t e, int64_t n) const {
-    return {q + (e * N + n) * (K / 2), scale + (e * N + n) * (K / group), nullptr, K, group};
+  TRAM_INLINE tram::rows::Int4Rows<kZero> rows(int64_t e, int64_t n) const {
+    const int64_t g0 = (e * N + n) * (K / group);
+    return {q + (e * N + n) * (K / 2), scale + g0, kZero ? zero + g0 : nullptr, K, group};
   }
   template <int64_t MB, int64_t NB>
   TRAM_INLINE void dot(const float* x, int64_t ldx, int64_t e, int64_t n, float (&s)[MB][NB]) const {

@@ -43,6 +43,8 @@ def _supported(fmt: ExpertWeights, x: torch.Tensor) -> bool:
     if fmt.kind in ("int8", "int4"):
         if fmt.scale is None or fmt.scale.dtype != torch.float32:
             return False
+        if fmt.zero is not None and not (fmt.zero.dtype == torch.uint8 and fmt.zero.is_contiguous()):
+            return False
         if fmt.kind == "int4":
             k, g = fmt.in_features, fmt.group
             return g > 0 and g % 32 == 0 and k % g == 0
@@ -84,7 +86,7 @@ def cpu_fused_moe(
     ids = topk_ids.to(torch.int32).contiguous()
     weights = topk_weights.to(torch.float32).contiguous()
     args = (w13.data, w13.scale, _format(w13), w13.param(), w2.data, w2.scale, _format(w2), w2.param())
-    rest = (b13, b2, _ACTIVATIONS[activation], float(alpha), float(limit))
+    rest = (b13, b2, _ACTIVATIONS[activation], float(alpha), float(limit), w13.zero, w2.zero)
     x = x.contiguous()
     if x.shape[0] <= MAX_TOKENS_PER_CALL:
         return module.fused_moe(x, ids, weights, *args, *rest)

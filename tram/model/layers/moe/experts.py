@@ -3,10 +3,11 @@
 One projection (gate/up stacked as w13, or down as w2) of the E experts this rank holds, [E, N, ...]:
   * "float": data [E, N, K] in the model's dtype;
   * "int8":  data [E, N, K] int8, scale [E, N] (quant/weights.py Int8Weight's layout per expert);
-  * "int4":  data [E, N, K / 2] uint8, scale [E, N, K / group] (Int4Weight's layout per expert);
+  * "int4":  data [E, N, K / 2] uint8, scale [E, N, K / group] (Int4Weight's layout per expert), and
+    where a quantized checkpoint has them, zero [E, N, K / group] uint8 zero points (CheckpointInt4Weight's);
   * "gguf":  data [E, N, row_bytes] uint8 blocks of one ggml type (gguf/weight.py GGUFWeight's);
-  * "modules": one weight object per expert (a quantized checkpoint's experts, whatever their
-    format's layout: checkpoint_experts.py), `data` empty; only the grouped path runs them.
+  * "modules": one weight object per expert (a quantized checkpoint's experts in a layout no fused
+    kernel takes, such as act-order: checkpoint_experts.py), `data` empty; only the grouped path runs them.
 Stacked, so that the fused kernels (csrc/fused_moe.cpp, triton_moe.py) take every expert in one
 call; `expert(e)` gives one expert's weight as the linear layers' own classes, which the grouped
 PyTorch path (reference.py) multiplies by, on the same kernels as a dense layer.
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tram.model.layers.linear import linear
+from tram.model.quant.checkpoint_weight import CheckpointInt4Weight
 from tram.model.quant.weights import Int4Weight, Int8Weight, QuantizedWeight, int4_group_size
 
 ExpertLinear = Callable[[torch.Tensor, "torch.Tensor | None"], torch.Tensor]
@@ -40,6 +42,7 @@ class ExpertWeights:
     out_features: int
     in_features: int
     scale: torch.Tensor | None = None
+    zero: torch.Tensor | None = None  # int4: a checkpoint's zero points (None: 8, symmetric)
     group: int = 0
     ggml_type: int = 0
     int8_activations: bool = False  # gguf: x quantized to int8 (`--gguf-activations int8`; per 256 for K-quants)
@@ -62,8 +65,8 @@ class ExpertWeights:
     def nbytes(self) -> int:
         if self.kind == "modules":
             return sum(getattr(v, "nbytes", 0) for v in self._views)
-        scale = 0 if self.scale is None else self.scale.numel() * self.scale.element_size()
-        return self.data.numel() * self.data.element_size() + scale
+        extra = sum(t.numel() * t.element_size() for t in (self.scale, self.zero) if t is not None)
+        return self.data.numel() * self.data.element_size() + extra
 
     def param(self) -> int:
         """The fused kernel's per-form argument: the int4 group or the ggml type."""
@@ -86,6 +89,17 @@ class ExpertWeights:
         n, k = self.out_features, self.in_features
         if self.kind == "int8":
             return _view(Int8Weight, qweight=self.data[e], scale=self.scale[e], out_features=n, in_features=k)
+        if self.kind == "int4" and self.zero is not None:
+            return _view(
+                CheckpointInt4Weight,
+                qweight=self.data[e],
+                scale=self.scale[e],
+                zero=self.zero[e],
+                group=self.group,
+                out_features=n,
+                in_features=k,
+                x_features=k,
+            )
         if self.kind == "int4":
             return _view(
                 Int4Weight, qweight=self.data[e], scale=self.scale[e], group=self.group, out_features=n, in_features=k

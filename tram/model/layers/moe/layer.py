@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from tram.distributed import expert_parallel, get_tp, shard_range, tp_all_reduce
-from tram.model.layers.moe.checkpoint_experts import ExpertSlot, PairedExpert, as_expert
+from tram.model.layers.moe.checkpoint_experts import ExpertSlot, as_expert, stacked_experts
 from tram.model.layers.moe.cpu_kernel import cpu_fused_moe, takes_int8_activations
 from tram.model.layers.moe.experts import ExpertWeights, quantize_experts
 from tram.model.layers.moe.reference import grouped_moe
@@ -166,10 +166,9 @@ class FusedMoE(nn.Module):
         w13 = self._quantized.get("w13", {})
         w2 = self._quantized.get("w2", {})
         hidden = self.hidden_size
-        self.w13 = ExpertWeights.of_modules(
-            [PairedExpert(w13[e][0], w13[e][1]) for e in range(self.num_local)], 2 * self.width, hidden
-        )
-        self.w2 = ExpertWeights.of_modules([w2[e][None] for e in range(self.num_local)], hidden, self.width)
+        local = range(self.num_local)
+        self.w13 = stacked_experts([[w13[e][0], w13[e][1]] for e in local], 2 * self.width, hidden)
+        self.w2 = stacked_experts([[w2[e][None]] for e in local], hidden, self.width)
         empty = torch.empty(0, dtype=self.w13_weight.dtype, device=self.w13_weight.device)
         self.w13_weight = nn.Parameter(empty, requires_grad=False)
         self.w2_weight = nn.Parameter(empty.clone(), requires_grad=False)
