@@ -21,6 +21,7 @@ SMOKE_DEFAULTS: dict[str, Any] = dict(
     context=48,
     decode_steps=3,
     decode_warmup=1,
+    profile_batches="4",
     num_requests=6,
     input_len=24,
     output_len=6,
@@ -77,6 +78,11 @@ def add_decode_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--decode-steps", type=int, default=20, help="measured decode steps per batch (median)")
     g.add_argument("--decode-warmup", type=int, default=3)
     g.add_argument("--copy-mib", type=int, default=2048, help="size of the bandwidth-measuring copy")
+    g.add_argument(
+        "--profile-batches",
+        default="1,256",
+        help="batches whose decode steps are also profiled (top kernels, device busy time; '' for none)",
+    )
 
 
 def add_throughput_flags(p: argparse.ArgumentParser) -> None:

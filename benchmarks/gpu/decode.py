@@ -23,6 +23,7 @@ from gpu.common import (  # isort: skip (this folder, on sys.path when gpu_bench
     model_dir,
     parse_ints,
 )
+from gpu.profile import profile_steps  # isort: skip
 
 # Tokens of max_model_len beyond the context and the measured steps (see run_decode).
 DECODE_HEADROOM = 256
@@ -75,6 +76,16 @@ def timed_decode_steps(ctx: Ctx, engine: Any, batch: int, kv_per_token: int) -> 
     return times, kv_bytes
 
 
+def profiled(ctx: Ctx, engine: Any) -> dict[str, Any]:
+    """profile_steps, or the reason it failed: a profiler that cannot start on a device (CUPTI) must
+    not cost the decode timings measured before it."""
+    try:
+        return profile_steps(engine, ctx.device)
+    except Exception as err:  # the timings stand without it
+        log(f"decode: profiling failed: {type(err).__name__}: {err}")
+        return {"error": f"{type(err).__name__}: {err}"}
+
+
 def decode_row(ctx: Ctx, llm: Any, batch: int, bandwidth: float) -> dict[str, Any]:
     from tram import SamplingParams
 
@@ -92,6 +103,7 @@ def decode_row(ctx: Ctx, llm: Any, batch: int, bandwidth: float) -> dict[str, An
         prefill_steps = run_prefills(engine, batch, max_steps=batch * args.context + 100)
         kv_per_token = runner.bytes_per_block() // runner.block_size
         times, kv_bytes = timed_decode_steps(ctx, engine, batch, kv_per_token)
+        profile = profiled(ctx, engine) if batch in parse_ints(args.profile_batches) else None
     finally:
         engine.abort_request(ids)
     tied = bool(getattr(runner.model_config.hf_config, "tie_word_embeddings", False))
@@ -102,6 +114,7 @@ def decode_row(ctx: Ctx, llm: Any, batch: int, bandwidth: float) -> dict[str, An
         "batch": batch,
         "context": args.context,
         "prefill_steps": prefill_steps,
+        "profile": profile,
         "measured_steps": len(times),
         "step_ms": step_ms,
         "step_ms_min": min(times),

@@ -24,6 +24,17 @@ def print_decode(res: dict[str, Any]) -> None:
             f"{r['batch']:>5} {r['context']:>7} {r['step_ms']:>8.2f} {r['bound_ms']:>8.2f} {r['ratio']:>6.2f} "
             f"{r['output_tok_per_s']:>9.0f} {fmt_goal(r['meets_goal']):>9}"
         )
+    for r in res.get("rows", []):
+        prof = r.get("profile")
+        if prof and "error" in prof:
+            print(f"profile, batch {r['batch']}: failed ({prof['error']})")
+        elif prof:
+            print(
+                f"profile, batch {r['batch']}: {prof['wall_ms_per_step']:.2f} ms a step, device busy "
+                f"{prof['device_busy_ms_per_step']:.2f} ms; most time:"
+            )
+            for k in prof["top"][:8]:
+                print(f"  {k['ms_per_step']:8.3f} ms  x{k['calls_per_step']:<5.0f} {k['name'][:90]}")
 
 
 def print_throughput(res: dict[str, Any]) -> None:

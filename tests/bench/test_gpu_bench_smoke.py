@@ -132,6 +132,12 @@ def test_decode_section(smoke: dict[str, Any]) -> None:
         assert row["ratio"] == pytest.approx(row["step_ms"] / row["bound_ms"])
     # More sequences read more KV; the weights are read once whatever the batch.
     assert res["rows"][1]["kv_bytes_read"] > res["rows"][0]["kv_bytes_read"]
+    # --profile-batches (smoke: 4): where the profiled steps' time went.
+    assert res["rows"][0]["profile"] is None
+    prof = res["rows"][1]["profile"]
+    assert prof["steps"] == 3 and prof["wall_ms_per_step"] > 0 and prof["device_busy_ms_per_step"] > 0
+    assert prof["top"] and all(k["ms_per_step"] >= 0 and k["calls_per_step"] > 0 for k in prof["top"])
+    assert prof["top"][0]["ms_per_step"] == max(k["ms_per_step"] for k in prof["top"])
 
 
 def test_throughput_section(smoke: dict[str, Any]) -> None:
