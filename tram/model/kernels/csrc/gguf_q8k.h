@@ -14,9 +14,10 @@
 //   Q4_K, Q5_K: w = d_w * sc_j * u - dmin_w * m_j (sub-block j of 32):
 //     I = sum_j sc_j * sum(u * q) and Imin = sum_j m_j * bsum_j, exact integers
 //   Q6_K: w = d_w * sc_g * (u - 32) (group g of 16): I = sum_g sc_g * (sum(u * q) - 32 * bs_g), Imin = 0
-// then acc = fma(I, d_w * d_x, acc), accm = fma(Imin, -dmin_w * d_x, accm), and y = acc + accm. Each
-// output's float operations depend on K alone: a row's result does not depend on the rows or threads
-// it shares a call with, nor on which kernel (this one or gguf_q8k_gemm.h's) multiplied it.
+// then acc = fma(I, d_w * d_x, acc), accm = fma(Imin, -dmin_w * d_x, accm), and y = acc + accm (with
+// AVX-512; the AVX2 dot_tile keeps I's 8 lanes apart until the end, see there). Each output's float
+// operations depend on K alone: a row's result does not depend on the rows or threads it shares a
+// call with, nor on which kernel (this one or gguf_q8k_gemm.h's) multiplied it.
 #pragma once
 
 #include "gguf_common.h"
@@ -177,7 +178,6 @@ TRAM_INLINE __m256i dot_scaled8(__m256i acc, __m256i u, __m256i q, __m256i scale
 TRAM_INLINE V dot_scaled(V acc, V u, V q, V scale) {
   return {dot_scaled8(acc.lo, u.lo, q.lo, scale.lo), dot_scaled8(acc.hi, u.hi, q.hi, scale.hi)};
 }
-TRAM_INLINE V add_low(V acc, __m256i v) { return {_mm256_add_epi32(acc.lo, v), acc.hi}; }
 TRAM_INLINE V halves_shifted(const uint8_t* p, int lo, int hi) {
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return {_mm256_srl_epi16(v, _mm_cvtsi32_si128(lo)), _mm256_srl_epi16(v, _mm_cvtsi32_si128(hi))};
@@ -279,11 +279,6 @@ struct Q6K {
   }
 };
 
-TRAM_INLINE int32_t isum8(__m256i v) {
-  const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  const __m128i q = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
-  return _mm_cvtsi128_si32(_mm_add_epi32(q, _mm_shuffle_epi32(q, 1)));
-}
 #if defined(TRAM_Q8K_512)
 // The lane sums of four vectors at once (out[i] = sum of v[i]'s lanes): 14 instructions, where one
 // reduction alone takes 9.
@@ -297,12 +292,6 @@ TRAM_INLINE void isum4(const V (&v)[4], int32_t* out) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_castsi512_si128(first));
 }
 TRAM_INLINE V widen(__m256i v) { return _mm512_zextsi256_si512(v); }
-#else
-TRAM_INLINE void isum4(const V (&v)[4], int32_t* out) {
-  for (int i = 0; i < 4; ++i) out[i] = isum8(_mm256_add_epi32(v[i].lo, v[i].hi));
-}
-TRAM_INLINE V widen(__m256i v) { return {v, _mm256_setzero_si256()}; }
-#endif
 
 // The lane sums of n vectors, four at a time.
 template <int64_t N>
@@ -315,6 +304,7 @@ TRAM_INLINE void isums(const V (&v)[N], int32_t (&out)[N]) {
   }
   for (int64_t i = 0; i < N; ++i) out[i] = all[i];
 }
+#endif
 
 // One output's float steps per block b, the same in every kernel that multiplies these blocks (here
 // and gguf_q8k_gemm.h), so that a row's result does not depend on which one ran: the block's exact
@@ -323,6 +313,34 @@ TRAM_INLINE void isums(const V (&v)[N], int32_t (&out)[N]) {
 // output is acc + accm.
 TRAM_INLINE float block_step(int32_t i, float dwdx, float acc) { return std::fma(static_cast<float>(i), dwdx, acc); }
 
+// The block's integer sums for rows m0 .. m0 + MB - 1 of x against NB rows of W: sums_b[m][j] per
+// lane, before the minimums' or zero point's share.
+template <typename F, int64_t MB, int64_t NB>
+TRAM_INLINE void block_sums(const Rows& x, int64_t m0, int64_t b, const F (&blk)[NB], V (&sums_b)[MB][NB]) {
+  for (int64_t m = 0; m < MB; ++m) {
+    for (int64_t j = 0; j < NB; ++j) sums_b[m][j] = vzero();
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    V u[NB], sc[NB];
+    for (int64_t j = 0; j < NB; ++j) u[j] = blk[j].quants(c), sc[j] = blk[j].scales(c);
+    for (int64_t m = 0; m < MB; ++m) {
+      const V q = load64(x.q_at(m0 + m) + b * kBlock + 64 * c);
+      for (int64_t j = 0; j < NB; ++j) sums_b[m][j] = dot_scaled(sums_b[m][j], u[j], q, sc[j]);
+    }
+  }
+}
+
+template <typename F, int64_t NB>
+TRAM_INLINE void load_blocks(const uint8_t* w, int64_t row_bytes, int64_t b, F (&blk)[NB]) {
+  for (int64_t j = 0; j < NB; ++j) {
+    const uint8_t* p = w + j * row_bytes + b * F::kBytes;
+    blk[j].load(p);
+    tram::simd::prefetch_ahead(p, F::kBytes);
+  }
+}
+
+#if defined(TRAM_Q8K_512)
 // sums[m][j] = row m0 + m of x times row j of W (rows at w + j * row_bytes), K = blocks * 256.
 template <typename F, int64_t MB, int64_t NB>
 TRAM_INLINE void dot_tile(const Rows& x, int64_t m0, const uint8_t* w, int64_t row_bytes, int64_t blocks,
@@ -330,24 +348,9 @@ TRAM_INLINE void dot_tile(const Rows& x, int64_t m0, const uint8_t* w, int64_t r
   float acc[MB][NB] = {}, accm[MB][NB] = {};
   for (int64_t b = 0; b < blocks; ++b) {
     F blk[NB];
-    for (int64_t j = 0; j < NB; ++j) {
-      const uint8_t* p = w + j * row_bytes + b * F::kBytes;
-      blk[j].load(p);
-      tram::simd::prefetch_ahead(p, F::kBytes);
-    }
+    load_blocks<F, NB>(w, row_bytes, b, blk);
     V sums_b[MB][NB];
-    for (int64_t m = 0; m < MB; ++m) {
-      for (int64_t j = 0; j < NB; ++j) sums_b[m][j] = vzero();
-    }
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) {
-      V u[NB], sc[NB];
-      for (int64_t j = 0; j < NB; ++j) u[j] = blk[j].quants(c), sc[j] = blk[j].scales(c);
-      for (int64_t m = 0; m < MB; ++m) {
-        const V q = load64(x.q_at(m0 + m) + b * kBlock + 64 * c);
-        for (int64_t j = 0; j < NB; ++j) sums_b[m][j] = dot_scaled(sums_b[m][j], u[j], q, sc[j]);
-      }
-    }
+    block_sums<F, MB, NB>(x, m0, b, blk, sums_b);
     constexpr int64_t kSums = F::kMins ? 2 * NB : NB;  // per row of x: I per row of W, then Imin per row
     V parts[MB * kSums];
     for (int64_t m = 0; m < MB; ++m) {
@@ -375,6 +378,48 @@ TRAM_INLINE void dot_tile(const Rows& x, int64_t m0, const uint8_t* w, int64_t r
     for (int64_t j = 0; j < NB; ++j) sums[m][j] = acc[m][j] + accm[m][j];
   }
 }
+#else
+// The 8 floats of v summed in one fixed order.
+TRAM_INLINE float hsum8(__m256 v) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+// AVX2 (no GEMM kernel to agree with): each output keeps 8 float lanes across blocks,
+// acc = fma(I_lanes, d_w * d_x, acc) then fma(Imin_lanes, -dmin_w * d_x, acc), summed once at the
+// end. A per-block horizontal sum of the integers and a scalar FMA chain made one-row decode
+// compute-bound; every row count still takes the same steps per output.
+template <typename F, int64_t MB, int64_t NB>
+TRAM_INLINE void dot_tile(const Rows& x, int64_t m0, const uint8_t* w, int64_t row_bytes, int64_t blocks,
+                          float (&sums)[MB][NB]) {
+  __m256 acc[MB][NB];
+  for (int64_t m = 0; m < MB; ++m) {
+    for (int64_t j = 0; j < NB; ++j) acc[m][j] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < blocks; ++b) {
+    F blk[NB];
+    load_blocks<F, NB>(w, row_bytes, b, blk);
+    V sums_b[MB][NB];
+    block_sums<F, MB, NB>(x, m0, b, blk, sums_b);
+    for (int64_t m = 0; m < MB; ++m) {
+      const int16_t* bs = x.bs_at(m0 + m) + b * (kBlock / kSum);
+      const float dx = x.d_at(m0 + m)[b];
+      for (int64_t j = 0; j < NB; ++j) {
+        __m256i i = _mm256_add_epi32(sums_b[m][j].lo, sums_b[m][j].hi);
+        if constexpr (!F::kMins) i = _mm256_add_epi32(i, blk[j].zero_sums(bs));
+        acc[m][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(blk[j].d * dx), acc[m][j]);
+        if constexpr (F::kMins) {
+          acc[m][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(blk[j].min_sums(bs)), _mm256_set1_ps(blk[j].dmin * dx), acc[m][j]);
+        }
+      }
+    }
+  }
+  for (int64_t m = 0; m < MB; ++m) {
+    for (int64_t j = 0; j < NB; ++j) sums[m][j] = hsum8(acc[m][j]);
+  }
+}
+#endif
 
 #define TRAM_Q8K_KERNELS 1
 #endif  // __AVX2__

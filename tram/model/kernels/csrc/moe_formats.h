@@ -131,7 +131,16 @@ struct GgufQ8KFormat {
   int64_t N, K, row_bytes;
   template <int64_t MB, int64_t NB>
   TRAM_INLINE void dot_q(const tram::q8k::Rows& x, int64_t m0, int64_t e, int64_t n, float (&s)[MB][NB]) const {
+#if defined(TRAM_Q8K_512)
     tram::q8k::dot_tile<F, MB, NB>(x, m0, data + (e * N + n) * row_bytes, row_bytes, K / tram::q8k::kBlock, s);
+#else
+    // One row of W per tile with AVX2's 16 registers (two measured slower for Q6_K, as in gguf_int8.cpp).
+    for (int64_t j = 0; j < NB; ++j) {
+      float one[MB][1];
+      tram::q8k::dot_tile<F, MB, 1>(x, m0, data + (e * N + n + j) * row_bytes, row_bytes, K / tram::q8k::kBlock, one);
+      for (int64_t m = 0; m < MB; ++m) s[m][j] = one[m][0];
+    }
+#endif
   }
 #if defined(TRAM_Q8K_GEMM)
   // Rows n .. n + rows - 1 (rows <= 16) of expert e times rows p_begin .. p_end - 1 of x, repacked once
