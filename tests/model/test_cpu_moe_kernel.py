@@ -170,15 +170,17 @@ def test_k_quants_with_int8_activations_match_the_quantized_reference(types, T, 
     """The activations' grid makes a rounding difference of the gate/up sums a whole int8 step of the
     down projection's input now and then, so the bound is a step's share of the output, not float32's."""
     E, k, H, I = 4, 2, 512, 256
-    x = torch.randn(T, H).to(dtype)
+    x = torch.randn(T, H, generator=torch.Generator().manual_seed(T)).to(dtype)
     ids, weights = routing(T, E, k, seed=T)
     f13, d13 = gguf_weight(types[0], E, 2 * I, H, seed=10, int8_activations=True)
     f2, d2 = gguf_weight(types[1], E, H, I, seed=50, int8_activations=True)
     assert cpu_kernel.takes_int8_activations(f13, f2)
     out = cpu_fused_moe(x, ids, weights, f13, f2, None, None, "silu")
     assert_close(out, reference_moe_int8(x, ids, weights, d13, d2), 2e-3 if dtype == torch.float32 else 1e-2)
-    exact = reference_moe(x, ids, weights, d13, d2, None, None, "silu")  # float activations: further away
-    assert (out.float() - exact.float()).abs().max() < 0.05 * exact.float().abs().max()
+    # Float activations: further away, by what quantizing silu(gate) * up per 256 costs (a heavy-tailed
+    # block's largest value sets a coarse step): up to 6.6% of the largest output over 40 draws of x.
+    exact = reference_moe(x, ids, weights, d13, d2, None, None, "silu")
+    assert (out.float() - exact.float()).abs().max() < 0.1 * exact.float().abs().max()
 
 
 def test_k_quants_with_int8_activations_are_the_same_for_any_batch():
