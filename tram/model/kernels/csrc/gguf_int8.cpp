@@ -348,12 +348,13 @@ void linear_impl(const Args& a) {
 // ---- the K-quants: activations per 256 k (gguf_q8k.h) ----------------------------------------------
 
 #if defined(TRAM_Q8K_KERNELS)
-// Rows of W per tile at one row of x (two measured slower for Q6_K on AVX2), rows of x per tile past
-// one (then 2, then 1 for the rest), rows of W per tile then.
+// Rows of x per tile past one (then 2, then 1 for the rest) and rows of W per tile then; rows of W
+// per tile at one row of x (two measured slower for Q6_K on AVX2).
+constexpr int64_t kQ8KRowsX = 4, kQ8KRowsW = 1;
 #if defined(TRAM_Q8K_512)
-constexpr int64_t kQ8KOneRowW = 2, kQ8KRowsX = 4, kQ8KRowsW = 1;
+constexpr int64_t kQ8KOneRowW = 2;
 #else
-constexpr int64_t kQ8KOneRowW = 1, kQ8KRowsX = 4, kQ8KRowsW = 1;
+constexpr int64_t kQ8KOneRowW = 1;
 #endif
 
 template <typename F, typename T, int64_t MB, int64_t NB>

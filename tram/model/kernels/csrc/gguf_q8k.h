@@ -306,13 +306,6 @@ TRAM_INLINE void isums(const V (&v)[N], int32_t (&out)[N]) {
 }
 #endif
 
-// One output's float steps per block b, the same in every kernel that multiplies these blocks (here
-// and gguf_q8k_gemm.h), so that a row's result does not depend on which one ran: the block's exact
-// integer sums I (sc-weighted products, zero point included) and Imin (minimums times the partial
-// sums of q), then acc = fma(I, d_w * d_x, acc) and accm = fma(Imin, -dmin_w * d_x, accm); the
-// output is acc + accm.
-TRAM_INLINE float block_step(int32_t i, float dwdx, float acc) { return std::fma(static_cast<float>(i), dwdx, acc); }
-
 // The block's integer sums for rows m0 .. m0 + MB - 1 of x against NB rows of W: sums_b[m][j] per
 // lane, before the minimums' or zero point's share.
 template <typename F, int64_t MB, int64_t NB>
@@ -341,6 +334,13 @@ TRAM_INLINE void load_blocks(const uint8_t* w, int64_t row_bytes, int64_t b, F (
 }
 
 #if defined(TRAM_Q8K_512)
+// One output's float steps per block b, the same in every kernel that multiplies these blocks (here
+// and gguf_q8k_gemm.h), so that a row's result does not depend on which one ran: the block's exact
+// integer sums I (sc-weighted products, zero point included) and Imin (minimums times the partial
+// sums of q), then acc = fma(I, d_w * d_x, acc) and accm = fma(Imin, -dmin_w * d_x, accm); the
+// output is acc + accm.
+TRAM_INLINE float block_step(int32_t i, float dwdx, float acc) { return std::fma(static_cast<float>(i), dwdx, acc); }
+
 // sums[m][j] = row m0 + m of x times row j of W (rows at w + j * row_bytes), K = blocks * 256.
 template <typename F, int64_t MB, int64_t NB>
 TRAM_INLINE void dot_tile(const Rows& x, int64_t m0, const uint8_t* w, int64_t row_bytes, int64_t blocks,
@@ -379,13 +379,6 @@ TRAM_INLINE void dot_tile(const Rows& x, int64_t m0, const uint8_t* w, int64_t r
   }
 }
 #else
-// The 8 floats of v summed in one fixed order.
-TRAM_INLINE float hsum8(__m256 v) {
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-}
-
 // AVX2 (no GEMM kernel to agree with): each output keeps 8 float lanes across blocks,
 // acc = fma(I_lanes, d_w * d_x, acc) then fma(Imin_lanes, -dmin_w * d_x, acc), summed once at the
 // end. A per-block horizontal sum of the integers and a scalar FMA chain made one-row decode
@@ -416,7 +409,7 @@ TRAM_INLINE void dot_tile(const Rows& x, int64_t m0, const uint8_t* w, int64_t r
     }
   }
   for (int64_t m = 0; m < MB; ++m) {
-    for (int64_t j = 0; j < NB; ++j) sums[m][j] = hsum8(acc[m][j]);
+    for (int64_t j = 0; j < NB; ++j) sums[m][j] = tram::simd::hsum8(acc[m][j]);
   }
 }
 #endif

@@ -83,10 +83,7 @@ TRAM_INLINE vf8 load8(const c10::Half* p) {
 TRAM_INLINE vf8 load8(const c10::Float8_e4m3fn* p) { return tram::fp8::widen8_raw(p); }
 TRAM_INLINE vf8 load8(const c10::Float8_e5m2* p) { return tram::fp8::widen8_raw(p); }
 
-
-// Horizontal sums, both in the order ((0+1)+(2+3))+((4+5)+(6+7)).
-TRAM_INLINE float hsum8(vf8 v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
-
+// Horizontal sums below (reduce8) add in simd.h's hsum8 order, ((0+1)+(2+3))+((4+5)+(6+7)).
 #if defined(__clang__) || __GNUC__ >= 12
 #define TRAM_SHUFFLE8(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
 #else  // GCC before 12 has only __builtin_shuffle

@@ -109,6 +109,9 @@ TRAM_INLINE float hsum(vf16 v) {
   return s0 + s1;
 }
 
+// Fixed-order horizontal sum of 8 lanes: ((0+1)+(2+3))+((4+5)+(6+7)).
+TRAM_INLINE float hsum8(vf8 v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
+
 // The largest lane (the order does not matter for a maximum).
 TRAM_INLINE float hmax(vf16 v) {
   const vf8 m8 = low8(v), h8 = high8(v);
