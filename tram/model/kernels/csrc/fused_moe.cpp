@@ -213,7 +213,7 @@ void gate_up_gemm(const Fmt& f, const Moe& s, int64_t e, int64_t i0, int64_t r) 
 }
 
 #if defined(TRAM_Q8K_GEMM)
-// An int8-activation expert with many tokens: its rows repacked 16 at a time (gguf_q8k_gemm.h), the
+// An int8-activation expert with many tokens: its rows repacked kPackRows at a time (gguf_q8k_gemm.h), the
 // gate rows' outputs kept while the up rows' arrive, the activation applied on those.
 template <typename Fmt>
 void gate_up_int8_gemm(const Fmt& f, const Moe& s, int64_t e, int64_t i0, int64_t r) {
@@ -224,10 +224,10 @@ void gate_up_int8_gemm(const Fmt& f, const Moe& s, int64_t e, int64_t i0, int64_
   gate.resize(static_cast<size_t>((p1 - p0) * kPackRows));
   for (int64_t n = i0; n < i0 + r; n += kPackRows) {
     const int64_t rows = std::min(kPackRows, i0 + r - n);
-    f.gemm(s.xq.rows(), p0, p1, e, n, rows, [&](int64_t p, __m512 v) { _mm512_storeu_ps(gate.data() + (p - p0) * kPackRows, v); });
-    f.gemm(s.xq.rows(), p0, p1, e, s.I + n, rows, [&](int64_t p, __m512 v) {
-      alignas(64) float up[kPackRows];
-      _mm512_store_ps(up, v);
+    f.gemm(s.xq.rows(), p0, p1, e, n, rows, [&](int64_t p, const float* g) {
+      std::copy(g, g + kPackRows, gate.data() + (p - p0) * kPackRows);
+    });
+    f.gemm(s.xq.rows(), p0, p1, e, s.I + n, rows, [&](int64_t p, const float* up) {
       const float* g = gate.data() + (p - p0) * kPackRows;
       float* act = s.act_at(p) + n;
       for (int64_t j = 0; j < rows; ++j) {
@@ -243,9 +243,7 @@ void down_int8_gemm(const Fmt& f, const Moe& s, int64_t e, int64_t n0, int64_t r
   using tram::q8k::kPackRows;
   for (int64_t n = n0; n < n0 + r; n += kPackRows) {
     const int64_t rows = std::min(kPackRows, n0 + r - n);
-    f.gemm(s.aq.rows(), s.start[e], s.start[e + 1], e, n, rows, [&](int64_t p, __m512 v) {
-      alignas(64) float out[kPackRows];
-      _mm512_store_ps(out, v);
+    f.gemm(s.aq.rows(), s.start[e], s.start[e + 1], e, n, rows, [&](int64_t p, const float* out) {
       float* y = s.y2_at(p) + n;
       for (int64_t j = 0; j < rows; ++j) y[j] = out[j] + (s.b2 != nullptr ? s.b2[e * s.H + n + j] : 0.0f);
     });
@@ -260,7 +258,7 @@ void gate_up_item(const Fmt& f, const Moe& s, int64_t e, int64_t i0) {
     if (s.count(e) >= kGemmTokens) return gate_up_gemm(f, s, e, i0, r);
   } else {
 #if defined(TRAM_Q8K_GEMM)
-    if (s.count(e) >= kGemmTokens) return gate_up_int8_gemm(f, s, e, i0, r);
+    if (s.count(e) >= tram::q8k::kGemmMinRows) return gate_up_int8_gemm(f, s, e, i0, r);
 #endif
   }
   row_tiles(s.count(e), i0, r, [&](auto nb, int64_t n) { gate_up_rows<decltype(nb)::value>(f, s, e, n); });
@@ -304,7 +302,7 @@ void down_item(const Fmt& f, const Moe& s, int64_t e, int64_t n0) {
     if (s.count(e) >= kGemmTokens) return down_gemm(f, s, e, n0, r);
   } else {
 #if defined(TRAM_Q8K_GEMM)
-    if (s.count(e) >= kGemmTokens) return down_int8_gemm(f, s, e, n0, r);
+    if (s.count(e) >= tram::q8k::kGemmMinRows) return down_int8_gemm(f, s, e, n0, r);
 #endif
   }
   row_tiles(s.count(e), n0, r, [&](auto nb, int64_t n) { down_rows<decltype(nb)::value>(f, s, e, n); });

@@ -369,9 +369,7 @@ TRAM_INLINE void q8k_tile(const tram::q8k::Rows& x, const Args& a, int64_t m0, i
 }
 
 #if defined(TRAM_Q8K_GEMM)
-constexpr int64_t kQ8KGemmMinRows = 8;  // rows of x from which repacking W for vpdpbusd pays
-
-// Many rows of x: tiles of 16 rows of W, each packed once and multiplied by every row of x.
+// Many rows of x: tiles of kPackRows rows of W, each packed once and multiplied by every row of x.
 template <typename F, typename T>
 void q8k_gemm(const tram::q8k::Rows& x, int64_t M, const Args& a) {
   using tram::q8k::kPackRows;
@@ -382,9 +380,7 @@ void q8k_gemm(const tram::q8k::Rows& x, int64_t M, const Args& a) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n0 = t * kPackRows, rows = std::min(kPackRows, a.N - n0);
       const auto* tile = tram::q8k::pack_tile<F>(a.w + n0 * a.row_bytes, a.row_bytes, rows, blocks);
-      tram::q8k::gemm_tile<F>(x, 0, M, tile, blocks, [&](int64_t m, __m512 v) {
-        alignas(64) float out[kPackRows];
-        _mm512_store_ps(out, v);
+      tram::q8k::gemm_tile<F>(x, 0, M, tile, blocks, [&](int64_t m, const float* out) {
         for (int64_t j = 0; j < rows; ++j) {
           store(out[j] + (bias != nullptr ? load1(bias + n0 + j) : 0.0f), y + m * a.N + n0 + j);
         }
@@ -397,7 +393,7 @@ void q8k_gemm(const tram::q8k::Rows& x, int64_t M, const Args& a) {
 template <typename F, typename T>
 void q8k_linear(const tram::q8k::Rows& x, int64_t M, const Args& a) {
 #if defined(TRAM_Q8K_GEMM)
-  if (M >= kQ8KGemmMinRows) return q8k_gemm<F, T>(x, M, a);
+  if (M >= tram::q8k::kGemmMinRows) return q8k_gemm<F, T>(x, M, a);
 #endif
   tram::parallel::dynamic_for(a.N, kGrainRows, [&](int64_t begin, int64_t end) {
     for (int64_t mb = 0; mb < M; mb += kXRows) {

@@ -1,16 +1,16 @@
 // The K-quants times int8 activations for many rows of x (prefills, large decode batches, experts with
-// many tokens): 16 rows of W repacked so that one vpdpbusd multiplies 4 k of all 16 by 4 k of one row
-// of x, 64 products per instruction, with the sub-scales applied once per sub-block.
+// many tokens): a tile of rows of W repacked so that one instruction multiplies 4 k of every row of the
+// tile by 4 k of one row of x (AVX-512 VNNI: 16 rows, vpdpbusd, 64 products; AVX2: 8 rows, vpmaddubsw
+// then vpmaddwd by the sub-scales, 32), with the sub-scales applied once per sub-block.
 //
-// Why: gguf_q8k.h's row kernel spends two instructions per 64 products (vpmaddubsw, vpdpwssd) plus a
-// reduction per block and pair of rows, and decodes W again for every few rows of x; at 16 rows of x
-// and more it is compute-bound far below the cores' integer rate. Here a tile of W is decoded and
-// repacked once per call and every row of x reuses it.
+// Why: gguf_q8k.h's row kernel decodes W again for every few rows of x and reduces per output; at 8-16
+// rows of x and more it is compute-bound far below the cores' integer rate. Here a tile of W is decoded
+// and repacked once per call and every row of x reuses it.
 //
-// Numerics: gguf_q8k.h's, bit for bit. Each output lane computes the block's exact integers I and
-// Imin (in another order: integers do not care), then the same float steps (block_step): a row's
-// result does not depend on which kernel multiplied it. AVX-512 VNNI only; elsewhere the row kernel
-// takes every row count.
+// Numerics: gguf_q8k.h's row kernel's, bit for bit, per ISA. Each output computes the same exact
+// integers (in another order: integers do not care), then the same float steps (AVX-512: block_step
+// on the block's I and Imin; AVX2: per lane of k, then hsum8's order): a row's result does not depend
+// on which kernel multiplied it.
 #pragma once
 
 #include "gguf_q8k.h"
@@ -115,8 +115,8 @@ TRAM_INLINE void activation_pairs(const int16_t* bs, int32_t* out) {
   }
 }
 
-// y(m, lanes) for rows m0 .. m0 + MB - 1 of x against a packed tile of `blocks` blocks: store(m, v)
-// receives the 16 outputs of row m as a vector.
+// y(m, lanes) for rows m0 .. m0 + MB - 1 of x against a packed tile of `blocks` blocks: store(m, out)
+// receives the 16 outputs of row m.
 template <typename F, int64_t MB, typename Store>
 TRAM_INLINE void gemm_rows(const Rows& x, int64_t m0, const PackedBlock<F>* tile, int64_t blocks, const Store& store) {
   using P = PackedBlock<F>;
@@ -159,18 +159,11 @@ TRAM_INLINE void gemm_rows(const Rows& x, int64_t m0, const PackedBlock<F>* tile
       }
     }
   }
-  for (int64_t m = 0; m < MB; ++m) store(m0 + m, _mm512_add_ps(acc[m], accm[m]));
-}
-
-constexpr int64_t kGemmRowsX = 4;  // rows of x per register tile (6 or 8 measured no faster)
-
-// Rows m_begin .. m_end - 1 of x against a packed tile, in register tiles of kGemmRowsX rows.
-template <typename F, typename Store>
-void gemm_tile(const Rows& x, int64_t m_begin, int64_t m_end, const PackedBlock<F>* tile, int64_t blocks,
-               const Store& store) {
-  int64_t m = m_begin;
-  for (; m + kGemmRowsX <= m_end; m += kGemmRowsX) gemm_rows<F, kGemmRowsX>(x, m, tile, blocks, store);
-  for (; m < m_end; ++m) gemm_rows<F, 1>(x, m, tile, blocks, store);
+  for (int64_t m = 0; m < MB; ++m) {
+    alignas(64) float out[kPackRows];
+    _mm512_store_ps(out, _mm512_add_ps(acc[m], accm[m]));
+    store(m0 + m, static_cast<const float*>(out));
+  }
 }
 
 // Rows 0 .. rows - 1 (rows <= 16) of the W at w packed, all `blocks` blocks, into a per-thread buffer.
@@ -197,6 +190,181 @@ const PackedBlock<F>* pack_tile(const uint8_t* w, int64_t row_bytes, int64_t row
     }
   }
   return buffer.data();
+}
+
+#elif defined(TRAM_Q8K_KERNELS)
+#define TRAM_Q8K_GEMM 1
+
+// AVX2: 8 rows of W per tile, one int32 lane each; vpmaddubsw multiplies 4 k of all 8 by 4 k of one row
+// of x and vpmaddwd applies the rows' sub-scales, 32 products per pair of instructions. The row kernel
+// keeps each output's 8 lanes of k (lane l: k % 32 in 4l .. 4l + 3) apart until the end, so here each
+// lane's exact integers are summed on their own (the 8 steps of 4 k that fall in it) and take the row
+// kernel's float steps, then its horizontal sum's order.
+constexpr int64_t kPackRows = 8;
+
+// One block (256 k) of a tile of 8 rows of W:
+//   u     [64][8][4]       step t (k 4t .. 4t + 3) of row r at (8 t + r) * 4
+//   sc    [8 or 16][8]     the rows' sub-scales (groups of 32 k for Q4_K/Q5_K, 16 k for Q6_K), each
+//                          as an int16 pair (sc, sc) for vpmaddwd
+//   pair  [8][8]           int16 pairs that multiply the activations' pair p of partial sums: Q4_K/Q5_K
+//                          (m_p, m_p), the minimums (Imin's lane p); Q6_K -32 * (sc_2p, sc_2p+1), the
+//                          zero point's share of I's lane p (as gguf_q8k.h's zero_sums)
+//   d, dmin [8]            d_w and -dmin_w
+template <typename F>
+struct PackedBlock {
+  static constexpr int kGroups = F::kMins ? 8 : 16, kStepsPerGroup = 64 / kGroups;
+  alignas(32) uint8_t u[64 * kPackRows * 4];
+  alignas(32) int32_t sc[kGroups][kPackRows];
+  alignas(32) int32_t pair[8][kPackRows];
+  alignas(32) float d[kPackRows], dmin[kPackRows];
+};
+
+TRAM_INLINE int32_t int16_pair(int32_t lo, int32_t hi) {
+  return static_cast<int32_t>(static_cast<uint16_t>(lo) | (static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16));
+}
+
+// 8 rows of 8 int32 (row i at src + i * stride) transposed: out + 32 j holds int32 j of rows 0 .. 7.
+TRAM_INLINE void transpose8(const uint8_t* src, int64_t stride, uint8_t* out) {
+  __m256i r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_load_si256(reinterpret_cast<const __m256i*>(src + i * stride));
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // r[4i + j], 128-bit lane L: rows 4i .. 4i + 3 of int32 4L + j
+  for (int i = 0; i < 2; ++i) {
+    r[4 * i] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out + 32 * j), _mm256_permute2x128_si256(r[j], r[4 + j], 0x20));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out + 32 * (4 + j)), _mm256_permute2x128_si256(r[j], r[4 + j], 0x31));
+  }
+}
+
+// Row r's block (or zeros past the tile's rows: block null): its quants into stage (to be transposed),
+// its scales, pairs and d into out.
+template <typename F>
+TRAM_INLINE void pack_row(const uint8_t* block, int64_t r, uint8_t (&stage)[kPackRows][kBlock], PackedBlock<F>& out) {
+  using P = PackedBlock<F>;
+  if (block == nullptr) {
+    std::memset(stage[r], 0, kBlock);
+    for (int g = 0; g < P::kGroups; ++g) out.sc[g][r] = 0;
+    for (int p = 0; p < 8; ++p) out.pair[p][r] = 0;
+    out.d[r] = 0.0f, out.dmin[r] = 0.0f;
+    return;
+  }
+  F blk;
+  blk.load(block);
+  for (int c = 0; c < 4; ++c) {
+    const V q = blk.quants(c);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(stage[r] + 64 * c), q.lo);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(stage[r] + 64 * c + 32), q.hi);
+  }
+  for (int g = 0; g < P::kGroups; ++g) out.sc[g][r] = int16_pair(blk.s[g], blk.s[g]);
+  for (int p = 0; p < 8; ++p) {
+    out.pair[p][r] = F::kMins ? int16_pair(blk.s[8 + p], blk.s[8 + p]) : int16_pair(-32 * blk.s[2 * p], -32 * blk.s[2 * p + 1]);
+  }
+  out.d[r] = blk.d, out.dmin[r] = blk.dmin;
+}
+
+// GCC reassociates the integer sums into a tree of 32 products per lane and spills them; a running
+// sum in a register per row of x is what the loop needs.
+TRAM_INLINE void keep_in_register(__m256i& v) { __asm__("" : "+x"(v)); }
+
+// Rows 0 .. rows - 1 (rows <= 8) of the W at w packed, all `blocks` blocks, into a per-thread buffer.
+template <typename F>
+const PackedBlock<F>* pack_tile(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t blocks) {
+  thread_local std::vector<PackedBlock<F>> buffer;
+  if (static_cast<int64_t>(buffer.size()) < blocks) buffer.resize(static_cast<size_t>(blocks));
+  alignas(32) uint8_t stage[kPackRows][kBlock];
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t r = 0; r < kPackRows; ++r) {
+      const uint8_t* block = r < rows ? w + r * row_bytes + b * F::kBytes : nullptr;
+      if (block != nullptr) tram::simd::prefetch_ahead(block, F::kBytes);
+      pack_row<F>(block, r, stage, buffer[b]);
+    }
+    for (int64_t t0 = 0; t0 < 64; t0 += 8) transpose8(stage[0] + 4 * t0, kBlock, buffer[b].u + t0 * 32);
+  }
+  return buffer.data();
+}
+
+// Rows m0 .. m0 + MB - 1 of x against a packed tile: store(m, out) receives the 8 outputs of row m.
+// Per block and lane l: the 8 steps t = l + 8s (one per sub-block of 32 k) summed exactly, then
+// acc_l = fma(I_l, d_w * d_x, acc_l) and (Q4_K/Q5_K) acc_l = fma(Imin_l, -dmin_w * d_x, acc_l).
+template <typename F, int64_t MB, typename Store>
+TRAM_INLINE void gemm_rows(const Rows& x, int64_t m0, const PackedBlock<F>* tile, int64_t blocks, const Store& store) {
+  using P = PackedBlock<F>;
+  alignas(32) float acc[MB][8][kPackRows] = {};
+  for (int64_t b = 0; b < blocks; ++b) {
+    const P& pb = tile[b];
+    const int8_t* xq[MB];
+    for (int64_t m = 0; m < MB; ++m) xq[m] = x.q_at(m0 + m) + b * kBlock;
+    const __m256 d = _mm256_load_ps(pb.d), dmin = _mm256_load_ps(pb.dmin);
+#pragma GCC unroll 1
+    for (int l = 0; l < 8; ++l) {
+      __m256i isum[MB];
+      for (int64_t m = 0; m < MB; ++m) isum[m] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int s = 0; s < 8; ++s) {
+        const int t = l + 8 * s;
+        const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb.u + 32 * t));
+        const __m256i sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb.sc[t / P::kStepsPerGroup]));
+        for (int64_t m = 0; m < MB; ++m) {
+          int32_t q4;
+          std::memcpy(&q4, xq[m] + 4 * t, 4);
+          const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, _mm256_set1_epi32(q4)), sc);
+          isum[m] = _mm256_add_epi32(isum[m], p);
+          keep_in_register(isum[m]);
+        }
+      }
+      const __m256i pair = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb.pair[l]));
+      for (int64_t m = 0; m < MB; ++m) {
+        int32_t bs2;  // the activations' partial sums 2l and 2l + 1
+        std::memcpy(&bs2, x.bs_at(m0 + m) + b * (kBlock / kSum) + 2 * l, 4);
+        const __m256i ip = _mm256_madd_epi16(pair, _mm256_set1_epi32(bs2));
+        const __m256 dx = _mm256_set1_ps(x.d_at(m0 + m)[b]);
+        __m256 a = _mm256_load_ps(acc[m][l]);
+        if constexpr (F::kMins) {
+          a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), _mm256_mul_ps(d, dx), a);
+          a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ip), _mm256_mul_ps(dmin, dx), a);
+        } else {
+          a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(isum[m], ip)), _mm256_mul_ps(d, dx), a);
+        }
+        _mm256_store_ps(acc[m][l], a);
+      }
+    }
+  }
+  for (int64_t m = 0; m < MB; ++m) {  // tram::simd::hsum8's order over the lanes
+    const auto lane = [&](int l) { return _mm256_load_ps(acc[m][l]); };
+    const __m256 lo = _mm256_add_ps(_mm256_add_ps(lane(0), lane(1)), _mm256_add_ps(lane(2), lane(3)));
+    const __m256 hi = _mm256_add_ps(_mm256_add_ps(lane(4), lane(5)), _mm256_add_ps(lane(6), lane(7)));
+    alignas(32) float out[kPackRows];
+    _mm256_store_ps(out, _mm256_add_ps(lo, hi));
+    store(m0 + m, static_cast<const float*>(out));
+  }
+}
+#endif
+
+#if defined(TRAM_Q8K_GEMM)
+constexpr int64_t kGemmRowsX = 4;  // rows of x per register tile (2, 6 or 8 measured no faster)
+// Rows of x from which repacking W pays: the AVX2 pack (and its 8-row tiles) costs more, and the GEMM
+// only matches the row kernel at 8 rows there.
+#if defined(TRAM_Q8K_512)
+constexpr int64_t kGemmMinRows = 8;
+#else
+constexpr int64_t kGemmMinRows = 16;
+#endif
+
+// Rows m_begin .. m_end - 1 of x against a packed tile, in register tiles of kGemmRowsX rows.
+template <typename F, typename Store>
+void gemm_tile(const Rows& x, int64_t m_begin, int64_t m_end, const PackedBlock<F>* tile, int64_t blocks,
+               const Store& store) {
+  int64_t m = m_begin;
+  for (; m + kGemmRowsX <= m_end; m += kGemmRowsX) gemm_rows<F, kGemmRowsX>(x, m, tile, blocks, store);
+  for (; m < m_end; ++m) gemm_rows<F, 1>(x, m, tile, blocks, store);
 }
 #endif
 

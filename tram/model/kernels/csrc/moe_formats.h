@@ -143,8 +143,8 @@ struct GgufQ8KFormat {
 #endif
   }
 #if defined(TRAM_Q8K_GEMM)
-  // Rows n .. n + rows - 1 (rows <= 16) of expert e times rows p_begin .. p_end - 1 of x, repacked once
-  // (gguf_q8k_gemm.h, the same numbers as dot_q): store(p, v) gets row p's 16 outputs.
+  // Rows n .. n + rows - 1 (rows <= kPackRows) of expert e times rows p_begin .. p_end - 1 of x, repacked
+  // once (gguf_q8k_gemm.h, the same numbers as dot_q): store(p, out) gets row p's kPackRows outputs.
   template <typename Store>
   void gemm(const tram::q8k::Rows& x, int64_t p_begin, int64_t p_end, int64_t e, int64_t n, int64_t rows,
             const Store& store) const {
