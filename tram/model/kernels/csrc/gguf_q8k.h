@@ -110,10 +110,11 @@ TRAM_INLINE void unpack_k4_scales(const uint8_t* p, uint8_t (&out)[16]) {
 }
 
 // Which sub-scale each int16 lane of chunk c's products takes (runs of 8 or 16 lanes), as int16
-// indices for a 512-bit permute, and as int32 indices into each half's 8-scale group for AVX2.
+// indices for a 512-bit permute, and for AVX2 as vpshufb masks per 32-byte half h of the chunk (byte
+// p picks byte 2 * (index % 8) + p % 2 of a 128-bit lane holding 8 sub-scales).
 struct ScaleIdx {
   int16_t i[4][32];
-  int32_t w[4][16];
+  int8_t b[4][2][32];
 };
 
 template <int kRun, int kPerChunk>
@@ -121,7 +122,9 @@ constexpr ScaleIdx scale_idx() {
   ScaleIdx t{};
   for (int c = 0; c < 4; ++c) {
     for (int i = 0; i < 32; ++i) t.i[c][i] = static_cast<int16_t>(kPerChunk * c + i / kRun);
-    for (int k = 0; k < 16; ++k) t.w[c][k] = t.i[c][2 * k] % 8;
+    for (int h = 0; h < 2; ++h) {
+      for (int p = 0; p < 32; ++p) t.b[c][h][p] = static_cast<int8_t>(2 * (t.i[c][16 * h + p / 2] % 8) + p % 2);
+    }
   }
   return t;
 }
@@ -189,18 +192,17 @@ TRAM_INLINE V bytes(uint8_t b) {
 TRAM_INLINE V vand(V a, V b) { return {_mm256_and_si256(a.lo, b.lo), _mm256_and_si256(a.hi, b.hi)}; }
 TRAM_INLINE V vor(V a, V b) { return {_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)}; }
 TRAM_INLINE V shl4(V a) { return {_mm256_slli_epi16(a.lo, 4), _mm256_slli_epi16(a.hi, 4)}; }
-// The 16 int16 at s as int32 lanes holding each twice (s | s << 16): sub-scales 0-7, then 8-15.
+// The 16 int16 at s: sub-scales 0-7 in both 128-bit lanes of lo, 8-15 in both of hi, for vpshufb.
 TRAM_INLINE V scale_vector(const int16_t* s) {
-  const __m256i lo = _mm256_cvtepu16_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(s)));
-  const __m256i hi = _mm256_cvtepu16_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(s + 8)));
-  return {_mm256_or_si256(lo, _mm256_slli_epi32(lo, 16)), _mm256_or_si256(hi, _mm256_slli_epi32(hi, 16))};
+  return {_mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(s))),
+          _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(s + 8)))};
 }
 // Each half of chunk c's lanes names sub-scales of one group of 8 (both tables' runs do): one
-// permute per half.
+// in-lane byte shuffle per half (a cross-lane vpermd cost more on Zen 3).
 TRAM_INLINE V scale_lanes(V v, const ScaleIdx& t, int c) {
   const __m256i lo = t.i[c][0] >= 8 ? v.hi : v.lo, hi = t.i[c][16] >= 8 ? v.hi : v.lo;
-  return {_mm256_permutevar8x32_epi32(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.w[c]))),
-          _mm256_permutevar8x32_epi32(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.w[c] + 8)))};
+  return {_mm256_shuffle_epi8(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.b[c][0]))),
+          _mm256_shuffle_epi8(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.b[c][1])))};
 }
 #endif
 
