@@ -181,17 +181,37 @@ def _router_hooks(model: torch.nn.Module, batch: int, counts: dict[int, list[int
     return handles
 
 
+def _module_timers(model: torch.nn.Module, totals: dict[str, float]) -> list[Any]:
+    """Hooks that add each module's forward wall time (ms) to totals[its class name]; nested modules
+    count in their own class and in every enclosing one."""
+    starts: dict[int, float] = {}
+
+    def pre(mod: Any, _inp: Any) -> None:
+        starts[id(mod)] = time.perf_counter()
+
+    def post(mod: Any, _inp: Any, _out: Any) -> None:
+        name = type(mod).__name__
+        totals[name] = totals.get(name, 0.0) + (time.perf_counter() - starts.pop(id(mod))) * 1e3
+
+    handles = []
+    for mod in model.modules():
+        handles += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post)]
+    return handles
+
+
 def measure_decode(
-    llm: Any, batch: int, context: int, steps: int, warmup: int, route_steps: int, seed: int
+    llm: Any, batch: int, context: int, steps: int, warmup: int, route_steps: int, seed: int, modules: bool = False
 ) -> dict[str, Any]:
     """Median wall time of `steps` pure decode steps of `batch` requests with `context`-token prompts,
-    the KV bytes each read, and the distinct experts the router chose in `route_steps` more steps."""
+    the KV bytes each read, and the distinct experts the router chose in `route_steps` more steps;
+    with `modules`, each module class's time per step in further `steps` steps (hooks slow them)."""
     from tram import SamplingParams
 
     engine = llm.llm_engine
     runner = engine.engine_core.model_runner
+    profiled = steps if modules else 0
     params = SamplingParams(
-        temperature=0.0, max_tokens=warmup + steps + route_steps + 2, ignore_eos=True, detokenize=False
+        temperature=0.0, max_tokens=warmup + steps + route_steps + profiled + 2, ignore_eos=True, detokenize=False
     )
     ids = [f"decode-{i}" for i in range(batch)]
     for rid, req in zip(ids, random_requests(batch, (context, context), (1, 1), runner.vocab_size, seed)):
@@ -200,16 +220,19 @@ def measure_decode(
     sched = engine.engine_core.scheduler
     times, kv, handles = [], [], []
     counts: dict[int, list[int]] = {}
+    module_ms: dict[str, float] = {}
     try:
         for _ in range(batch * context + 100):
             if _pure_decode(engine, batch):
                 break
             engine.step()
-        for i in range(warmup + steps + route_steps):
+        for i in range(warmup + steps + route_steps + profiled):
             if not _pure_decode(engine, batch):
                 raise RuntimeError(f"decode step {i} at batch {batch} is not a pure decode step")
             if i == warmup + steps:
                 handles = _router_hooks(runner.model, batch, counts)
+            if i == warmup + steps + route_steps and profiled:
+                handles += _module_timers(runner.model, module_ms)
             context_tokens = sum(r.num_computed_tokens + 1 for r in sched.running)
             start = time.perf_counter()
             engine.step()
@@ -226,6 +249,7 @@ def measure_decode(
         "step_ms_max": max(times),
         "kv_bytes": statistics.mean(kv),
         "distinct_measured": {layer: statistics.mean(c) for layer, c in sorted(counts.items())},
+        "module_ms": {name: ms / max(profiled, 1) for name, ms in sorted(module_ms.items(), key=lambda kv: -kv[1])},
     }
 
 
@@ -284,6 +308,10 @@ def print_row(row: dict[str, Any], goal: float) -> None:
         counts = ", ".join(f"{v:.1f}" for v in row["distinct_measured"].values())
         print(f"  distinct experts per layer chosen by Tram's router: {counts}")
     print(f"  step {row['step_ms']:.1f} ms (median; min {row['step_ms_min']:.1f}, max {row['step_ms_max']:.1f})")
+    if row.get("module_ms"):
+        print("  ms per step by module class (forward hooks; nested classes count in each):")
+        for name, ms in row["module_ms"].items():
+            print(f"    {name:28s} {ms:8.2f}")
     for name in ("uniform", "routed"):
         if f"ratio_{name}" in row:
             ratio = row[f"ratio_{name}"]
@@ -319,9 +347,10 @@ def run_decode_step(args: Any) -> None:
         table = table or table_from_gguf(path, cfg)
         with environment({"TRAM_CPU_THREADS": str(args.threads)}):
             extra = {"gguf_activations": args.gguf_activations} if path.endswith(".gguf") else {}
-            llm = make_llm(path, args.dtype, args.batch, args.context + args.steps + 16, args.seed, tokenizer, **extra)
+            max_len = args.context + 2 * args.steps + 16
+            llm = make_llm(path, args.dtype, args.batch, max_len, args.seed, tokenizer, **extra)
         with torch.inference_mode():
-            measured = measure_decode(llm, args.batch, args.context, args.steps, 2, 2, args.seed)
+            measured = measure_decode(llm, args.batch, args.context, args.steps, 2, 2, args.seed, args.modules)
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()

@@ -128,6 +128,11 @@ def main() -> None:
     )
     p.add_argument("--float-only", action="store_true", help="--decode-step: skip the GGUF file")
     p.add_argument("--gguf-only", action="store_true", help="--decode-step: skip the float model")
+    p.add_argument(
+        "--modules",
+        action="store_true",
+        help="--decode-step: also each module class's ms per step (further steps, with hooks)",
+    )
     p.add_argument("--goal", type=float, default=1.5, help="--decode-step: the step time goal, x the floor")
     p.add_argument("--output-json", help="--decode-step: write the rows here")
     args = p.parse_args()

@@ -65,6 +65,22 @@ def test_expected_distinct_experts_match_uniform_routing() -> None:
         assert abs(seen.mean().item() - expected) < 0.01 * experts, (experts, top_k, batch)
 
 
+def test_module_timers_add_each_class_and_come_off() -> None:
+    """--modules: each module class's forward time, a nested module counted in its own class and in its
+    parent's; the hooks removed leave the model as it was."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 4))
+    totals: dict[str, float] = {}
+    handles = cpu_decode_floor._module_timers(model, totals)
+    model(torch.randn(2, 4))
+    model(torch.randn(2, 4))
+    assert set(totals) == {"Sequential", "Linear", "ReLU"}
+    assert totals["Sequential"] >= totals["Linear"] + totals["ReLU"] > 0
+    for handle in handles:
+        handle.remove()
+    model(torch.randn(2, 4))
+    assert not model._forward_hooks and not model._forward_pre_hooks and not model[0]._forward_hooks
+
+
 def test_decode_step_bytes_by_hand() -> None:
     cfg = tiny_moe_config(mlp_only_layers=[0])
     table = cpu_decode_floor.table_from_config(cfg, elem=2)

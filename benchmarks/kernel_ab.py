@@ -1,0 +1,104 @@
+"""Two builds of Tram's C++ kernels, side by side in one process: the K-quant int8-activation linear
+(`gguf_linear_int8`) of each build timed on the same weights and rows, calls taking turns.
+
+    python benchmarks/kernel_ab.py BEFORE.so AFTER.so [--rows 1 4 16 64 256] [--tensors lm_head attn_q o]
+
+A build is the `.so` that `tram build-kernels` leaves under torch's extension cache (one folder per
+source hash: build the commit before a change, then the change, and pass both). On a VM whose speed
+drifts between runs minutes apart, two runs compare poorly; here every timing of one build sits
+between two of the other, so a drift slows both alike. The two builds' outputs are checked to agree
+(the kernels are exact in integers; a change of float order would show as a relative difference).
+
+The weights are random blocks of the shapes of the MoE preset (qwen3-30b-a3b-4l: Q6_K LM head
+151936x2048, Q4_K attention projections), with scales of 1e-3 so that no sum overflows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import time
+from types import ModuleType
+
+import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
+import numpy as np
+import torch
+
+from tram.bench.report import machine_summary
+
+Q4_K, Q6_K = 12, 14
+BLOCK_BYTES = {Q4_K: 144, Q6_K: 210}
+TENSORS = {  # name: (ggml type, N, K)
+    "lm_head": (Q6_K, 151936, 2048),
+    "attn_q": (Q4_K, 4096, 2048),
+    "o": (Q4_K, 2048, 4096),
+}
+
+
+def load_build(path: str) -> ModuleType:
+    name = path.rstrip("/").split("/")[-1].split(".")[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"{path} is not a loadable extension module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def random_blocks(ggml_type: int, n: int, k: int) -> torch.Tensor:
+    data = np.random.default_rng(0).integers(0, 256, size=(n, k // 256, BLOCK_BYTES[ggml_type]), dtype=np.uint8)
+    half = np.frombuffer(np.float16(1e-3).tobytes(), np.uint8)
+    if ggml_type == Q4_K:
+        data[:, :, 0:2] = half  # d
+        data[:, :, 2:4] = half  # dmin
+    else:
+        data[:, :, 208:210] = half  # d
+    return torch.from_numpy(data.reshape(n, -1).copy())
+
+
+def time_pair(
+    builds: list[ModuleType], x: torch.Tensor, w: torch.Tensor, ggml_type: int, calls: int, repeats: int
+) -> list[float]:
+    best = [float("inf")] * len(builds)
+    for _ in range(repeats):
+        for i, build in enumerate(builds):
+            start = time.perf_counter()
+            for _ in range(calls):
+                build.gguf_linear_int8(x, w, ggml_type, None)
+            best[i] = min(best[i], (time.perf_counter() - start) / calls)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("before")
+    parser.add_argument("after")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 64, 256])
+    parser.add_argument("--tensors", nargs="+", default=list(TENSORS), choices=list(TENSORS))
+    parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_grad_enabled(False)
+    torch.set_num_threads(args.threads)
+    builds = [load_build(args.before), load_build(args.after)]
+    print(machine_summary())
+    print("| tensor | type | rows | before µs | after µs | after / before |")
+    print("|---|---|---|---|---|---|")
+    for name in args.tensors:
+        ggml_type, n, k = TENSORS[name]
+        w = random_blocks(ggml_type, n, k)
+        for rows in args.rows:
+            x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+            ys = [b.gguf_linear_int8(x, w, ggml_type, None) for b in builds]
+            diff = ((ys[0] - ys[1]).abs().max() / ys[0].abs().max()).item()
+            if diff > 1e-5:
+                raise SystemExit(f"{name} at {rows} rows: the builds disagree by {diff:.2e} of the output's scale")
+            calls = 2 if n > 100_000 else 20
+            before, after = time_pair(builds, x, w, ggml_type, calls, args.repeats)
+            kind = "Q6_K" if ggml_type == Q6_K else "Q4_K"
+            cells = f"{before * 1e6:,.0f} | {after * 1e6:,.0f} | {after / before:.2f}"
+            print(f"| {name} {n}x{k} | {kind} | {rows} | {cells} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
