@@ -204,6 +204,23 @@ def _mixtral(meta: Meta, kw: dict[str, Any]) -> dict[str, Any]:
     )
 
 
+def _gpt_oss(meta: Meta, kw: dict[str, Any]) -> dict[str, Any]:
+    """gpt-oss: llama.cpp slides on the even layers (pattern 2), reads each expert's width from
+    expert_feed_forward_length, gates with a softmax over the top k (no renormalisation key) and
+    clamps the SwiGLU at its published 7.0 with alpha 1.702, neither of which the file carries."""
+    experts = _experts(meta)
+    window = int(meta.get("attention.sliding_window", 0)) or None
+    return dict(
+        num_local_experts=experts["num_experts"],
+        num_experts_per_tok=experts["num_experts_per_tok"],
+        intermediate_size=int(meta.get("expert_feed_forward_length") or kw["intermediate_size"]),
+        sliding_window=window,
+        layer_types=layer_types(meta, kw["num_hidden_layers"], window, 2),
+        swiglu_limit=7.0,
+        attention_bias=True,
+    )
+
+
 # general.architecture -> how Tram serves it (Mistral files are written as llama too)
 ARCHITECTURES: dict[str, Architecture] = {
     "llama": Architecture("LlamaForCausalLM", "LlamaConfig"),
@@ -216,6 +233,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     "granite": Architecture("GraniteForCausalLM", "GraniteConfig", _granite),
     "olmo2": Architecture("Olmo2ForCausalLM", "Olmo2Config", _olmo2),
     "qwen3moe": Architecture("Qwen3MoeForCausalLM", "Qwen3MoeConfig", _qwen3moe),
+    "gpt-oss": Architecture("GptOssForCausalLM", "GptOssConfig", _gpt_oss),
 }
 MIXTRAL = Architecture("MixtralForCausalLM", "MixtralConfig", _mixtral)
 

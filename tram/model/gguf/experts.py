@@ -38,7 +38,7 @@ def _types_by_layer(tensors: list[Any]) -> dict[str, dict[tuple[str, int | None]
     types: dict[str, dict[tuple[str, int | None], int]] = {}
     for t in tensors:
         where = expert_tensor(t.name)
-        if where is not None:
+        if where is not None and where.kind == "weight":
             types.setdefault(where.module, {})[(where.param, where.half)] = int(t.tensor_type)
     return types
 
@@ -76,7 +76,7 @@ class ExpertLoader:
         self.hidden = hidden_size
         self.path = path
         self.dequantize = dequantize
-        self.received: dict[str, set[tuple[str, int | None]]] = {}
+        self.received: dict[str, set[tuple[str, int | None, str]]] = {}  # (param, half, weight/bias)
         self.halves: dict[str, dict[int, tuple[np.ndarray, int]]] = {}  # kept w13 halves until both came
 
     def load(self, t: Any, where: ExpertTensor) -> bool | None:
@@ -85,8 +85,11 @@ class ExpertLoader:
         moe = self.layers.get(where.module)
         if moe is None:
             return None
+        if where.kind == "bias":
+            self._bias(t, moe, where)
+            return False
         self._check_shape(t, moe, where)
-        self.received.setdefault(where.module, set()).add((where.param, where.half))
+        self.received.setdefault(where.module, set()).add((where.param, where.half, "weight"))
         if moe.w2_weight.numel() == 0:  # planned to stay in its blocks
             self._keep(t, moe, where)
             return True
@@ -101,11 +104,30 @@ class ExpertLoader:
     def loaded_names(self) -> set[str]:
         names = set()
         for module, got in self.received.items():
-            if {("w13", 0), ("w13", 1)} <= got:
-                names.add(f"{module}.w13_weight")
-            if ("w2", None) in got:
-                names.add(f"{module}.w2_weight")
+            for kind in ("weight", "bias"):
+                if {("w13", 0, kind), ("w13", 1, kind)} <= got:
+                    names.add(f"{module}.w13_{kind}")
+                if ("w2", None, kind) in got:
+                    names.add(f"{module}.w2_{kind}")
         return names
+
+    def _bias(self, t: Any, moe: FusedMoE, where: ExpertTensor) -> None:
+        """An expert bias [E, N] (gpt-oss) into w13_bias's half or w2_bias."""
+        param = getattr(moe, f"{where.param}_bias")
+        rows = moe.width if where.param == "w13" else self.hidden
+        want = (moe.spec.num_experts, rows)
+        got = tuple(int(d) for d in reversed(t.shape))
+        if param is None or got != want:
+            takes = "no bias" if param is None else f"{want}"
+            raise ValueError(
+                f"Tensor {t.name} in {self.path} has shape {got} (experts, rows); {where.module} takes {takes}"
+            )
+        tensor = self.dequantize(t.data, int(t.tensor_type)).reshape(want)
+        if where.half is None:
+            param.copy_(tensor)
+        else:
+            param[:, where.half * moe.width : (where.half + 1) * moe.width].copy_(tensor)
+        self.received.setdefault(where.module, set()).add((where.param, where.half, "bias"))
 
     def _check_shape(self, t: Any, moe: FusedMoE, where: ExpertTensor) -> None:
         """The tensor's (experts, rows, row length), ggml's ne reversed, against the layer's (one rank

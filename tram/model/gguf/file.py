@@ -17,6 +17,7 @@ What a GGUF file holds differently from a Hugging Face folder:
 from __future__ import annotations
 
 import logging
+import math
 import os
 from functools import lru_cache
 from typing import Any
@@ -136,8 +137,10 @@ def _rope_parameters(reader: Any, arch: str, names: dict[str, Any], path: str) -
     kind = field(reader, f"{arch}.rope.scaling.type", "none")
     if kind == "linear":
         params.update(rope_type="linear", factor=decimal(field(reader, f"{arch}.rope.scaling.factor")))
+    elif kind == "yarn":
+        params.update(_yarn(reader, arch, path))
     elif kind not in ("none", None):
-        raise ValueError(f"{path}: RoPE scaling {kind!r} in GGUF files is not supported yet (linear is)")
+        raise ValueError(f"{path}: RoPE scaling {kind!r} in GGUF files is not supported yet (linear and yarn are)")
     if "rope_freqs.weight" in names:
         from tram.model.gguf.rope import llama3_rope_parameters
 
@@ -149,4 +152,26 @@ def _rope_parameters(reader: Any, arch: str, names: dict[str, Any], path: str) -
                 path,
             )
         )
+    return params
+
+
+def _yarn(reader: Any, arch: str, path: str) -> dict[str, Any]:
+    """YaRN as llama.cpp computes it from the file: the correction range rounded out to whole
+    dimensions (ggml_rope_yarn_corr_dims' floor and ceil: transformers' truncate), and the attention
+    factor 0.1 * ln(factor) + 1 times the file's attn_factor where it has one."""
+    original = field(reader, f"{arch}.rope.scaling.original_context_length")
+    if not original:
+        raise ValueError(f"{path}: YaRN RoPE scaling without {arch}.rope.scaling.original_context_length")
+    factor = decimal(field(reader, f"{arch}.rope.scaling.factor"))
+    params: dict[str, Any] = {
+        "rope_type": "yarn",
+        "factor": factor,
+        "original_max_position_embeddings": int(original),
+        "beta_fast": decimal(field(reader, f"{arch}.rope.scaling.yarn_beta_fast", 32.0)),
+        "beta_slow": decimal(field(reader, f"{arch}.rope.scaling.yarn_beta_slow", 1.0)),
+        "truncate": True,
+    }
+    attn_factor = field(reader, f"{arch}.rope.scaling.attn_factor")
+    if attn_factor:
+        params["attention_factor"] = decimal(attn_factor) * (0.1 * math.log(factor) + 1.0)
     return params

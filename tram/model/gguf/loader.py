@@ -176,7 +176,7 @@ def _load_experts(
     """A stacked expert tensor into its FusedMoE; 1 where it stays in its blocks, else 0."""
     kept = experts.load(t, where)
     if kept is None:
-        name = f"{where.module}.{where.param}_weight"
+        name = f"{where.module}.{where.param}_{where.kind}"
         if name not in _stage_skipped(model, name):
             unexpected.append(t.name)
         return 0

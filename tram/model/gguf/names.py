@@ -39,15 +39,26 @@ _SANDWICH = {
 _OLMO2 = {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 # Phi-3 keeps its fused projections: attn_qkv is [q; k; v] and ffn_up is [gate; up], as in its checkpoint.
 _PHI3 = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
-_LAYER_OVERRIDES: dict[str, dict[str, str]] = {"gemma2": _SANDWICH, "gemma3": _SANDWICH, "olmo2": _OLMO2, "phi3": _PHI3}
+# gpt-oss: the norm before the MLP is llama.cpp's attn_post_norm; the sinks are a bare parameter.
+_GPT_OSS = {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"}
+_LAYER_OVERRIDES: dict[str, dict[str, str]] = {
+    "gemma2": _SANDWICH,
+    "gemma3": _SANDWICH,
+    "olmo2": _OLMO2,
+    "phi3": _PHI3,
+    "gpt-oss": _GPT_OSS,
+}
+# Parameters that are no module's `weight`: the GGUF name's `.weight` is dropped.
+_BARE_PARAMETERS = frozenset({"self_attn.sinks"})
 # A mixture of experts' projections, each one tensor of all the layer's experts [E, N, K] (qwen3moe,
-# and Mixtral written as llama): FusedMoE's w13 (gate rows, then up rows) and w2.
+# Mixtral written as llama, gpt-oss): FusedMoE's w13 (gate rows, then up rows) and w2; gpt-oss's biases
+# ([E, N]) fill w13_bias and w2_bias alike.
 _EXPERT_PARTS: dict[str, tuple[str, int | None]] = {
     "ffn_gate_exps": ("w13", 0),
     "ffn_up_exps": ("w13", 1),
     "ffn_down_exps": ("w2", None),
 }
-_EXPERTS = re.compile(r"blk\.(\d+)\.(ffn_\w+_exps)\.weight$")
+_EXPERTS = re.compile(r"blk\.(\d+)\.(ffn_\w+_exps)\.(weight|bias)$")
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _TOP = re.compile(r"(\w+)\.(weight|bias)$")
@@ -72,7 +83,10 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     m = _LAYER.match(gguf_name)
     if m:
         part = _layer_names(arch).get(m.group(2))
-        return None if part is None else f"model.layers.{m.group(1)}.{part}.{m.group(3)}"
+        if part is None:
+            return None
+        suffix = "" if part in _BARE_PARAMETERS and m.group(3) == "weight" else f".{m.group(3)}"
+        return f"model.layers.{m.group(1)}.{part}{suffix}"
     m = _TOP.match(gguf_name)
     if m and m.group(1) in _TOP_NAMES:
         return f"{_TOP_NAMES[m.group(1)]}.{m.group(2)}"
@@ -81,12 +95,13 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
 
 @dataclass(frozen=True)
 class ExpertTensor:
-    """Where a stacked expert tensor goes: FusedMoE `module`'s `param` ("w13" or "w2"), and for w13
-    which `half` (0 gate, 1 up)."""
+    """Where a stacked expert tensor goes: FusedMoE `module`'s `param` ("w13" or "w2"), for w13 which
+    `half` (0 gate, 1 up), and whether it is the `weight` or the `bias`."""
 
     module: str
     param: str
     half: int | None
+    kind: str = "weight"
 
 
 def expert_tensor(gguf_name: str) -> ExpertTensor | None:
@@ -95,7 +110,7 @@ def expert_tensor(gguf_name: str) -> ExpertTensor | None:
     if m is None or m.group(2) not in _EXPERT_PARTS:
         return None
     param, half = _EXPERT_PARTS[m.group(2)]
-    return ExpertTensor(f"model.layers.{m.group(1)}.mlp.experts", param, half)
+    return ExpertTensor(f"model.layers.{m.group(1)}.mlp.experts", param, half, m.group(3))
 
 
 def norm_plus_one(arch: str, gguf_name: str) -> bool:
