@@ -27,8 +27,8 @@ from tram.model.layers.moe.spec import MoESpec
 
 @pytest.mark.parametrize(
     "kind,expert_parallel",
-    [("qwen3_moe", True), ("gpt_oss", True), ("mixtral", False)],
-    ids=["qwen3_moe-ep2", "gpt_oss-ep2", "mixtral-tp2"],
+    [("qwen3_moe", True), ("gpt_oss", True), ("mixtral", False), ("mixtral", True)],
+    ids=["qwen3_moe-ep2", "gpt_oss-ep2", "mixtral-tp2", "mixtral-ep2"],
 )
 def test_two_ranks_greedy_matches_transformers(kind: str, expert_parallel: bool, model_dir) -> None:
     """Two ranks, each with half the experts (EP) or half of every expert's channels (TP); a 16-token
