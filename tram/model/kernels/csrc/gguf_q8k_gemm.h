@@ -294,8 +294,9 @@ const PackedBlock<F>* pack_tile(const uint8_t* w, int64_t row_bytes, int64_t row
 // Rows m0 .. m0 + MB - 1 of x against a packed tile: store(m, out) receives the 8 outputs of row m.
 // Per block and lane l: the 8 steps t = l + 8s (one per sub-block of 32 k) summed exactly, then
 // acc_l = fma(I_l, d_w * d_x, acc_l) and (Q4_K/Q5_K) acc_l = fma(Imin_l, -dmin_w * d_x, acc_l).
+// Not inlined: inside the fused MoE kernel's loops GCC spilled the running sums to the stack.
 template <typename F, int64_t MB, typename Store>
-TRAM_INLINE void gemm_rows(const Rows& x, int64_t m0, const PackedBlock<F>* tile, int64_t blocks, const Store& store) {
+__attribute__((noinline)) void gemm_rows(const Rows& x, int64_t m0, const PackedBlock<F>* tile, int64_t blocks, const Store& store) {
   using P = PackedBlock<F>;
   alignas(32) float acc[MB][8][kPackRows] = {};
   for (int64_t b = 0; b < blocks; ++b) {
