@@ -2,6 +2,7 @@
 (`gguf_linear_int8`) of each build timed on the same weights and rows, calls taking turns.
 
     python benchmarks/kernel_ab.py BEFORE.so AFTER.so [--rows 1 4 16 64 256] [--tensors lm_head attn_q o]
+    python benchmarks/kernel_ab.py BEFORE.so AFTER.so --moe-tokens 1 16 64 512   # the fused MoE kernel
 
 A build is the `.so` that `tram build-kernels` leaves under torch's extension cache (one folder per
 source hash: build the commit before a change, then the change, and pass both). On a VM whose speed
@@ -10,7 +11,10 @@ between two of the other, so a drift slows both alike. The two builds' outputs a
 (the kernels are exact in integers; a change of float order would show as a relative difference).
 
 The weights are random blocks of the shapes of the MoE preset (qwen3-30b-a3b-4l: Q6_K LM head
-151936x2048, Q4_K attention projections), with scales of 1e-3 so that no sum overflows.
+151936x2048, Q4_K attention projections), with scales of 1e-3 so that no sum overflows. With
+--moe-tokens, one MoE layer of that preset instead (128 experts, top 8, hidden 2048, expert width
+768; gate/up Q4_K and down Q6_K as Q4_K_M writes them, int8 activations), routed at random, through
+the fused MoE kernel of each build.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import importlib.util
 import time
 from types import ModuleType
+from typing import Any
 
 import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
 import numpy as np
@@ -28,6 +33,7 @@ from tram.bench.report import machine_summary
 
 Q4_K, Q6_K = 12, 14
 BLOCK_BYTES = {Q4_K: 144, Q6_K: 210}
+MOE_EXPERTS = 128
 TENSORS = {  # name: (ggml type, N, K)
     "lm_head": (Q6_K, 151936, 2048),
     "attn_q": (Q4_K, 4096, 2048),
@@ -45,8 +51,8 @@ def load_build(path: str) -> ModuleType:
     return module
 
 
-def random_blocks(ggml_type: int, n: int, k: int) -> torch.Tensor:
-    data = np.random.default_rng(0).integers(0, 256, size=(n, k // 256, BLOCK_BYTES[ggml_type]), dtype=np.uint8)
+def random_blocks(ggml_type: int, n: int, k: int, seed: int = 0) -> torch.Tensor:
+    data = np.random.default_rng(seed).integers(0, 256, size=(n, k // 256, BLOCK_BYTES[ggml_type]), dtype=np.uint8)
     half = np.frombuffer(np.float16(1e-3).tobytes(), np.uint8)
     if ggml_type == Q4_K:
         data[:, :, 0:2] = half  # d
@@ -69,6 +75,46 @@ def time_pair(
     return best
 
 
+def moe_weights(ggml_type: int, rows: int, k: int, seed: int) -> Any:
+    from tram.model.layers.moe.experts import ExpertWeights
+
+    data = random_blocks(ggml_type, MOE_EXPERTS * rows, k, seed).view(MOE_EXPERTS, rows, -1)
+    return ExpertWeights("gguf", data, rows, k, ggml_type=ggml_type, int8_activations=True)
+
+
+def moe_rows(builds: list[ModuleType], tokens: list[int], repeats: int) -> None:
+    """The fused MoE kernel of each build on one layer of the preset, per token count."""
+    import tram.model.layers.moe.cpu_kernel as cpu_kernel
+
+    hidden, width, top_k = 2048, 768, 8
+    w13, w2 = moe_weights(Q4_K, 2 * width, hidden, 1), moe_weights(Q6_K, hidden, width, 2)
+    print("| tokens | before ms | after ms | after / before | GMAC/s before -> after |")
+    print("|---|---|---|---|---|")
+    for count in tokens:
+        gen = torch.Generator().manual_seed(count)
+        x = torch.randn(count, hidden, generator=gen).to(torch.bfloat16)
+        ids = torch.stack([torch.randperm(MOE_EXPERTS, generator=gen)[:top_k] for _ in range(count)]).to(torch.int32)
+        weights = torch.full((count, top_k), 1.0 / top_k)
+        best, outs = [float("inf")] * len(builds), []
+        calls = max(1, 64 // count)
+        for rep in range(repeats + 1):  # the first round checks the outputs and warms up
+            for i, build in enumerate(builds):
+                cpu_kernel.kernels_for = lambda x, build=build: build  # this build's kernel
+                start = time.perf_counter()
+                for _ in range(calls):
+                    out = cpu_kernel.cpu_fused_moe(x, ids, weights, w13, w2, None, None, "silu")
+                if rep == 0:
+                    outs.append(out)
+                else:
+                    best[i] = min(best[i], (time.perf_counter() - start) / calls)
+        if not torch.equal(outs[0], outs[1]):
+            raise SystemExit(f"{count} tokens: the builds' MoE outputs differ")
+        macs = count * top_k * 3 * hidden * width
+        before, after = best
+        rates = f"{macs / before / 1e9:.0f} -> {macs / after / 1e9:.0f}"
+        print(f"| {count} | {before * 1e3:.1f} | {after * 1e3:.1f} | {after / before:.2f} | {rates} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("before")
@@ -77,11 +123,15 @@ def main() -> None:
     parser.add_argument("--tensors", nargs="+", default=list(TENSORS), choices=list(TENSORS))
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--moe-tokens", type=int, nargs="+", help="time the fused MoE kernel at these token counts")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     torch.set_num_threads(args.threads)
     builds = [load_build(args.before), load_build(args.after)]
     print(machine_summary())
+    if args.moe_tokens:
+        moe_rows(builds, args.moe_tokens, args.repeats)
+        return
     print("| tensor | type | rows | before µs | after µs | after / before |")
     print("|---|---|---|---|---|---|")
     for name in args.tensors:
