@@ -16,21 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 from gguf_tools import convert_batch, dequantize, quantize
-from hf_models import make_hf_model_dir
+from hf_models import KINDS, make_hf_model_dir
 from test_gguf_moe import _NOT_IN_FILE, _assert_matches, _generate
 
 from tram import LLM
 from tram.model.layers.moe.layer import FusedMoE
 
-ROPE = dict(
-    rope_type="yarn",
-    rope_theta=100.0,
-    factor=4.0,
-    beta_fast=32.0,
-    beta_slow=1.0,
-    original_max_position_embeddings=128,
-    truncate=True,
-)
+# The family's test model with YaRN's correction range truncated, as llama.cpp computes it.
+ROPE = {**KINDS["gpt_oss"][1]["rope_parameters"], "truncate": True}
 # Rows of 64 (MXFP4 blocks of 32); llama.cpp's fixed clamp; sliding on the even layers as it reads them.
 GPT_OSS = dict(intermediate_size=64, swiglu_limit=7.0, rope_parameters=ROPE)
 
