@@ -11,7 +11,9 @@ dequantized by llama.cpp itself, served by Tram.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -91,3 +93,38 @@ def test_mxfp4_experts_match_llama_cpps_dequantization(files: dict[str, Path]):
     for (tokens, logprobs), (want, ref) in zip(results["mxfp4"], results["mxfp4-f32"]):
         assert tokens == want
         assert logprobs == pytest.approx(ref, abs=1e-4)
+
+
+def _yarn_fields(**extra: float | None) -> SimpleNamespace:
+    fields = {
+        "gpt-oss.rope.freq_base": 150000.0,
+        "gpt-oss.rope.scaling.type": "yarn",
+        "gpt-oss.rope.scaling.factor": 32.0,
+        "gpt-oss.rope.scaling.original_context_length": 4096,
+        **extra,
+    }
+    return SimpleNamespace(fields={k: v for k, v in fields.items() if v is not None})
+
+
+def test_yarn_reads_as_llama_cpp_computes_it():
+    """gpt-oss-20b's settings: llama.cpp's defaults for the betas, its truncated correction range, and
+    its attention factor (the file's attn_factor times 0.1 * ln(factor) + 1) where the file has one."""
+    from tram.model.gguf.file import _rope_parameters
+
+    got = _rope_parameters(_yarn_fields(), "gpt-oss", {}, "x.gguf")
+    assert got == {
+        "rope_type": "yarn",
+        "rope_theta": 150000.0,
+        "factor": 32.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": True,
+    }
+    scaled = _rope_parameters(_yarn_fields(**{"gpt-oss.rope.scaling.attn_factor": 0.5}), "gpt-oss", {}, "x.gguf")
+    assert scaled["attention_factor"] == pytest.approx(0.5 * (0.1 * math.log(32.0) + 1.0))
+    missing = _yarn_fields(**{"gpt-oss.rope.scaling.original_context_length": None})
+    with pytest.raises(
+        ValueError, match="x.gguf: YaRN RoPE scaling without gpt-oss.rope.scaling.original_context_length"
+    ):
+        _rope_parameters(missing, "gpt-oss", {}, "x.gguf")
