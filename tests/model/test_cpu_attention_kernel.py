@@ -281,3 +281,33 @@ def test_env_switch_disables(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(cpu_kernels.ENV_SWITCH)
         cpu_kernels._reset_for_tests()
     assert cpu_kernels_available()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", [1, 5, 700])  # 700: copies split over threads
+def test_writing_kv_in_one_call_is_pytorchs_scatter(dtype: torch.dtype, tokens: int, monkeypatch):
+    """torch_backend.write_kv_cache on the C++ kernel (write_kv_cache_) against its PyTorch scatter; a
+    padding token's slot (-1) is skipped, where the scatter would write the cache's last slot."""
+    from tram.model.attention import torch_backend
+
+    g = torch.Generator().manual_seed(tokens)
+    blocks, block_size, heads, dim = 64, 16, 2, 32
+    key = torch.randn(tokens, heads, dim, generator=g).to(dtype)
+    value = torch.randn(tokens, heads, dim, generator=g).to(dtype)
+    slots = torch.randperm(blocks * block_size - 1, generator=g)[:tokens]
+    if tokens > 1:
+        slots[tokens // 2] = -1
+    start = torch.randn(2, blocks, block_size, heads, dim, generator=g).to(dtype)
+    got = start.clone()
+    with torch.inference_mode():
+        torch_backend.write_kv_cache(key, value, got, slots)
+    want = start.clone()
+    kept = slots >= 0
+    monkeypatch.setattr(torch_backend, "kernels_for", lambda x: None)
+    with torch.inference_mode():
+        torch_backend.write_kv_cache(key[kept], value[kept], want, slots[kept])
+    assert torch.equal(got, want) and not torch.equal(got, start)
+    with pytest.raises(RuntimeError, match="past the cache"):
+        load_cpu_kernels().write_kv_cache_(got, key, value, torch.full((tokens,), blocks * block_size))
+    with pytest.raises(RuntimeError, match="dtype"):
+        load_cpu_kernels().write_kv_cache_(got.float() if dtype != torch.float32 else got.half(), key, value, slots)

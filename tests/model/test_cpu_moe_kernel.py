@@ -252,3 +252,41 @@ def test_unsupported_inputs_fall_back():
     assert cpu_fused_moe(x, ids, weights, f16, f2, None, None, "silu") is None
     with torch.inference_mode(False), torch.enable_grad():
         assert cpu_fused_moe(x, ids, weights, f13, f2, None, None, "silu") is None
+
+
+def _pytorch_route(logits: torch.Tensor, k: int, softmax_first: bool, renormalize: bool):
+    """select_experts' PyTorch path (what transformers computes)."""
+    logits = logits.float()
+    if not softmax_first:
+        values, ids = torch.topk(logits, k, dim=-1)
+        return torch.softmax(values, dim=-1), ids
+    values, ids = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
+    return (values / values.sum(-1, keepdim=True) if renormalize else values), ids
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scoring", [(True, True), (True, False), (False, False)])
+@pytest.mark.parametrize("T,E,k", [(1, 128, 8), (7, 8, 2), (300, 32, 4)])  # 300 x 32: rows split over threads
+def test_the_router_kernel_chooses_as_pytorch_does(dtype, scoring, T, E, k):
+    from tram.model.kernels.cpu_kernels import load_cpu_kernels
+
+    logits = (torch.randn(T, E, generator=torch.Generator().manual_seed(T + E)) * 3).to(dtype)
+    weights, ids = load_cpu_kernels().moe_route(logits, k, *scoring)
+    want_w, want_ids = _pytorch_route(logits, k, *scoring)
+    assert weights.dtype == torch.float32 and ids.dtype == torch.int32 and ids.shape == (T, k)
+    # The same experts, or where logits tie (bfloat16 has few values), experts of the same logits.
+    assert torch.equal(logits.gather(1, ids.long()), logits.gather(1, want_ids))
+    if dtype == torch.float32:
+        assert torch.equal(ids.long(), want_ids)
+    torch.testing.assert_close(weights, want_w, rtol=2e-6, atol=1e-7)
+
+
+def test_the_router_kernel_breaks_ties_by_expert_id_and_puts_nan_last():
+    from tram.model.kernels.cpu_kernels import load_cpu_kernels
+
+    logits = torch.tensor([[1.0, 3.0, 3.0, float("nan"), 3.0, 0.0]])
+    weights, ids = load_cpu_kernels().moe_route(logits, 4, False, False)
+    assert ids.tolist() == [[1, 2, 4, 0]]
+    assert torch.isfinite(weights).all() and abs(weights.sum().item() - 1) < 1e-6
+    with pytest.raises(RuntimeError, match="top_k"):
+        load_cpu_kernels().moe_route(logits, 7, True, True)

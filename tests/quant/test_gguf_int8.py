@@ -123,3 +123,39 @@ def test_the_setting_is_for_gguf_files_only():
     with pytest.raises(ValueError, match="gguf_activations 'int4' is not supported"):
         EngineArgs(model="m.gguf", gguf_activations="int4").validate()
     assert GGUFWeight(_blocks(Q8_0, 2, 64, 0), Q8_0, 64).int8_activations is False
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qkv_in_one_call_are_the_separate_calls_bit_for_bit(dtype: torch.dtype):
+    """linear_n's q/k/v (gguf_linear_int8_n): x quantized once and every K-quant's rows in one parallel
+    region, each output as its own call gives it; other types, and the GEMM's row counts, call each."""
+    from tram.model.layers.linear import Linear, linear_n
+
+    k = 512
+    for types in ((Q4_K, Q4_K, Q6_K), (Q4_K, Q8_0, Q5_K)):
+        layers = []
+        for i, (t, n) in enumerate(zip(types, (96, 40, 33), strict=True)):
+            layer = Linear(k, n, bias=i == 1, dtype=dtype)
+            layer.quant = GGUFWeight(_blocks(t, n, k, 10 + i), t, k, int8_activations=True)
+            if layer.bias is not None:
+                layer.bias.data = torch.randn(n, generator=torch.Generator().manual_seed(i)).to(dtype)
+            layers.append(layer)
+        for rows in (1, 3, 15, 20):  # 20: the repacked GEMM's rows
+            x = _x(rows, k, rows).to(dtype)
+            with torch.inference_mode():
+                together = linear_n(x, layers)
+                alone = [layer(x) for layer in layers]
+            assert len(together) == 3
+            for got, want in zip(together, alone, strict=True):
+                assert got.dtype == dtype and torch.equal(got, want)
+
+
+@needs_kernels
+def test_qkv_in_one_call_refuses_what_one_call_refuses():
+    kernels = load_cpu_kernels()
+    data = _blocks(Q4_K, 8, 256, 1)
+    with pytest.raises(RuntimeError, match="rows of"):
+        kernels.gguf_linear_int8_n(torch.randn(1, 256), [data, data[:, :-1].contiguous()], [Q4_K, Q4_K], [None, None])
+    with pytest.raises(RuntimeError, match="as many"):
+        kernels.gguf_linear_int8_n(torch.randn(1, 256), [data], [Q4_K, Q4_K], [None])

@@ -393,6 +393,10 @@ def write_kv_cache(
     """Scatter key/value [T, Hkv, D] into their slots of kv_cache [2, num_blocks, block_size, Hkv, D]
     (quantized with scales = (k_scale, v_scale) when the cache is fp8)."""
     num_kv_heads, head_dim = kv_cache.shape[-2:]
+    kernels = kernels_for(key) if key.dtype == kv_cache.dtype and kv_cache.is_contiguous() else None
+    if kernels is not None and key.stride()[1:] == value.stride()[1:] == (head_dim, 1):
+        kernels.write_kv_cache_(kv_cache, key, value, slot_mapping)  # one call where this is half a dozen ops
+        return
     if is_fp8(kv_cache.dtype):
         key, value = quantize_kv(key, kv_cache.dtype, scales[0]), quantize_kv(value, kv_cache.dtype, scales[1])
     kv_cache[0].view(-1, num_kv_heads, head_dim)[slot_mapping] = key  # slots: [num_blocks*block_size, Hkv, D]

@@ -32,7 +32,7 @@ module does not need the gguf package; the tests check them against it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 
 import torch
@@ -257,6 +257,19 @@ class GGUFWeight(QuantizedWeight):
         if wants_slabs(x, self.out_features, self.in_features, kernels):
             return slab_linear(x, self.out_features, self.in_features, self.decoded_rows(kernels), bias)
         return kernels.gguf_gemm(x, self.data, self.ggml_type, bias)
+
+    def apply_n(
+        self, x: torch.Tensor, others: Sequence[QuantizedWeight], biases: Sequence[torch.Tensor | None]
+    ) -> list[torch.Tensor] | None:
+        """q/k/v of int8 activations: x quantized once, the K-quants' rows in one parallel region."""
+        weights = (self, *others)
+        if not all(isinstance(w, GGUFWeight) and w.int8_activations and w.data.device == x.device for w in weights):
+            return None
+        kernels = _kernels(x)
+        if kernels is None or x.dim() != 2:
+            return None
+        types = [w.ggml_type for w in weights]  # type: ignore[attr-defined]
+        return kernels.gguf_linear_int8_n(x, [w.data for w in weights], types, list(biases))  # type: ignore[attr-defined]
 
     def decoded_rows(self, kernels: ModuleType) -> Decode:
         """Rows n0 .. n1 - 1 of the blocks decoded into a float32 or bfloat16 slab (gguf_dequantize_)."""

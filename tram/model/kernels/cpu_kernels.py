@@ -60,6 +60,8 @@ _SOURCES = [
         "gguf_linear.cpp",
         "gguf_int8.cpp",
         "fused_moe.cpp",
+        "moe_route.cpp",
+        "kv_write.cpp",
     )
 ]
 # -fopenmp: at::parallel_for is header code that only runs in parallel when compiled with OpenMP

@@ -62,7 +62,13 @@ def linear(
 def linear_n(x: torch.Tensor, layers: Sequence[Linear]) -> list[torch.Tensor]:
     """[layer(x) for layer in layers], in one kernel call when x is skinny (q/k/v, gate/up): one
     conversion of x and one parallel region instead of one per layer; each result is unchanged."""
-    if any(layer.quant is not None for layer in layers):
+    quants = [layer.quant for layer in layers]
+    if any(q is not None for q in quants):
+        if all(q is not None for q in quants):
+            first, *others = quants
+            out = first.apply_n(x, others, [layer.bias for layer in layers])  # type: ignore[union-attr]
+            if out is not None:
+                return out
         return [layer(x) for layer in layers]
     packed = all(layer.packed_weight is not None for layer in layers)
     kernels = _skinny_kernels(x, layers[0].weight, packed)

@@ -20,6 +20,7 @@ F.linear, the pure-PyTorch path that TRAM_CPU_KERNELS=0 selects and the tests co
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import ModuleType
 
 import torch
@@ -63,6 +64,13 @@ class QuantizedWeight:
         if wants_slabs(x, self.out_features, self.in_features, kernels):
             return slab_linear(x, self.out_features, self.in_features, self.decoded_rows(kernels), bias)
         return kernels.quant_gemm(x, self.qweight, self.scale, self.group, bias, self.zero)
+
+    def apply_n(
+        self, x: torch.Tensor, others: Sequence[QuantizedWeight], biases: Sequence[torch.Tensor | None]
+    ) -> list[torch.Tensor] | None:
+        """[w.apply(x, b) for w, b in zip((self, *others), biases)] in one kernel call where this format
+        has one (x read and converted once); None where it has not, and the caller applies each."""
+        return None
 
     def triton_apply(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The Triton W8A16 / W4A16 GEMM; imported here: triton is the gpu extra's."""

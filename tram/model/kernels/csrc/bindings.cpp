@@ -55,6 +55,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "gguf_linear with x quantized to int8 per 32 k and integer dot products (llama.cpp's numerics), any "
         "number of rows; invariant to batch, threads and instruction set",
         py::arg("x"), py::arg("data"), py::arg("ggml_type"), py::arg("bias") = py::none());
+  m.def("gguf_linear_int8_n", &tram::gguf_linear_int8_n,
+        "gguf_linear_int8 for several weights sharing x (CPU): (x [M,K], [data [N_i,row_bytes]], [ggml_type], "
+        "[bias [N_i] or None]) -> [[M,N_i]]; x quantized once, each output as gguf_linear_int8 gives it",
+        py::arg("x"), py::arg("data"), py::arg("ggml_types"), py::arg("biases"));
   m.def("quantize_activations_int8", &tram::quantize_activations_int8,
         "x [M,K] -> (int8 [M,K], scales [M,K/block]): gguf_linear_int8's activations (block 256: the K-quants')",
         py::arg("x"), py::arg("block") = 32);
@@ -72,6 +76,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("w13_format"), py::arg("w13_param"), py::arg("w2"), py::arg("w2_scale"), py::arg("w2_format"),
         py::arg("w2_param"), py::arg("b13"), py::arg("b2"), py::arg("activation"), py::arg("alpha") = 1.702,
         py::arg("limit") = 7.0, py::arg("w13_zero") = py::none(), py::arg("w2_zero") = py::none());
+  m.def("moe_route", &tram::moe_route,
+        "A router's choice (CPU): (logits [T,E], top_k, softmax_first, renormalize) -> (weights [T,k] float32, "
+        "ids [T,k] int32), largest weight first; softmax_first: softmax over E then top k (divided by their sum "
+        "when renormalize), else top k logits then softmax over them",
+        py::arg("logits"), py::arg("top_k"), py::arg("softmax_first"), py::arg("renormalize"));
+  m.def("write_kv_cache_", &tram::write_kv_cache_,
+        "key/value [T,Hkv,D] into their slots of kv_cache [2,N,bs,Hkv,D] (CPU; the cache's dtype): (kv_cache, "
+        "key, value, slot_mapping [T] int64, < 0: skipped)",
+        py::arg("kv_cache"), py::arg("key"), py::arg("value"), py::arg("slot_mapping"));
   m.def("rms_norm", &tram::rms_norm, "transformers' RMSNorm (CPU): (x [T,N], weight [N], eps) -> [T,N]",
         py::arg("x"), py::arg("weight"), py::arg("eps"));
   m.def("add_rms_norm", &tram::add_rms_norm,

@@ -390,29 +390,50 @@ void q8k_gemm(const tram::q8k::Rows& x, int64_t M, const Args& a) {
 }
 #endif
 
+// Outputs begin .. end - 1 of every row of x, on the row kernel.
+template <typename F, typename T>
+void q8k_rows(const tram::q8k::Rows& x, int64_t M, const Args& a, int64_t begin, int64_t end) {
+  for (int64_t mb = 0; mb < M; mb += kXRows) {
+    const int64_t me = std::min(M, mb + kXRows);
+    int64_t n = begin;
+    if (me - mb == 1) {
+      for (; n + kQ8KOneRowW <= end; n += kQ8KOneRowW) q8k_tile<F, T, 1, kQ8KOneRowW>(x, a, mb, n);
+      for (; n < end; ++n) q8k_tile<F, T, 1, 1>(x, a, mb, n);
+      continue;
+    }
+    for (; n + kQ8KRowsW <= end; n += kQ8KRowsW) {
+      int64_t m = mb;
+      for (; m + kQ8KRowsX <= me; m += kQ8KRowsX) q8k_tile<F, T, kQ8KRowsX, kQ8KRowsW>(x, a, m, n);
+      for (; m + 2 <= me; m += 2) q8k_tile<F, T, 2, kQ8KRowsW>(x, a, m, n);
+      for (; m < me; ++m) q8k_tile<F, T, 1, kQ8KRowsW>(x, a, m, n);
+    }
+    for (; n < end; ++n) {
+      for (int64_t m = mb; m < me; ++m) q8k_tile<F, T, 1, 1>(x, a, m, n);
+    }
+  }
+}
+
 template <typename F, typename T>
 void q8k_linear(const tram::q8k::Rows& x, int64_t M, const Args& a) {
 #if defined(TRAM_Q8K_GEMM)
   if (M >= tram::q8k::kGemmMinRows) return q8k_gemm<F, T>(x, M, a);
 #endif
-  tram::parallel::dynamic_for(a.N, kGrainRows, [&](int64_t begin, int64_t end) {
-    for (int64_t mb = 0; mb < M; mb += kXRows) {
-      const int64_t me = std::min(M, mb + kXRows);
-      int64_t n = begin;
-      if (me - mb == 1) {
-        for (; n + kQ8KOneRowW <= end; n += kQ8KOneRowW) q8k_tile<F, T, 1, kQ8KOneRowW>(x, a, mb, n);
-        for (; n < end; ++n) q8k_tile<F, T, 1, 1>(x, a, mb, n);
-        continue;
-      }
-      for (; n + kQ8KRowsW <= end; n += kQ8KRowsW) {
-        int64_t m = mb;
-        for (; m + kQ8KRowsX <= me; m += kQ8KRowsX) q8k_tile<F, T, kQ8KRowsX, kQ8KRowsW>(x, a, m, n);
-        for (; m + 2 <= me; m += 2) q8k_tile<F, T, 2, kQ8KRowsW>(x, a, m, n);
-        for (; m < me; ++m) q8k_tile<F, T, 1, kQ8KRowsW>(x, a, m, n);
-      }
-      for (; n < end; ++n) {
-        for (int64_t m = mb; m < me; ++m) q8k_tile<F, T, 1, 1>(x, a, m, n);
-      }
+  tram::parallel::dynamic_for(a.N, kGrainRows, [&](int64_t begin, int64_t end) { q8k_rows<F, T>(x, M, a, begin, end); });
+}
+
+// Several K-quant weights that read one x (q/k/v) on the row kernel: one parallel region over all their
+// outputs; each output's arithmetic is the one q8k_linear gives it.
+template <typename T>
+void q8k_linear_n(const tram::q8k::Rows& x, int64_t M, const std::vector<Args>& args, const std::vector<int64_t>& types) {
+  std::vector<int64_t> first(args.size() + 1, 0);
+  for (size_t i = 0; i < args.size(); ++i) first[i + 1] = first[i] + args[i].N;
+  tram::parallel::dynamic_for(first.back(), kGrainRows, [&](int64_t begin, int64_t end) {
+    for (size_t i = 0; i < args.size(); ++i) {
+      const int64_t b = std::max(begin, first[i]), e = std::min(end, first[i + 1]);
+      if (b >= e) continue;
+      tram::q8k::with_kquant(types[i], [&](auto fmt) {
+        q8k_rows<decltype(fmt), T>(x, M, args[i], b - first[i], e - first[i]);
+      });
     }
   });
 }
@@ -429,45 +450,63 @@ void with_format(int64_t type, Fn&& fn) {
 
 }  // namespace
 
-namespace tram {
+namespace {
 
-at::Tensor gguf_linear_int8(const at::Tensor& x, const at::Tensor& data, int64_t ggml_type,
-                            const c10::optional<at::Tensor>& bias) {
+// One weight's checked arguments: its row bytes, the activation zero point and offset its format takes,
+// and its bias (undefined: none).
+struct Checked {
+  int64_t row_bytes = 0, zero = 0;
+  bool offset = false;
+  at::Tensor bias;
+};
+
+Checked check_weight(const at::Tensor& x, const at::Tensor& data, int64_t ggml_type,
+                     const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "gguf_linear_int8: x must be a [M, K] CPU tensor");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "gguf_linear_int8: x must be float32 or bfloat16");
   TORCH_CHECK(data.device().is_cpu() && data.dim() == 2 && data.scalar_type() == at::kByte && data.is_contiguous(),
               "gguf_linear_int8: data must be a contiguous [N, row_bytes] uint8 CPU tensor");
-  const int64_t M = x.size(0), K = x.size(1), N = data.size(0);
-  int64_t row_bytes = 0, zero = 0;
-  bool offset = false;
+  const int64_t K = x.size(1), N = data.size(0);
+  Checked c;
   with_format(ggml_type, [&](auto fmt) {
     using F = decltype(fmt);
     TORCH_CHECK(K % F::kBlock == 0, "gguf_linear_int8: K = ", K, " is not a multiple of the block of ", F::kBlock);
-    row_bytes = K / F::kBlock * F::kBytes;
+    c.row_bytes = K / F::kBlock * F::kBytes;
 #if defined(__AVX512VNNI__) || (defined(__AVXVNNI__) && !defined(__AVX512BW__))
-    zero = F::kZero;
+    c.zero = F::kZero;
 #else
-    zero = F::kSigned ? 0 : F::kZero;
+    c.zero = F::kSigned ? 0 : F::kZero;
 #endif
-    offset = F::kOffset;
+    c.offset = F::kOffset;
   });
-  TORCH_CHECK(data.size(1) == row_bytes, "gguf_linear_int8: rows of ", data.size(1), " bytes, expected ", row_bytes);
-  const void* b = nullptr;
-  at::Tensor bias_c;
+  TORCH_CHECK(data.size(1) == c.row_bytes, "gguf_linear_int8: rows of ", data.size(1), " bytes, expected ",
+              c.row_bytes);
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == x.scalar_type(),
                 "gguf_linear_int8: bias must be [N] in x's dtype");
-    bias_c = bias->contiguous();
-    b = bias_c.data_ptr();
+    c.bias = bias->contiguous();
   }
+  return c;
+}
+
+const void* bias_ptr(const Checked& c) { return c.bias.defined() ? c.bias.data_ptr() : nullptr; }
+
+}  // namespace
+
+namespace tram {
+
+at::Tensor gguf_linear_int8(const at::Tensor& x, const at::Tensor& data, int64_t ggml_type,
+                            const c10::optional<at::Tensor>& bias) {
+  const Checked c = check_weight(x, data, ggml_type, bias);
+  const int64_t M = x.size(0), K = x.size(1), N = data.size(0);
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y;
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   if (is_kquant(ggml_type)) {
     tram::q8k::QuantizedRows qa;
     qa.quantize(xf.data_ptr<float>(), K, M, K);
-    const Args a{nullptr, K, N, row_bytes, data.data_ptr<uint8_t>(), b, y.data_ptr()};
+    const Args a{nullptr, K, N, c.row_bytes, data.data_ptr<uint8_t>(), bias_ptr(c), y.data_ptr()};
     const bool done = tram::q8k::with_kquant(ggml_type, [&](auto fmt) {
       using F = decltype(fmt);
 #if defined(TRAM_Q8K_KERNELS)
@@ -482,8 +521,8 @@ at::Tensor gguf_linear_int8(const at::Tensor& x, const at::Tensor& data, int64_t
     return y;
   }
   QuantizedX qx;
-  quantize_x(xf.data_ptr<float>(), M, K, zero, offset, qx);
-  const Args a{&qx, K, N, row_bytes, data.data_ptr<uint8_t>(), b, y.data_ptr()};
+  quantize_x(xf.data_ptr<float>(), M, K, c.zero, c.offset, qx);
+  const Args a{&qx, K, N, c.row_bytes, data.data_ptr<uint8_t>(), bias_ptr(c), y.data_ptr()};
   with_format(ggml_type, [&](auto fmt) {
     using F = decltype(fmt);
     if (x.scalar_type() == at::kFloat) {
@@ -493,6 +532,48 @@ at::Tensor gguf_linear_int8(const at::Tensor& x, const at::Tensor& data, int64_t
     }
   });
   return y;
+}
+
+std::vector<at::Tensor> gguf_linear_int8_n(const at::Tensor& x, const std::vector<at::Tensor>& data,
+                                           const std::vector<int64_t>& ggml_types,
+                                           const std::vector<c10::optional<at::Tensor>>& biases) {
+  TORCH_CHECK(data.size() == ggml_types.size() && data.size() == biases.size(),
+              "gguf_linear_int8_n: as many types and biases as weights");
+  const int64_t M = x.dim() == 2 ? x.size(0) : 0;
+  bool together = M > 0;
+#if !defined(TRAM_Q8K_KERNELS)
+  together = false;
+#elif defined(TRAM_Q8K_GEMM)
+  together = together && M < tram::q8k::kGemmMinRows;  // the GEMM repacks per weight: one call each
+#endif
+  for (const int64_t type : ggml_types) together = together && is_kquant(type);
+  std::vector<at::Tensor> ys;
+  if (!together) {
+    for (size_t i = 0; i < data.size(); ++i) ys.push_back(gguf_linear_int8(x, data[i], ggml_types[i], biases[i]));
+    return ys;
+  }
+#if defined(TRAM_Q8K_KERNELS)
+  const int64_t K = x.size(1);
+  std::vector<Checked> checked;
+  std::vector<Args> args;
+  for (size_t i = 0; i < data.size(); ++i) {
+    checked.push_back(check_weight(x, data[i], ggml_types[i], biases[i]));
+    ys.push_back(at::empty({M, data[i].size(0)}, x.options()));
+  }
+  for (size_t i = 0; i < data.size(); ++i) {
+    args.push_back(Args{nullptr, K, data[i].size(0), checked[i].row_bytes, data[i].data_ptr<uint8_t>(),
+                        bias_ptr(checked[i]), ys[i].data_ptr()});
+  }
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  tram::q8k::QuantizedRows qa;
+  qa.quantize(xf.data_ptr<float>(), K, M, K);
+  if (x.scalar_type() == at::kFloat) {
+    q8k_linear_n<float>(qa.rows(), M, args, ggml_types);
+  } else {
+    q8k_linear_n<c10::BFloat16>(qa.rows(), M, args, ggml_types);
+  }
+#endif
+  return ys;
 }
 
 std::vector<at::Tensor> quantize_activations_int8(const at::Tensor& x, int64_t block) {

@@ -69,6 +69,11 @@ at::Tensor gguf_gemm(const at::Tensor& x, const at::Tensor& data, int64_t ggml_t
 // gguf_int8.cpp: the same product with x quantized to int8 per 32 k (llama.cpp's numerics), any M.
 at::Tensor gguf_linear_int8(const at::Tensor& x, const at::Tensor& data, int64_t ggml_type,
                             const c10::optional<at::Tensor>& bias);
+// The same for several weights that read one x (q/k/v): x quantized once and, for K-quants on the row
+// kernel, one parallel region; each output as gguf_linear_int8 gives it.
+std::vector<at::Tensor> gguf_linear_int8_n(const at::Tensor& x, const std::vector<at::Tensor>& data,
+                                           const std::vector<int64_t>& ggml_types,
+                                           const std::vector<c10::optional<at::Tensor>>& biases);
 // x [M, K] -> (int8 quants [M, K], scales [M, K / block]): the activations gguf_linear_int8 multiplies
 // (block 32; 256 for the K-quants).
 std::vector<at::Tensor> quantize_activations_int8(const at::Tensor& x, int64_t block);
@@ -82,6 +87,15 @@ at::Tensor fused_moe(const at::Tensor& x, const at::Tensor& topk_ids, const at::
                      int64_t w2_format, int64_t w2_param, const c10::optional<at::Tensor>& b13,
                      const c10::optional<at::Tensor>& b2, int64_t activation, double alpha, double limit,
                      const c10::optional<at::Tensor>& w13_zero, const c10::optional<at::Tensor>& w2_zero);
+
+// moe_route.cpp: each token's top_k experts ([T, k] int32, largest weight first) and their float32 weights
+// from router logits [T, E]: softmax then top k (renormalised when asked), or top k then softmax.
+std::tuple<at::Tensor, at::Tensor> moe_route(const at::Tensor& logits, int64_t top_k, bool softmax_first,
+                                             bool renormalize);
+
+// kv_write.cpp: key/value [T, Hkv, D] into their slots of the paged cache (same dtype; slot < 0 skipped).
+void write_kv_cache_(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
+                     const at::Tensor& slot_mapping);
 
 // rms_norm.cpp: transformers' RMSNorm, optionally after adding the residual.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);

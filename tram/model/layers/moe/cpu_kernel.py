@@ -12,6 +12,10 @@ autograd, an unsupported format or dtype), and the caller keeps its PyTorch path
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
 import torch
 
 from tram.model.gguf.weight import K_QUANTS
@@ -62,6 +66,55 @@ def _format(fmt: ExpertWeights) -> int:
     return _GGUF_INT8 if fmt.kind == "gguf" and fmt.int8_activations else _FORMATS[fmt.kind]
 
 
+@dataclass(frozen=True)
+class FusedMoECall:
+    """The kernel bound to one layer's weights, checked once: calling it with (x, topk_ids, topk_weights)
+    runs the experts. At decode the checks cost more than the router's choice itself, so a layer keeps
+    this and pays only for x's."""
+
+    module: ModuleType
+    dtype: torch.dtype
+    args: tuple[Any, ...]  # fused_moe's arguments after (x, topk_ids, topk_weights)
+
+    def __call__(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor | None:
+        if x.dtype != self.dtype or x.dim() != 2 or kernels_for(x) is None:
+            return None
+        ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int32)
+        weights = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.to(torch.float32)
+        x, ids, weights = x.contiguous(), ids.contiguous(), weights.contiguous()
+        if x.shape[0] <= MAX_TOKENS_PER_CALL:
+            return self.module.fused_moe(x, ids, weights, *self.args)
+        step = MAX_TOKENS_PER_CALL
+        pieces = [
+            self.module.fused_moe(x[i : i + step], ids[i : i + step], weights[i : i + step], *self.args)
+            for i in range(0, x.shape[0], step)
+        ]
+        return torch.cat(pieces)
+
+
+def bind_fused_moe(
+    x: torch.Tensor,  # a [T, H] float32 or bfloat16 input of the kind the call will take
+    w13: ExpertWeights,  # [E, 2I, H]: gate rows then up rows
+    w2: ExpertWeights,  # [E, H, I]
+    b13: torch.Tensor | None,  # [E, 2I]
+    b2: torch.Tensor | None,  # [E, H]
+    activation: str,
+    alpha: float = 1.702,
+    limit: float = 7.0,
+) -> FusedMoECall | None:
+    """The kernel bound to these weights for inputs like x; None where it does not apply."""
+    if x.dtype not in _FLOAT_DTYPES or x.dim() != 2 or activation not in _ACTIVATIONS:
+        return None
+    if not (_supported(w13, x) and _supported(w2, x)):
+        return None
+    module = kernels_for(x)
+    if module is None or not hasattr(module, "fused_moe"):
+        return None
+    args = (w13.data, w13.scale, _format(w13), w13.param(), w2.data, w2.scale, _format(w2), w2.param())
+    rest = (b13, b2, _ACTIVATIONS[activation], float(alpha), float(limit), w13.zero, w2.zero)
+    return FusedMoECall(module, x.dtype, args + rest)
+
+
 def cpu_fused_moe(
     x: torch.Tensor,  # [T, H] float32 or bfloat16
     topk_ids: torch.Tensor,  # [T, k] local expert ids, -1: not on this rank
@@ -76,28 +129,5 @@ def cpu_fused_moe(
 ) -> torch.Tensor | None:
     """sum over slots j of topk_weights[t, j] * expert e's MLP of x[t] (e = topk_ids[t, j]), float32
     inside and rounded once to x's dtype; None where the kernel does not apply."""
-    if x.dtype not in _FLOAT_DTYPES or x.dim() != 2 or activation not in _ACTIVATIONS:
-        return None
-    if not (_supported(w13, x) and _supported(w2, x)):
-        return None
-    module = kernels_for(x)
-    if module is None or not hasattr(module, "fused_moe"):
-        return None
-    ids = topk_ids.to(torch.int32).contiguous()
-    weights = topk_weights.to(torch.float32).contiguous()
-    args = (w13.data, w13.scale, _format(w13), w13.param(), w2.data, w2.scale, _format(w2), w2.param())
-    rest = (b13, b2, _ACTIVATIONS[activation], float(alpha), float(limit), w13.zero, w2.zero)
-    x = x.contiguous()
-    if x.shape[0] <= MAX_TOKENS_PER_CALL:
-        return module.fused_moe(x, ids, weights, *args, *rest)
-    pieces = [
-        module.fused_moe(
-            x[i : i + MAX_TOKENS_PER_CALL],
-            ids[i : i + MAX_TOKENS_PER_CALL],
-            weights[i : i + MAX_TOKENS_PER_CALL],
-            *args,
-            *rest,
-        )
-        for i in range(0, x.shape[0], MAX_TOKENS_PER_CALL)
-    ]
-    return torch.cat(pieces)
+    call = bind_fused_moe(x, w13, w2, b13, b2, activation, alpha, limit)
+    return None if call is None else call(x, topk_ids, topk_weights)

@@ -26,7 +26,7 @@ from torch import nn
 
 from tram.distributed import expert_parallel, get_tp, shard_range, tp_all_reduce
 from tram.model.layers.moe.checkpoint_experts import ExpertSlot, as_expert, stacked_experts
-from tram.model.layers.moe.cpu_kernel import cpu_fused_moe, takes_int8_activations
+from tram.model.layers.moe.cpu_kernel import FusedMoECall, bind_fused_moe, takes_int8_activations
 from tram.model.layers.moe.experts import ExpertWeights, quantize_experts
 from tram.model.layers.moe.reference import grouped_moe
 from tram.model.layers.moe.spec import MoESpec
@@ -80,6 +80,8 @@ class FusedMoE(nn.Module):
             self.w2_bias = nn.Parameter(torch.empty(self.num_local, hidden_size, dtype=dtype))
         # Where the weights are no longer float (quantize_ or a GGUF file): their stacked forms.
         self.w13: ExpertWeights | None = None
+        # The CPU kernel bound to the weights it last ran on, and what identifies them (bind_fused_moe).
+        self._cpu_call: tuple[tuple[object, ...], FusedMoECall | None] | None = None
         self.w2: ExpertWeights | None = None
         self._received: dict[str, set[tuple[int, int | None]]] = {}
         self._quantized: dict[str, dict[int, dict[int | None, object]]] = {}  # a quantized checkpoint's experts
@@ -152,6 +154,7 @@ class FusedMoE(nn.Module):
             empty = torch.empty(0, dtype=self.w13_weight.dtype, device="meta")
             self.w13_weight = nn.Parameter(empty, requires_grad=False)
             self.w2_weight = nn.Parameter(empty.clone(), requires_grad=False)
+        self._cpu_call = None  # it holds the weights it was bound to
 
     def set_quantized_expert(self, slot: ExpertSlot, weight: object) -> None:
         """One local expert projection's quantized (or dense) weight, already cut to this rank."""
@@ -172,6 +175,7 @@ class FusedMoE(nn.Module):
         empty = torch.empty(0, dtype=self.w13_weight.dtype, device=self.w13_weight.device)
         self.w13_weight = nn.Parameter(empty, requires_grad=False)
         self.w2_weight = nn.Parameter(empty.clone(), requires_grad=False)
+        self._cpu_call = None  # it holds the weights it was bound to
         self._quantized.clear()
         return done
 
@@ -204,6 +208,7 @@ class FusedMoE(nn.Module):
         empty = torch.empty(0, dtype=self.w13_weight.dtype, device=self.w13_weight.device)
         self.w13_weight = nn.Parameter(empty, requires_grad=False)
         self.w2_weight = nn.Parameter(empty.clone(), requires_grad=False)
+        self._cpu_call = None  # it holds the weights it was bound to
         return before, self.w13.nbytes + self.w2.nbytes
 
     # -- compute -------------------------------------------------------------------------------------
@@ -237,10 +242,22 @@ class FusedMoE(nn.Module):
 
             return triton_fused_moe(x, topk_ids, topk_weights, w13.data, w2.data, *args)
         if x.device.type == "cpu" and self.fused_kernel_takes(x, topk_ids, w13, w2):
-            out = cpu_fused_moe(x, topk_ids, topk_weights, w13, w2, *args)
+            call = self.cpu_call(x, w13, w2, b13, b2)
+            out = None if call is None else call(x, topk_ids, topk_weights)
             if out is not None:
                 return out
         return grouped_moe(x, topk_ids, topk_weights, w13, w2, *args)
+
+    def cpu_call(
+        self, x: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights, b13: torch.Tensor | None, b2: torch.Tensor | None
+    ) -> FusedMoECall | None:
+        """The fused kernel bound to these weights, checked once while they stay the same tensors."""
+        key = (x.dtype, w13.data.data_ptr(), w2.data.data_ptr(), w13.kind, w2.kind, b13 is None, b2 is None)
+        if self._cpu_call is None or self._cpu_call[0] != key:
+            s = self.spec
+            call = bind_fused_moe(x, w13, w2, b13, b2, s.activation, s.swiglu_alpha, s.swiglu_limit)
+            self._cpu_call = (key, call)
+        return self._cpu_call[1]
 
     def fused_kernel_takes(
         self, x: torch.Tensor, topk_ids: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from tram.model.kernels.cpu_kernels import kernels_for
 from tram.model.layers.linear import Linear
 
 
@@ -18,7 +19,11 @@ class Router(Linear):
 def select_experts(
     logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights [T, k] float32, expert ids [T, k] int32) from router logits [T, E]; see spec.SCORING."""
+    """(weights [T, k] float32, expert ids [T, k] int32) from router logits [T, E]; see spec.SCORING.
+    On CPU one kernel call (csrc/moe_route.cpp: the same choice, weights within float rounding)."""
+    kernels = kernels_for(logits)
+    if kernels is not None and logits.dim() == 2 and logits.shape[0] > 0:
+        return kernels.moe_route(logits, top_k, scoring == "softmax_topk", renormalize)
     logits = logits.float()
     if scoring == "topk_softmax":
         values, ids = torch.topk(logits, top_k, dim=-1)

@@ -1,0 +1,132 @@
+"""Where a decode step's host time falls: the stretches between the C++ kernel calls of one step.
+
+Between two OpenMP parallel regions libgomp's worker threads spin GOMP_SPINCOUNT times, then sleep on
+a futex; waking them costs far more than the spin on a VM. Tram's engine core spins 3,000 times
+(~0.1 ms; tram/executor/cpu_threads.py says why), so every stretch of Python and small PyTorch ops
+longer than that between two kernels costs a sleep and a wake-up. This wraps every function of the
+kernels module, runs --steps decode steps of one request (offline LLM, greedy), and prints one step's
+calls with the host time before each, the stretches longer than --threshold-us, and per step: the
+time in kernels, the rest, and the OpenMP worker's sleeps (voluntary context switches of the
+process's other threads, from /proc).
+
+    python3 benchmarks/cpu_step_gaps.py --model qwen3-30b-a3b-4l --gguf Q4_K_M --gguf-activations int8
+
+Run it with GOMP_SPINCOUNT=3000 in the environment for the engine core's wait, or 300000 (libgomp's
+default, which never sleeps between a step's kernels) to see the host time alone. Small kernels that
+run on one thread (norms, rotary, the router's choice) open no parallel region; the listing marks them
+so that a stretch is read between the parallel ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
+from cpu_decode_floor import gguf_file
+
+# Kernels that run inline at decode's few rows (no parallel region, so no wake-up before them).
+INLINE = {"rms_norm", "add_rms_norm", "rotary_", "moe_route", "write_kv_cache_", "argmax_rows", "gguf_dequantize_"}
+
+
+def thread_sleeps() -> dict[str, int]:
+    """Voluntary context switches of each thread of this process."""
+    out = {}
+    for task in glob.glob("/proc/self/task/*"):
+        try:
+            with open(task + "/status") as f:
+                status = f.read()
+        except OSError:
+            continue
+        out[task] = int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+    return out
+
+
+def wrap_kernels(module: Any, log: list[tuple[str, float, float]]) -> None:
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            result = fn(*args, **kwargs)
+            log.append((name, start, time.perf_counter()))
+            return result
+
+        return timed
+
+    for name in dir(module):
+        fn = getattr(module, name)
+        if callable(fn) and not name.startswith("_"):
+            setattr(module, name, wrap(name, fn))
+
+
+def print_step(log: list[tuple[str, float, float]], t0: float, t1: float, threshold_us: float) -> None:
+    prev = t0
+    for name, start, end in log:
+        gap = (start - prev) * 1e6
+        mark = " <<" if gap > threshold_us else ""
+        kind = "" if name in INLINE else " (parallel)"
+        at, took = (start - t0) * 1e3, (end - start) * 1e6
+        print(f"  {at:8.3f} ms  host {gap:7.1f} us  kernel {took:8.1f} us  {name}{kind}{mark}")
+        prev = end
+    print(f"  end: host {(t1 - prev) * 1e6:.1f} us")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="qwen3-30b-a3b-4l", help="a preset (its tokenizer) or a checkpoint")
+    parser.add_argument("--gguf", help="a GGUF path, or a llama.cpp type of the preset (llama_cpp_peer.py's cache)")
+    parser.add_argument("--gguf-activations", default="int8")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--steps", type=int, default=40, help="timed decode steps (after 10 untimed)")
+    parser.add_argument("--threads", type=int, default=2, help="TRAM_CPU_THREADS")
+    parser.add_argument("--threshold-us", type=float, default=90.0, help="mark host stretches longer than this")
+    args = parser.parse_args()
+    os.environ.setdefault("TRAM_CPU_THREADS", str(args.threads))
+
+    from tram import LLM, SamplingParams
+    from tram.bench.presets import resolve_model
+    from tram.model.kernels.cpu_kernels import load_cpu_kernels
+
+    tokenizer = resolve_model(args.model)
+    extra: dict[str, Any] = {}
+    path = tokenizer
+    if args.gguf:
+        path = gguf_file(args.gguf, args.model, 0)
+        extra = {"tokenizer": tokenizer, "gguf_activations": args.gguf_activations}
+    llm = LLM(path, dtype=args.dtype, max_model_len=512, seed=0, enable_prefix_caching=False, **extra)
+    engine = llm.llm_engine
+    log: list[tuple[str, float, float]] = []
+    wrap_kernels(load_cpu_kernels(), log)
+    params = SamplingParams(temperature=0.0, max_tokens=args.steps + 12, ignore_eos=True)
+    engine.add_request("gaps", {"prompt_token_ids": [7] * 64}, params)
+    for _ in range(11):  # the prefill, then untimed decode steps
+        engine.step()
+    steps, kernel_ms, sleeps = [], [], []
+    for i in range(args.steps):
+        log.clear()
+        before = thread_sleeps()
+        t0 = time.perf_counter()
+        engine.step()
+        t1 = time.perf_counter()
+        after = thread_sleeps()
+        main_task = f"/proc/self/task/{os.getpid()}"
+        sleeps.append(sum(v - before.get(k, 0) for k, v in after.items() if k != main_task))
+        steps.append((t1 - t0) * 1e3)
+        kernel_ms.append(sum(end - start for _, start, end in log) * 1e3)
+        if i == args.steps - 1:
+            print(f"the last step, GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT')}:")
+            print_step(log, t0, t1, args.threshold_us)
+    step, kernels = statistics.median(steps), statistics.median(kernel_ms)
+    print(
+        f"median of {args.steps} steps: {step:.2f} ms, of which kernels {kernels:.2f} ms and the rest "
+        f"{step - kernels:.2f} ms; the other threads slept {statistics.mean(sleeps):.1f} times a step"
+    )
+    engine.abort_request(["gaps"])
+
+
+if __name__ == "__main__":
+    main()
