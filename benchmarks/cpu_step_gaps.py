@@ -11,6 +11,12 @@ process's other threads, from /proc).
 
     python3 benchmarks/cpu_step_gaps.py --model qwen3-30b-a3b-4l --gguf Q4_K_M --gguf-activations int8
 
+--probe instead measures the wait itself: a parallel PyTorch op (an add over 4 MiB), then the main
+thread busy for a fixed time, 300 times for each time; how often the worker slept, and what the
+op and the gap cost together beyond the gap:
+
+    GOMP_SPINCOUNT=3000 python3 benchmarks/cpu_step_gaps.py --probe
+
 Run it with GOMP_SPINCOUNT=3000 in the environment for the engine core's wait, or 300000 (libgomp's
 default, which never sleeps between a step's kernels) to see the host time alone. Small kernels that
 run on one thread (norms, rotary, the router's choice) open no parallel region; the listing marks them
@@ -75,6 +81,33 @@ def print_step(log: list[tuple[str, float, float]], t0: float, t1: float, thresh
     print(f"  end: host {(t1 - prev) * 1e6:.1f} us")
 
 
+def probe(threads: int) -> None:
+    """Worker sleeps and the cost of a parallel op after host gaps of 20-300 µs."""
+    import torch
+
+    torch.set_num_threads(threads)
+    x = torch.ones(1 << 20)
+    main_task = f"/proc/self/task/{os.getpid()}"
+
+    def others() -> int:
+        return sum(v for k, v in thread_sleeps().items() if k != main_task)
+
+    for _ in range(20):
+        x.add(1)
+    print(f"GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT')}, {threads} threads")
+    for gap_us in (20, 40, 60, 80, 100, 150, 300):
+        calls, before, start = 300, others(), time.perf_counter()
+        for _ in range(calls):
+            x.add(1)
+            until = time.perf_counter() + gap_us * 1e-6
+            while time.perf_counter() < until:
+                pass
+        per_call = (time.perf_counter() - start) / calls * 1e6
+        slept = (others() - before) / calls
+        extra = per_call - gap_us
+        print(f"  gap {gap_us:4d} us: worker sleeps {slept:.2f}; op + gap {per_call:.0f} us ({extra:.0f} beyond)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen3-30b-a3b-4l", help="a preset (its tokenizer) or a checkpoint")
@@ -83,8 +116,12 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--steps", type=int, default=40, help="timed decode steps (after 10 untimed)")
     parser.add_argument("--threads", type=int, default=2, help="TRAM_CPU_THREADS")
-    parser.add_argument("--threshold-us", type=float, default=90.0, help="mark host stretches longer than this")
+    parser.add_argument("--threshold-us", type=float, default=60.0, help="mark host stretches longer than this")
+    parser.add_argument("--probe", action="store_true", help="measure the wait between parallel ops instead")
     args = parser.parse_args()
+    if args.probe:
+        probe(args.threads)
+        return
     os.environ.setdefault("TRAM_CPU_THREADS", str(args.threads))
 
     from tram import LLM, SamplingParams

@@ -119,15 +119,9 @@ def cpu_fused_moe(
     x: torch.Tensor,  # [T, H] float32 or bfloat16
     topk_ids: torch.Tensor,  # [T, k] local expert ids, -1: not on this rank
     topk_weights: torch.Tensor,  # [T, k] float32
-    w13: ExpertWeights,  # [E, 2I, H]: gate rows then up rows
-    w2: ExpertWeights,  # [E, H, I]
-    b13: torch.Tensor | None,  # [E, 2I]
-    b2: torch.Tensor | None,  # [E, H]
-    activation: str,
-    alpha: float = 1.702,
-    limit: float = 7.0,
+    *layer: Any,  # bind_fused_moe's arguments after x: w13, w2, b13, b2, activation[, alpha, limit]
 ) -> torch.Tensor | None:
     """sum over slots j of topk_weights[t, j] * expert e's MLP of x[t] (e = topk_ids[t, j]), float32
     inside and rounded once to x's dtype; None where the kernel does not apply."""
-    call = bind_fused_moe(x, w13, w2, b13, b2, activation, alpha, limit)
+    call = bind_fused_moe(x, *layer)
     return None if call is None else call(x, topk_ids, topk_weights)
