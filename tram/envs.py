@@ -68,6 +68,12 @@ _DECLARED = (
     EnvVar("TRAM_CPU_MARCH", "native", "the -march the C++ CPU kernels are built for (e.g. x86-64-v3)"),
     EnvVar("TRAM_CPU_PACKED_LINEAR", True, "0 keeps linear weights unpacked (no oneDNN blocked layout)", _on_unless_0),
     EnvVar(
+        "TRAM_GGUF_REPACK",
+        True,
+        "0 keeps GGUF Q4_K weights in the file's layout under --gguf-activations int8 (no Q4_K x8 repack at load)",
+        _on_unless_0,
+    ),
+    EnvVar(
         "TRAM_CPU_MALLOC_TUNING",
         True,
         "0 keeps glibc's malloc thresholds (no mallopt tuning in the worker)",
@@ -165,6 +171,7 @@ if TYPE_CHECKING:  # what attribute access returns, for type checkers
     TRAM_CPU_KERNELS: bool
     TRAM_CPU_MARCH: str
     TRAM_CPU_PACKED_LINEAR: bool
+    TRAM_GGUF_REPACK: bool
     TRAM_CPU_MALLOC_TUNING: bool
     TRAM_CPU_KVCACHE_SPACE: float | None
     VLLM_CPU_KVCACHE_SPACE: float | None

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from tram.model.gguf.names import ExpertTensor, expert_tensor
-from tram.model.gguf.weight import GGUF_KEPT_TYPES, check_gguf_data
+from tram.model.gguf.weight import GGUF_KEPT_TYPES, check_gguf_data, repack_for_int8
 from tram.model.layers.moe.experts import ExpertWeights
 from tram.model.layers.moe.layer import FusedMoE
 
@@ -162,4 +162,6 @@ class ExpertLoader:
             check_gguf_data(data.view(experts * rows, row_bytes), qtype, in_features)
         except ValueError as err:
             raise ValueError(f"Tensor {name} in {self.path}: {err}") from err
+        if self.int8_activations and all(part.shape[1] % 8 == 0 for part in parts):  # whole groups per part
+            data, qtype = repack_for_int8(data, qtype)
         return ExpertWeights("gguf", data, rows, in_features, ggml_type=qtype, int8_activations=self.int8_activations)

@@ -37,7 +37,7 @@ from tram.model.gguf.names import (
     norm_plus_one,
     unpermute_rows,
 )
-from tram.model.gguf.weight import GGUF_KEPT_TYPES, GGUFWeight
+from tram.model.gguf.weight import GGUF_KEPT_TYPES, GGUFWeight, repack_for_int8
 from tram.model.layers.moe.router import Router
 from tram.model.quant.slab_gemm import bf16_gemm_fast
 from tram.model.weight_utils import fused_parts, load_named_weight, name_list
@@ -269,7 +269,10 @@ def _rows(t: Any, target: _Target, hf_config: Any, permuted: bool) -> np.ndarray
 def _quantized(t: Any, data: np.ndarray, qtype: int, name: str, path: str, int8_activations: bool) -> GGUFWeight:
     in_features = int(t.shape[0])  # ggml order: ne0 is the row length
     try:  # a private copy, not the map
-        return GGUFWeight(torch.from_numpy(np.array(data)), qtype, in_features, int8_activations)
+        tensor = torch.from_numpy(np.array(data))
+        if int8_activations:
+            tensor, qtype = repack_for_int8(tensor, qtype)
+        return GGUFWeight(tensor, qtype, in_features, int8_activations)
     except ValueError as err:
         raise ValueError(f"Tensor {t.name} ({name}) in {path}: {err}") from err
 

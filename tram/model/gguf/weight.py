@@ -38,6 +38,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
+import tram.envs as envs
 from tram.model.quant.slab_gemm import Decode, slab_linear, wants_slabs
 from tram.model.quant.weights import SKINNY_MAX_ROWS, QuantizedWeight, _kernels, reference_linear
 
@@ -63,6 +64,11 @@ BLOCK_SIZES = {  # (k, bytes) per block
     Q6_K: (256, 210),
 }
 GGUF_KEPT_TYPES = frozenset(BLOCK_SIZES)
+# Not a ggml type: Q4_K rows repacked eight at a time for the int8-activation kernel where the build
+# prefers it (csrc/gguf_q4k_x8.h; `repack_for_int8`). 156 bytes per row and 256 k, in groups of 8 rows.
+Q4_K_X8 = 1012
+_NAMES[Q4_K_X8] = "Q4_K x8"
+BLOCK_SIZES_ALL = {**BLOCK_SIZES, Q4_K_X8: (256, 156)}
 
 
 def _type_name(ggml_type: int) -> str:
@@ -78,7 +84,7 @@ def _type_name(ggml_type: int) -> str:
 
 def check_gguf_data(data: torch.Tensor, ggml_type: int, in_features: int) -> None:
     """ValueError unless data is [N, row_bytes] uint8 holding rows of in_features weights of ggml_type."""
-    if ggml_type not in GGUF_KEPT_TYPES:
+    if ggml_type not in BLOCK_SIZES_ALL:
         kept = ", ".join(_NAMES[t] for t in sorted(GGUF_KEPT_TYPES))
         raise ValueError(f"GGUF {_type_name(ggml_type)} is not kept quantized: the kept types are {kept}")
     name = _NAMES[ggml_type]
@@ -86,7 +92,9 @@ def check_gguf_data(data: torch.Tensor, ggml_type: int, in_features: int) -> Non
         raise ValueError(
             f"GGUF {name} data must be a 2-D uint8 tensor [N, row_bytes], got {data.dtype} {tuple(data.shape)}"
         )
-    block, size = BLOCK_SIZES[ggml_type]
+    if ggml_type == Q4_K_X8 and data.shape[0] % 8:
+        raise ValueError(f"GGUF {name} data holds groups of 8 rows, not {data.shape[0]}")
+    block, size = BLOCK_SIZES_ALL[ggml_type]
     if in_features <= 0 or in_features % block:
         raise ValueError(f"GGUF {name} rows hold a multiple of {block} weights, not in_features={in_features}")
     if data.shape[1] != in_features // block * size:
@@ -190,12 +198,46 @@ _DEQUANTIZERS: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
 def dequantize_gguf(data: torch.Tensor, ggml_type: int, in_features: int) -> torch.Tensor:
     """GGUF rows [N, row_bytes] uint8 -> the float32 weight [N, in_features], as gguf.quants.dequantize."""
     check_gguf_data(data, ggml_type, in_features)
+    if ggml_type == Q4_K_X8:
+        data, ggml_type = unpack_q4_k_x8(data), Q4_K
     size = BLOCK_SIZES[ggml_type][1]
     blocks = data.reshape(-1, size)  # [N * blocks per row, size]
     return _DEQUANTIZERS[ggml_type](blocks).reshape(data.shape[0], in_features)
 
 
-K_QUANTS = frozenset({Q4_K, Q5_K, Q6_K})
+K_QUANTS = frozenset({Q4_K, Q5_K, Q6_K, Q4_K_X8})
+
+
+def _cpu_kernels() -> ModuleType:
+    from tram.model.kernels.cpu_kernels import load_cpu_kernels
+
+    kernels = load_cpu_kernels()
+    if kernels is None:
+        raise ValueError("GGUF Q4_K x8 data needs Tram's C++ CPU kernels")
+    return kernels
+
+
+def unpack_q4_k_x8(data: torch.Tensor) -> torch.Tensor:
+    """Q4_K x8 rows [N, K / 256 * 156] -> the file's Q4_K rows [N, K / 256 * 144], bit for bit."""
+    return _cpu_kernels().gguf_q4k_x8_unpack(data.contiguous())
+
+
+def repack_for_int8(data: torch.Tensor, ggml_type: int) -> tuple[torch.Tensor, int]:
+    """(data, type) in the layout this machine's int8-activation kernels multiply fastest: Q4_K rows
+    [..., N, row_bytes] with N a multiple of 8 become Q4_K x8 where the build prefers it (AVX2 without
+    AVX-512 VNNI: csrc/gguf_q4k_x8.h), else unchanged. TRAM_GGUF_REPACK=0 keeps the file's layout."""
+    if ggml_type != Q4_K or data.device.type != "cpu" or data.dim() < 2 or data.shape[-2] % 8:
+        return data, ggml_type
+    if not envs.TRAM_GGUF_REPACK:
+        return data, ggml_type
+    from tram.model.kernels.cpu_kernels import load_cpu_kernels
+
+    kernels = load_cpu_kernels()
+    if kernels is None or not kernels.gguf_q4k_x8_preferred():
+        return data, ggml_type
+    rows = data.reshape(-1, data.shape[-1]).contiguous()
+    packed = kernels.gguf_q4k_x8_pack(rows)
+    return packed.reshape(*data.shape[:-1], packed.shape[-1]), Q4_K_X8
 
 
 def activation_block(ggml_type: int) -> int:
@@ -285,6 +327,13 @@ class GGUFWeight(QuantizedWeight):
     def embedding(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Rows `ids` of the dequantized weight ([*ids.shape, K]), decoding only those rows: a quantized
         token embedding."""
+        if self.ggml_type == Q4_K_X8:  # the groups holding the ids, unpacked, then the ids' rows
+            flat = ids.reshape(-1)
+            groups = self.data.view(-1, 8 * self.data.shape[1]).index_select(0, flat // 8)
+            unpacked = unpack_q4_k_x8(groups.view(-1, self.data.shape[1])).view(flat.numel(), 8, -1)
+            rows = unpacked[torch.arange(flat.numel()), flat % 8]
+            w = GGUFWeight(rows.contiguous(), Q4_K, self.in_features)
+            return w.embedding(torch.arange(flat.numel()), dtype).reshape(*ids.shape, self.in_features)
         rows = self.data.index_select(0, ids.reshape(-1))
         out = torch.empty(rows.shape[0], self.in_features, dtype=dtype, device=rows.device)
         kernels = _kernels(out)

@@ -11,7 +11,8 @@
 // Weight formats (each of w13 and w2 has its own): 0 float (x's dtype: [E, N, K]), 1 int8 ([E, N, K]
 // int8, scale [E, N]), 2 int4 ([E, N, K / 2] uint8 as quant_linear.cpp packs it, scale [E, N, K / group],
 // param = group; with zero [E, N, K / group] uint8 a zero point per group, else 8), 3 GGUF ([E, N,
-// row_bytes] uint8, param = ggml type), 4 GGUF K-quants with int8 activations.
+// row_bytes] uint8, param = ggml type), 4 GGUF K-quants with int8 activations (param 1012: Q4_K repacked
+// eight rows at a time, gguf_q4k_x8.h, [E, N, K / 256 * 156]).
 //
 // Why one call: a decode step of a 128-expert top-8 layer touches up to all experts with a token or two
 // each. Per-expert linears would be ~2 x 128 small parallel regions, each too short to stream its
@@ -251,17 +252,44 @@ void down_int8_gemm(const Fmt& f, const Moe& s, int64_t e, int64_t n0, int64_t r
 }
 #endif
 
+// A grouped format's gate and up rows i0 .. i0 + r - 1 (whole groups) for all of expert e's tokens.
+template <typename Fmt>
+void gate_up_grouped(const Fmt& f, const Moe& s, int64_t e, int64_t i0, int64_t r) {
+  constexpr int64_t G = tram::q4x8::kRows;
+  const int64_t p0 = s.start[e], p1 = s.start[e + 1];
+  const float* bg = s.b13 != nullptr ? s.b13 + e * 2 * s.I : nullptr;
+  thread_local std::vector<float> gate;
+  gate.resize(static_cast<size_t>((p1 - p0) * G));
+  for (int64_t n = i0; n < i0 + r; n += G) {
+    f.group(s.xq.rows(), p0, p1, e, n, [&](int64_t p, const float* g) {
+      std::copy(g, g + G, gate.data() + (p - p0) * G);
+    });
+    f.group(s.xq.rows(), p0, p1, e, s.I + n, [&](int64_t p, const float* up) {
+      const float* g = gate.data() + (p - p0) * G;
+      float* act = s.act_at(p) + n;
+      for (int64_t j = 0; j < G; ++j) {
+        const float gb = bg != nullptr ? bg[n + j] : 0.0f, ub = bg != nullptr ? bg[s.I + n + j] : 0.0f;
+        act[j] = s.activation(g[j] + gb, up[j] + ub);
+      }
+    });
+  }
+}
+
 template <typename Fmt>
 void gate_up_item(const Fmt& f, const Moe& s, int64_t e, int64_t i0) {
   const int64_t r = std::min(kGateRows, s.I - i0);
-  if constexpr (!kInt8Rows<Fmt>) {
-    if (s.count(e) >= kGemmTokens) return gate_up_gemm(f, s, e, i0, r);
+  if constexpr (kGrouped<Fmt>) {
+    gate_up_grouped(f, s, e, i0, r);
   } else {
+    if constexpr (!kInt8Rows<Fmt>) {
+      if (s.count(e) >= kGemmTokens) return gate_up_gemm(f, s, e, i0, r);
+    } else {
 #if defined(TRAM_Q8K_GEMM)
-    if (s.count(e) >= tram::q8k::kGemmMinRows) return gate_up_int8_gemm(f, s, e, i0, r);
+      if (s.count(e) >= tram::q8k::kGemmMinRows) return gate_up_int8_gemm(f, s, e, i0, r);
 #endif
+    }
+    row_tiles(s.count(e), i0, r, [&](auto nb, int64_t n) { gate_up_rows<decltype(nb)::value>(f, s, e, n); });
   }
-  row_tiles(s.count(e), i0, r, [&](auto nb, int64_t n) { gate_up_rows<decltype(nb)::value>(f, s, e, n); });
 }
 
 // ---- phase 2: down rows n0 .. n0 + r - 1 of expert e for all its tokens --------------------------
@@ -296,16 +324,31 @@ void down_gemm(const Fmt& f, const Moe& s, int64_t e, int64_t n0, int64_t r) {
 }
 
 template <typename Fmt>
+void down_grouped(const Fmt& f, const Moe& s, int64_t e, int64_t n0, int64_t r) {
+  constexpr int64_t G = tram::q4x8::kRows;
+  for (int64_t n = n0; n < n0 + r; n += G) {
+    f.group(s.aq.rows(), s.start[e], s.start[e + 1], e, n, [&](int64_t p, const float* out) {
+      float* y = s.y2_at(p) + n;
+      for (int64_t j = 0; j < G; ++j) y[j] = out[j] + (s.b2 != nullptr ? s.b2[e * s.H + n + j] : 0.0f);
+    });
+  }
+}
+
+template <typename Fmt>
 void down_item(const Fmt& f, const Moe& s, int64_t e, int64_t n0) {
   const int64_t r = std::min(kDownRows, s.H - n0);
-  if constexpr (!kInt8Rows<Fmt>) {
-    if (s.count(e) >= kGemmTokens) return down_gemm(f, s, e, n0, r);
+  if constexpr (kGrouped<Fmt>) {
+    down_grouped(f, s, e, n0, r);
   } else {
+    if constexpr (!kInt8Rows<Fmt>) {
+      if (s.count(e) >= kGemmTokens) return down_gemm(f, s, e, n0, r);
+    } else {
 #if defined(TRAM_Q8K_GEMM)
-    if (s.count(e) >= tram::q8k::kGemmMinRows) return down_int8_gemm(f, s, e, n0, r);
+      if (s.count(e) >= tram::q8k::kGemmMinRows) return down_int8_gemm(f, s, e, n0, r);
 #endif
+    }
+    row_tiles(s.count(e), n0, r, [&](auto nb, int64_t n) { down_rows<decltype(nb)::value>(f, s, e, n); });
   }
-  row_tiles(s.count(e), n0, r, [&](auto nb, int64_t n) { down_rows<decltype(nb)::value>(f, s, e, n); });
 }
 
 // fn(e, row) for every active expert's tiles of `rows` in steps of `step`, in one parallel region;
@@ -380,6 +423,14 @@ void with_weight(const WeightArg& w, int64_t E, int64_t N, int64_t K, at::Scalar
       TORCH_CHECK(d.scalar_type() == at::kByte && K % tram::q8k::kBlock == 0, "fused_moe: int8-activation GGUF ",
                   w.name, " must be uint8 K-quant rows with K = ", K, " a multiple of 256");
       bool taken = false;
+#if defined(TRAM_Q4X8_KERNELS)
+      if (w.param == tram::q4x8::kType) {
+        TORCH_CHECK(N % tram::q4x8::kRows == 0 && d.size(2) == K / tram::q8k::kBlock * tram::q4x8::kRowBytes,
+                    "fused_moe: Q4_K x8 ", w.name, " takes [E, N, ", K / tram::q8k::kBlock * tram::q4x8::kRowBytes,
+                    "] uint8 with N a multiple of 8");
+        return fn(GgufQ4KX8Format{d.data_ptr<uint8_t>(), N, K, d.size(2)});
+      }
+#endif
 #if defined(TRAM_Q8K_KERNELS)
       taken = tram::q8k::with_kquant(w.param, [&](auto fmt) {
         using F = decltype(fmt);
@@ -484,6 +535,8 @@ at::Tensor fused_moe(const at::Tensor& x, const at::Tensor& topk_ids, const at::
               "fused_moe: topk_ids [T, k] int32 and topk_weights [T, k] float32");
   TORCH_CHECK(activation == 0 || activation == 1, "fused_moe: activation 0 (silu) or 1 (swiglu_oai)");
   TORCH_CHECK(w13.dim() == 3 && w13.size(1) % 2 == 0, "fused_moe: w13 must be [E, 2I, ...]");
+  TORCH_CHECK(w13_format != 4 || w13_param != tram::q4x8::kType || w13.size(1) % 16 == 0,
+              "fused_moe: Q4_K x8 w13 needs the intermediate size a multiple of 8");
   Moe s;
   s.T = x.size(0), s.H = x.size(1), s.k = topk_ids.size(1), s.E = w13.size(0), s.I = w13.size(1) / 2;
   s.ldh = padded(s.H), s.ldi = padded(s.I);

@@ -27,6 +27,7 @@
 #include "kernels.h"
 #include "dynamic_for.h"
 #include "gguf_int8_blocks.h"
+#include "gguf_q4k_x8.h"
 #include "gguf_q8k.h"
 #include "gguf_q8k_gemm.h"
 #include "prefetch.h"
@@ -498,6 +499,7 @@ namespace tram {
 
 at::Tensor gguf_linear_int8(const at::Tensor& x, const at::Tensor& data, int64_t ggml_type,
                             const c10::optional<at::Tensor>& bias) {
+  if (ggml_type == tram::q4x8::kType) return gguf_q4k_x8_linear(x, data, bias);
   const Checked c = check_weight(x, data, ggml_type, bias);
   const int64_t M = x.size(0), K = x.size(1), N = data.size(0);
   at::Tensor y = at::empty({M, N}, x.options());
