@@ -3,7 +3,7 @@
 
     python benchmarks/kernel_ab.py BEFORE.so AFTER.so [--rows 1 4 16 64 256] [--tensors lm_head attn_q o]
     python benchmarks/kernel_ab.py BEFORE.so AFTER.so --moe-tokens 1 16 64 512   # the fused MoE kernel
-    python benchmarks/kernel_ab.py SO SO --repack-after [--moe-tokens ...]  # one build: file layout vs Q4_K x8
+    python benchmarks/kernel_ab.py SO SO --repack-after [--moe-tokens ...]  # one build: file layout vs repacked
 
 A build is the `.so` that `tram build-kernels` leaves under torch's extension cache (one folder per
 source hash: build the commit before a change, then the change, and pass both). On a VM whose speed
@@ -15,8 +15,8 @@ The weights are random blocks of the shapes of the MoE preset (qwen3-30b-a3b-4l:
 151936x2048, Q4_K attention projections), with scales of 1e-3 so that no sum overflows. With
 --moe-tokens, one MoE layer of that preset instead (128 experts, top 8, hidden 2048, expert width
 768; gate/up Q4_K and down Q6_K as Q4_K_M writes them, int8 activations), routed at random, through
-the fused MoE kernel of each build. With --repack-after the second build's Q4_K weights are repacked
-eight rows at a time (csrc/gguf_q4k_x8.h, its own float order: the outputs are checked to agree within
+the fused MoE kernel of each build. With --repack-after the second build's K-quant weights are repacked
+eight rows at a time (csrc/gguf_x8.h, its own float order: the outputs are checked to agree within
 the activations' quantization instead of exactly).
 """
 
@@ -34,7 +34,7 @@ import torch
 
 from tram.bench.report import machine_summary
 
-Q4_K, Q6_K, Q4_K_X8 = 12, 14, 1012
+Q4_K, Q6_K = 12, 14
 BLOCK_BYTES = {Q4_K: 144, Q6_K: 210}
 MOE_EXPERTS = 128
 TENSORS = {  # name: (ggml type, N, K)
@@ -80,10 +80,11 @@ def time_pair(
 
 
 def repacked(build: ModuleType, w: torch.Tensor, ggml_type: int, repack: bool) -> tuple[torch.Tensor, int]:
-    """(weight, type) as this build multiplies it: Q4_K repacked eight rows at a time with `repack`."""
-    if not repack or ggml_type != Q4_K:
+    """(weight, type) as this build multiplies it: repacked eight rows at a time with `repack`."""
+    if not repack:
         return w, ggml_type
-    return build.gguf_q4k_x8_pack(w.reshape(-1, w.shape[-1])).reshape(*w.shape[:-1], -1), Q4_K_X8
+    packed = build.gguf_x8_pack(w.reshape(-1, w.shape[-1]), ggml_type)
+    return packed.reshape(*w.shape[:-1], -1), build.gguf_x8_type(ggml_type)
 
 
 def moe_weights(ggml_type: int, rows: int, k: int, seed: int, build: ModuleType, repack: bool) -> Any:
@@ -145,7 +146,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--moe-tokens", type=int, nargs="+", help="time the fused MoE kernel at these token counts")
     parser.add_argument("--moe-down", choices=["Q4_K", "Q6_K"], default="Q6_K", help="the MoE layer's down type")
-    parser.add_argument("--repack-after", action="store_true", help="the second build's Q4_K weights as Q4_K x8")
+    parser.add_argument(
+        "--repack-after", action="store_true", help="the second build's weights repacked (Q4_K x8, Q6_K x8)"
+    )
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     torch.set_num_threads(args.threads)

@@ -66,7 +66,7 @@ def _kept_types(llm: LLM) -> dict[str, int]:
     for module in model.modules():
         quant = getattr(module, "quant", None)
         if quant is not None and hasattr(quant, "ggml_type"):
-            name = GGMLQuantizationType(quant.ggml_type).name
+            name = GGMLQuantizationType(quant.file_type).name
             counts[name] = counts.get(name, 0) + 1
     return counts
 

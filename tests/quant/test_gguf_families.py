@@ -178,7 +178,7 @@ def _kept_types(llm: LLM) -> list[str]:
 
     model = llm.llm_engine.engine_core.executor.model_runner.model
     quants = [getattr(m, "quant", None) for m in model.modules()]
-    return [GGMLQuantizationType(q.ggml_type).name for q in quants if hasattr(q, "ggml_type")]
+    return [GGMLQuantizationType(q.file_type).name for q in quants if hasattr(q, "ggml_type")]
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))

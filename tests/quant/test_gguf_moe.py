@@ -78,7 +78,7 @@ def _expert_types(llm: LLM) -> list[tuple[str, str]]:
     from gguf import GGMLQuantizationType
 
     def name(w: object) -> str:
-        return "float" if w is None else GGMLQuantizationType(w.ggml_type).name
+        return "float" if w is None else GGMLQuantizationType(w.file_type).name
 
     return [(name(m.w13), name(m.w2)) for m in _moe_layers(llm)]
 

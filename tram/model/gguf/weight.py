@@ -24,7 +24,9 @@ csrc/gguf_int8.cpp instead: x quantized to int8 (`quantize_activations`: per 256
 K-quants, llama.cpp's Q8_K, per 32 for the others) meets the weights' integer quants in integer dot
 products, as llama.cpp and vLLM's GGUF kernels compute. Its
 PyTorch reference is `reference_linear_int8`: the same int8 activations, dequantized, times the
-dequantized weight.
+dequantized weight. Where the build prefers it (AVX2 without AVX-512 VNNI), the loader repacks Q4_K and
+Q6_K rows eight at a time (`repack_for_int8`, types Q4_K_X8 and Q6_K_X8; csrc/gguf_x8.h), for one
+kernel at every row count that needs no horizontal sums and no per-call repacking.
 
 The type ids and block sizes are written out here (they are part of the file format) so that this
 module does not need the gguf package; the tests check them against it.
@@ -64,11 +66,12 @@ BLOCK_SIZES = {  # (k, bytes) per block
     Q6_K: (256, 210),
 }
 GGUF_KEPT_TYPES = frozenset(BLOCK_SIZES)
-# Not a ggml type: Q4_K rows repacked eight at a time for the int8-activation kernel where the build
-# prefers it (csrc/gguf_q4k_x8.h; `repack_for_int8`). 156 bytes per row and 256 k, in groups of 8 rows.
-Q4_K_X8 = 1012
-_NAMES[Q4_K_X8] = "Q4_K x8"
-BLOCK_SIZES_ALL = {**BLOCK_SIZES, Q4_K_X8: (256, 156)}
+# Not ggml types: Q4_K and Q6_K rows repacked eight at a time for the int8-activation kernels where the
+# build prefers them (csrc/gguf_x8.h; `repack_for_int8`), in groups of 8 rows; (k, bytes) per row and block.
+Q4_K_X8, Q6_K_X8 = 1012, 1014
+REPACKED = {Q4_K_X8: Q4_K, Q6_K_X8: Q6_K}  # the repacked type's file type
+_NAMES.update({Q4_K_X8: "Q4_K x8", Q6_K_X8: "Q6_K x8"})
+BLOCK_SIZES_ALL = {**BLOCK_SIZES, Q4_K_X8: (256, 156), Q6_K_X8: (256, 210)}
 
 
 def _type_name(ggml_type: int) -> str:
@@ -92,7 +95,7 @@ def check_gguf_data(data: torch.Tensor, ggml_type: int, in_features: int) -> Non
         raise ValueError(
             f"GGUF {name} data must be a 2-D uint8 tensor [N, row_bytes], got {data.dtype} {tuple(data.shape)}"
         )
-    if ggml_type == Q4_K_X8 and data.shape[0] % 8:
+    if ggml_type in REPACKED and data.shape[0] % 8:
         raise ValueError(f"GGUF {name} data holds groups of 8 rows, not {data.shape[0]}")
     block, size = BLOCK_SIZES_ALL[ggml_type]
     if in_features <= 0 or in_features % block:
@@ -198,14 +201,14 @@ _DEQUANTIZERS: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
 def dequantize_gguf(data: torch.Tensor, ggml_type: int, in_features: int) -> torch.Tensor:
     """GGUF rows [N, row_bytes] uint8 -> the float32 weight [N, in_features], as gguf.quants.dequantize."""
     check_gguf_data(data, ggml_type, in_features)
-    if ggml_type == Q4_K_X8:
-        data, ggml_type = unpack_q4_k_x8(data), Q4_K
+    if ggml_type in REPACKED:
+        data, ggml_type = unpack_repacked(data, ggml_type), REPACKED[ggml_type]
     size = BLOCK_SIZES[ggml_type][1]
     blocks = data.reshape(-1, size)  # [N * blocks per row, size]
     return _DEQUANTIZERS[ggml_type](blocks).reshape(data.shape[0], in_features)
 
 
-K_QUANTS = frozenset({Q4_K, Q5_K, Q6_K, Q4_K_X8})
+K_QUANTS = frozenset({Q4_K, Q5_K, Q6_K, Q4_K_X8, Q6_K_X8})
 
 
 def _cpu_kernels() -> ModuleType:
@@ -213,31 +216,31 @@ def _cpu_kernels() -> ModuleType:
 
     kernels = load_cpu_kernels()
     if kernels is None:
-        raise ValueError("GGUF Q4_K x8 data needs Tram's C++ CPU kernels")
+        raise ValueError("repacked GGUF data (Q4_K x8, Q6_K x8) needs Tram's C++ CPU kernels")
     return kernels
 
 
-def unpack_q4_k_x8(data: torch.Tensor) -> torch.Tensor:
-    """Q4_K x8 rows [N, K / 256 * 156] -> the file's Q4_K rows [N, K / 256 * 144], bit for bit."""
-    return _cpu_kernels().gguf_q4k_x8_unpack(data.contiguous())
+def unpack_repacked(data: torch.Tensor, ggml_type: int) -> torch.Tensor:
+    """Repacked rows (Q4_K x8, Q6_K x8) -> the file's rows of REPACKED[ggml_type], bit for bit."""
+    return _cpu_kernels().gguf_x8_unpack(data.contiguous(), ggml_type)
 
 
 def repack_for_int8(data: torch.Tensor, ggml_type: int) -> tuple[torch.Tensor, int]:
-    """(data, type) in the layout this machine's int8-activation kernels multiply fastest: Q4_K rows
-    [..., N, row_bytes] with N a multiple of 8 become Q4_K x8 where the build prefers it (AVX2 without
-    AVX-512 VNNI: csrc/gguf_q4k_x8.h), else unchanged. TRAM_GGUF_REPACK=0 keeps the file's layout."""
-    if ggml_type != Q4_K or data.device.type != "cpu" or data.dim() < 2 or data.shape[-2] % 8:
+    """(data, type) in the layout this machine's int8-activation kernels multiply fastest: Q4_K and Q6_K
+    rows [..., N, row_bytes] with N a multiple of 8 are repacked eight rows at a time where the build
+    prefers it (AVX2 without AVX-512 VNNI: csrc/gguf_x8.h), else returned as they are.
+    TRAM_GGUF_REPACK=0 keeps the file's layout."""
+    if ggml_type not in REPACKED.values() or data.device.type != "cpu" or data.dim() < 2 or data.shape[-2] % 8:
         return data, ggml_type
     if not envs.TRAM_GGUF_REPACK:
         return data, ggml_type
     from tram.model.kernels.cpu_kernels import load_cpu_kernels
 
     kernels = load_cpu_kernels()
-    if kernels is None or not kernels.gguf_q4k_x8_preferred():
+    if kernels is None or not kernels.gguf_x8_preferred():
         return data, ggml_type
-    rows = data.reshape(-1, data.shape[-1]).contiguous()
-    packed = kernels.gguf_q4k_x8_pack(rows)
-    return packed.reshape(*data.shape[:-1], packed.shape[-1]), Q4_K_X8
+    packed = kernels.gguf_x8_pack(data.reshape(-1, data.shape[-1]).contiguous(), ggml_type)
+    return packed.reshape(*data.shape[:-1], packed.shape[-1]), kernels.gguf_x8_type(ggml_type)
 
 
 def activation_block(ggml_type: int) -> int:
@@ -327,12 +330,12 @@ class GGUFWeight(QuantizedWeight):
     def embedding(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Rows `ids` of the dequantized weight ([*ids.shape, K]), decoding only those rows: a quantized
         token embedding."""
-        if self.ggml_type == Q4_K_X8:  # the groups holding the ids, unpacked, then the ids' rows
+        if self.ggml_type in REPACKED:  # the groups holding the ids, unpacked, then the ids' rows
             flat = ids.reshape(-1)
             groups = self.data.view(-1, 8 * self.data.shape[1]).index_select(0, flat // 8)
-            unpacked = unpack_q4_k_x8(groups.view(-1, self.data.shape[1])).view(flat.numel(), 8, -1)
+            unpacked = unpack_repacked(groups.view(-1, self.data.shape[1]), self.ggml_type).view(flat.numel(), 8, -1)
             rows = unpacked[torch.arange(flat.numel()), flat % 8]
-            w = GGUFWeight(rows.contiguous(), Q4_K, self.in_features)
+            w = GGUFWeight(rows.contiguous(), REPACKED[self.ggml_type], self.in_features)
             return w.embedding(torch.arange(flat.numel()), dtype).reshape(*ids.shape, self.in_features)
         rows = self.data.index_select(0, ids.reshape(-1))
         out = torch.empty(rows.shape[0], self.in_features, dtype=dtype, device=rows.device)
@@ -342,6 +345,11 @@ class GGUFWeight(QuantizedWeight):
         else:
             kernels.gguf_dequantize_(out, rows, self.ggml_type)
         return out.reshape(*ids.shape, self.in_features)
+
+    @property
+    def file_type(self) -> int:
+        """The ggml type of the file's blocks (the same as ggml_type unless they were repacked)."""
+        return REPACKED.get(self.ggml_type, self.ggml_type)
 
     @property
     def nbytes(self) -> int:

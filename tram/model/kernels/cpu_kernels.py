@@ -58,7 +58,7 @@ _SOURCES = [
         "widen.cpp",
         "quant_linear.cpp",
         "gguf_linear.cpp",
-        "gguf_q4k_x8.cpp",
+        "gguf_x8.cpp",
         "gguf_int8.cpp",
         "fused_moe.cpp",
         "moe_route.cpp",

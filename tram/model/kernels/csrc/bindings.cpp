@@ -59,13 +59,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "gguf_linear_int8 for several weights sharing x (CPU): (x [M,K], [data [N_i,row_bytes]], [ggml_type], "
         "[bias [N_i] or None]) -> [[M,N_i]]; x quantized once, each output as gguf_linear_int8 gives it",
         py::arg("x"), py::arg("data"), py::arg("ggml_types"), py::arg("biases"));
-  m.def("gguf_q4k_x8_pack", &tram::gguf_q4k_x8_pack,
-        "Q4_K rows [N,row_bytes] (N a multiple of 8) -> [N,K/256*156] uint8, repacked 8 rows at a time for "
-        "gguf_linear_int8's type 1012", py::arg("data"));
-  m.def("gguf_q4k_x8_unpack", &tram::gguf_q4k_x8_unpack, "gguf_q4k_x8_pack's inverse, bit for bit",
-        py::arg("packed"));
-  m.def("gguf_q4k_x8_preferred", &tram::gguf_q4k_x8_preferred,
-        "whether this build multiplies Q4_K faster repacked (AVX2 without AVX-512 VNNI)");
+  m.def("gguf_x8_pack", &tram::gguf_x8_pack,
+        "Q4_K or Q6_K rows [N,row_bytes] (N a multiple of 8) -> [N,K/256*row bytes] uint8, repacked 8 rows at a "
+        "time for gguf_linear_int8's type gguf_x8_type(ggml_type)", py::arg("data"), py::arg("ggml_type"));
+  m.def("gguf_x8_unpack", &tram::gguf_x8_unpack, "gguf_x8_pack's inverse, bit for bit: (packed, repacked type)",
+        py::arg("packed"), py::arg("type"));
+  m.def("gguf_x8_type", &tram::gguf_x8_type, "the repacked type id of a ggml type, -1 where there is none",
+        py::arg("ggml_type"));
+  m.def("gguf_x8_preferred", &tram::gguf_x8_preferred,
+        "whether this build multiplies Q4_K and Q6_K faster repacked (AVX2 without AVX-512 VNNI)");
   m.def("quantize_activations_int8", &tram::quantize_activations_int8,
         "x [M,K] -> (int8 [M,K], scales [M,K/block]): gguf_linear_int8's activations (block 256: the K-quants')",
         py::arg("x"), py::arg("block") = 32);

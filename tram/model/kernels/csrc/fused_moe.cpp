@@ -11,8 +11,8 @@
 // Weight formats (each of w13 and w2 has its own): 0 float (x's dtype: [E, N, K]), 1 int8 ([E, N, K]
 // int8, scale [E, N]), 2 int4 ([E, N, K / 2] uint8 as quant_linear.cpp packs it, scale [E, N, K / group],
 // param = group; with zero [E, N, K / group] uint8 a zero point per group, else 8), 3 GGUF ([E, N,
-// row_bytes] uint8, param = ggml type), 4 GGUF K-quants with int8 activations (param 1012: Q4_K repacked
-// eight rows at a time, gguf_q4k_x8.h, [E, N, K / 256 * 156]).
+// row_bytes] uint8, param = ggml type), 4 GGUF K-quants with int8 activations (param 1012 / 1014: Q4_K /
+// Q6_K repacked eight rows at a time, gguf_x8.h, [E, N, K / 256 * 156 or 210]).
 //
 // Why one call: a decode step of a 128-expert top-8 layer touches up to all experts with a token or two
 // each. Per-expert linears would be ~2 x 128 small parallel regions, each too short to stream its
@@ -255,7 +255,7 @@ void down_int8_gemm(const Fmt& f, const Moe& s, int64_t e, int64_t n0, int64_t r
 // A grouped format's gate and up rows i0 .. i0 + r - 1 (whole groups) for all of expert e's tokens.
 template <typename Fmt>
 void gate_up_grouped(const Fmt& f, const Moe& s, int64_t e, int64_t i0, int64_t r) {
-  constexpr int64_t G = tram::q4x8::kRows;
+  constexpr int64_t G = tram::x8::kRows;
   const int64_t p0 = s.start[e], p1 = s.start[e + 1];
   const float* bg = s.b13 != nullptr ? s.b13 + e * 2 * s.I : nullptr;
   thread_local std::vector<float> gate;
@@ -325,7 +325,7 @@ void down_gemm(const Fmt& f, const Moe& s, int64_t e, int64_t n0, int64_t r) {
 
 template <typename Fmt>
 void down_grouped(const Fmt& f, const Moe& s, int64_t e, int64_t n0, int64_t r) {
-  constexpr int64_t G = tram::q4x8::kRows;
+  constexpr int64_t G = tram::x8::kRows;
   for (int64_t n = n0; n < n0 + r; n += G) {
     f.group(s.aq.rows(), s.start[e], s.start[e + 1], e, n, [&](int64_t p, const float* out) {
       float* y = s.y2_at(p) + n;
@@ -423,13 +423,14 @@ void with_weight(const WeightArg& w, int64_t E, int64_t N, int64_t K, at::Scalar
       TORCH_CHECK(d.scalar_type() == at::kByte && K % tram::q8k::kBlock == 0, "fused_moe: int8-activation GGUF ",
                   w.name, " must be uint8 K-quant rows with K = ", K, " a multiple of 256");
       bool taken = false;
-#if defined(TRAM_Q4X8_KERNELS)
-      if (w.param == tram::q4x8::kType) {
-        TORCH_CHECK(N % tram::q4x8::kRows == 0 && d.size(2) == K / tram::q8k::kBlock * tram::q4x8::kRowBytes,
-                    "fused_moe: Q4_K x8 ", w.name, " takes [E, N, ", K / tram::q8k::kBlock * tram::q4x8::kRowBytes,
-                    "] uint8 with N a multiple of 8");
-        return fn(GgufQ4KX8Format{d.data_ptr<uint8_t>(), N, K, d.size(2)});
-      }
+#if defined(TRAM_X8_KERNELS)
+      const bool repacked = tram::x8::with_layout(w.param, [&](auto layout) {
+        using L = decltype(layout);
+        TORCH_CHECK(N % tram::x8::kRows == 0 && d.size(2) == K / tram::q8k::kBlock * L::kRowBytes, "fused_moe: repacked ",
+                    w.name, " takes [E, N, ", K / tram::q8k::kBlock * L::kRowBytes, "] uint8 with N a multiple of 8");
+        fn(GgufX8Format<L>{d.data_ptr<uint8_t>(), N, K, d.size(2)});
+      });
+      if (repacked) return;
 #endif
 #if defined(TRAM_Q8K_KERNELS)
       taken = tram::q8k::with_kquant(w.param, [&](auto fmt) {
@@ -535,8 +536,8 @@ at::Tensor fused_moe(const at::Tensor& x, const at::Tensor& topk_ids, const at::
               "fused_moe: topk_ids [T, k] int32 and topk_weights [T, k] float32");
   TORCH_CHECK(activation == 0 || activation == 1, "fused_moe: activation 0 (silu) or 1 (swiglu_oai)");
   TORCH_CHECK(w13.dim() == 3 && w13.size(1) % 2 == 0, "fused_moe: w13 must be [E, 2I, ...]");
-  TORCH_CHECK(w13_format != 4 || w13_param != tram::q4x8::kType || w13.size(1) % 16 == 0,
-              "fused_moe: Q4_K x8 w13 needs the intermediate size a multiple of 8");
+  TORCH_CHECK(w13_format != 4 || !tram::x8::is_repacked(w13_param) || w13.size(1) % 16 == 0,
+              "fused_moe: repacked w13 needs the intermediate size a multiple of 8");
   Moe s;
   s.T = x.size(0), s.H = x.size(1), s.k = topk_ids.size(1), s.E = w13.size(0), s.I = w13.size(1) / 2;
   s.ldh = padded(s.H), s.ldi = padded(s.I);

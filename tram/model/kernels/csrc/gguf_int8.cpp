@@ -1,6 +1,7 @@
 // y = x W^T (+ b) with W in a GGUF block layout and x quantized to int8 per 32 k, as llama.cpp's CPU
 // backend and vLLM's GGUF kernels compute (the K-quants take x per 256 k instead, llama.cpp's Q8_K,
-// in gguf_q8k.h's row kernel and gguf_q8k_gemm.h's repacked GEMM): the weights' integer quants meet int8 activations in
+// in gguf_q8k.h's row kernel and gguf_q8k_gemm.h's repacked GEMM; Q4_K and Q6_K repacked at load, types
+// 1012 and 1014, in gguf_x8.cpp): the weights' integer quants meet int8 activations in
 // integer dot products (AVX-512 VNNI vpdpbusd; AVX-VNNI; AVX2 vpmaddubsw + vpmaddwd), and floats
 // appear once per 4 k. Widening every weight to float32 (gguf_linear.cpp) costs 4-11 instructions
 // per 16 weights of Q5_0 or Q6_K, which makes one-row decode compute-bound on those types; here a
@@ -27,7 +28,7 @@
 #include "kernels.h"
 #include "dynamic_for.h"
 #include "gguf_int8_blocks.h"
-#include "gguf_q4k_x8.h"
+#include "gguf_x8.h"
 #include "gguf_q8k.h"
 #include "gguf_q8k_gemm.h"
 #include "prefetch.h"
@@ -499,7 +500,7 @@ namespace tram {
 
 at::Tensor gguf_linear_int8(const at::Tensor& x, const at::Tensor& data, int64_t ggml_type,
                             const c10::optional<at::Tensor>& bias) {
-  if (ggml_type == tram::q4x8::kType) return gguf_q4k_x8_linear(x, data, bias);
+  if (tram::x8::is_repacked(ggml_type)) return gguf_x8_linear(x, data, ggml_type, bias);
   const Checked c = check_weight(x, data, ggml_type, bias);
   const int64_t M = x.size(0), K = x.size(1), N = data.size(0);
   at::Tensor y = at::empty({M, N}, x.options());

@@ -26,151 +26,142 @@
 #include <cstdint>
 #include <cstring>
 
-namespace tram::q4x8 {
+namespace tram::x8 {
 
-constexpr int64_t kType = 1012;  // Tram's own type id (not a ggml type): Q4_K repacked
-constexpr int64_t kRows = 8;     // rows of W per group
-constexpr int64_t kBlockBytes = 1248;  // one block (256 k) of a group of 8 rows
-constexpr int64_t kRowBytes = kBlockBytes / kRows;  // 156 bytes per row and block
-constexpr int64_t kSrcBytes = 144;  // a Q4_K block
-
-// One block of a group:
-//   qs   [32][8][4]  step s = 8c + j (c the 64-k chunk, j 0..7): row r's 4 bytes at 32 s + 4 r, the file's
-//                    qs[32 c + 4 j .. + 3]: low nibbles k 64c + 4j + i (sub-block 2c), high ones
-//                    k 64c + 32 + 4j + i (sub-block 2c + 1)
-//   sc   [8][16]     sub-block j: bytes 2r and 2r + 1 hold row r's sub-scale (vpmovzxbw: an int16 pair)
-//   mins [4][16]     pair p: bytes 2r, 2r + 1 hold row r's minimums m_2p, m_2p+1
-//   d, dmin [8]      fp16, as in the file
-constexpr int64_t kSc = 1024, kMins = 1152, kD = 1216, kDmin = 1232;
-
-// Rows 0 .. 7 of Q4_K rows (row_bytes apart, `blocks` blocks each) into a group's packed blocks.
-inline void pack_group(const uint8_t* w, int64_t row_bytes, int64_t blocks, uint8_t* out) {
-  for (int64_t b = 0; b < blocks; ++b) {
-    uint8_t* o = out + b * kBlockBytes;
-    for (int64_t r = 0; r < kRows; ++r) {
-      const uint8_t* src = w + r * row_bytes + b * kSrcBytes;
-      uint8_t sm[16];
-      tram::q8k::unpack_k4_scales(src + 4, sm);
-      for (int64_t s = 0; s < 32; ++s) std::memcpy(o + 32 * s + 4 * r, src + 16 + 32 * (s / 8) + 4 * (s % 8), 4);
-      for (int64_t j = 0; j < 8; ++j) o[kSc + 16 * j + 2 * r] = o[kSc + 16 * j + 2 * r + 1] = sm[j];
-      for (int64_t p = 0; p < 4; ++p) {
-        o[kMins + 16 * p + 2 * r] = sm[8 + 2 * p];
-        o[kMins + 16 * p + 2 * r + 1] = sm[8 + 2 * p + 1];
-      }
-      std::memcpy(o + kD + 2 * r, src, 2);
-      std::memcpy(o + kDmin + 2 * r, src + 2, 2);
-    }
-  }
-}
-
-// The inverse: a group's packed blocks back into the file's 8 rows of Q4_K blocks.
-inline void unpack_group(const uint8_t* in, int64_t blocks, int64_t row_bytes, uint8_t* w) {
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* o = in + b * kBlockBytes;
-    for (int64_t r = 0; r < kRows; ++r) {
-      uint8_t* dst = w + r * row_bytes + b * kSrcBytes;
-      uint8_t sc[8], m[8];
-      for (int64_t j = 0; j < 8; ++j) sc[j] = o[kSc + 16 * j + 2 * r];
-      for (int64_t p = 0; p < 4; ++p) m[2 * p] = o[kMins + 16 * p + 2 * r], m[2 * p + 1] = o[kMins + 16 * p + 2 * r + 1];
-      for (int64_t j = 0; j < 4; ++j) {  // the file's 12 bytes of 6-bit values (unpack_k4_scales' inverse)
-        dst[4 + j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
-        dst[8 + j] = static_cast<uint8_t>(m[j] | ((m[j + 4] >> 4) << 6));
-        dst[12 + j] = static_cast<uint8_t>((sc[j + 4] & 15) | ((m[j + 4] & 15) << 4));
-      }
-      std::memcpy(dst, o + kD + 2 * r, 2);
-      std::memcpy(dst + 2, o + kDmin + 2 * r, 2);
-      for (int64_t s = 0; s < 32; ++s) std::memcpy(dst + 16 + 32 * (s / 8) + 4 * (s % 8), o + 32 * s + 4 * r, 4);
-    }
-  }
-}
+constexpr int64_t kRows = 8;  // rows of W per group
 
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-#define TRAM_Q4X8_KERNELS 1
-
+#define TRAM_X8_KERNELS 1
+// GCC reassociates the 16-bit running sums into trees and spills them; one register each is what the
+// loops need.
 TRAM_INLINE void keep_in_register(__m256i& v) { __asm__("" : "+x"(v)); }
-
-// Rows m0 .. m0 + MB - 1 of x times a group's `blocks` packed blocks: store(m, out) gets row m's 8 outputs.
-// Not inlined: inside the fused MoE kernel's loops GCC spilled the running sums (as gguf_q8k_gemm.h's).
-template <int64_t MB, typename Store>
-__attribute__((noinline)) void group_rows(const tram::q8k::Rows& x, int64_t m0, const uint8_t* group, int64_t blocks,
-                                          const Store& store) {
-  const __m256i low4 = _mm256_set1_epi8(0x0f);
-  __m256 acc[MB];
-  for (int64_t m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* o = group + b * kBlockBytes;
-    tram::simd::prefetch_ahead(o, kBlockBytes);
-    alignas(32) int32_t isum[MB][8];
-    for (int64_t m = 0; m < MB; ++m) _mm256_store_si256(reinterpret_cast<__m256i*>(isum[m]), _mm256_setzero_si256());
-#pragma GCC unroll 1
-    for (int64_t c = 0; c < 4; ++c) {
-      __m256i sa[MB], sb[MB];
-      for (int64_t m = 0; m < MB; ++m) sa[m] = sb[m] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-      for (int64_t j = 0; j < 8; ++j) {
-        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(o + 32 * (8 * c + j)));
-        const __m256i lo = _mm256_and_si256(w, low4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
-        for (int64_t m = 0; m < MB; ++m) {
-          const int8_t* xq = x.q_at(m0 + m) + b * tram::q8k::kBlock + 64 * c + 4 * j;
-          int32_t qa, qb;
-          std::memcpy(&qa, xq, 4), std::memcpy(&qb, xq + 32, 4);
-          sa[m] = _mm256_add_epi16(sa[m], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(qa)));
-          sb[m] = _mm256_add_epi16(sb[m], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(qb)));
-          keep_in_register(sa[m]), keep_in_register(sb[m]);
-        }
-      }
-      const __m256i sca = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + kSc + 32 * c)));
-      const __m256i scb = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + kSc + 32 * c + 16)));
-      for (int64_t m = 0; m < MB; ++m) {
-        __m256i* i = reinterpret_cast<__m256i*>(isum[m]);
-        const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(sa[m], sca), _mm256_madd_epi16(sb[m], scb));
-        _mm256_store_si256(i, _mm256_add_epi32(_mm256_load_si256(i), s));
-      }
-    }
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + kD)));
-    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + kDmin)));
-    __m256i mins[4];
-    for (int64_t p = 0; p < 4; ++p) {
-      mins[p] = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + kMins + 16 * p)));
-    }
-    for (int64_t m = 0; m < MB; ++m) {
-      // The sums of q per 32 k as int16 pairs: (bsum_0, bsum_1), (bsum_2, bsum_3) in the low 128-bit lane's
-      // words 0 and 1, (bsum_4, bsum_5), (bsum_6, bsum_7) in the high lane's.
-      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bs_at(m0 + m) + b * 16));
-      alignas(32) int32_t pairs[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(pairs), _mm256_hadd_epi16(bs, bs));
-      __m256i imin = _mm256_madd_epi16(mins[0], _mm256_set1_epi32(pairs[0]));
-      imin = _mm256_add_epi32(imin, _mm256_madd_epi16(mins[1], _mm256_set1_epi32(pairs[1])));
-      imin = _mm256_add_epi32(imin, _mm256_madd_epi16(mins[2], _mm256_set1_epi32(pairs[4])));
-      imin = _mm256_add_epi32(imin, _mm256_madd_epi16(mins[3], _mm256_set1_epi32(pairs[5])));
-      const __m256 dx = _mm256_set1_ps(x.d_at(m0 + m)[b]);
-      const __m256i i = _mm256_load_si256(reinterpret_cast<const __m256i*>(isum[m]));
-      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(d, dx), acc[m]);
-      acc[m] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(dmin, dx), acc[m]);
-    }
-  }
-  for (int64_t m = 0; m < MB; ++m) {
-    alignas(32) float out[kRows];
-    _mm256_store_ps(out, acc[m]);
-    store(m0 + m, static_cast<const float*>(out));
-  }
-}
-
-constexpr int64_t kRowsX = 4;  // rows of x per register tile
-
-// Rows m_begin .. m_end - 1 of x against one group, in register tiles of kRowsX rows.
-template <typename Store>
-void group_times(const tram::q8k::Rows& x, int64_t m_begin, int64_t m_end, const uint8_t* group, int64_t blocks,
-                 const Store& store) {
-  int64_t m = m_begin;
-  for (; m + kRowsX <= m_end; m += kRowsX) group_rows<kRowsX>(x, m, group, blocks, store);
-  switch (m_end - m) {
-    case 3: group_rows<3>(x, m, group, blocks, store); break;
-    case 2: group_rows<2>(x, m, group, blocks, store); break;
-    case 1: group_rows<1>(x, m, group, blocks, store); break;
-    default: break;
-  }
-}
 #endif
 
-}  // namespace tram::q4x8
+struct Q4K {
+  static constexpr int64_t kType = 1012;  // Tram's own type id (not a ggml type)
+  static constexpr int64_t kBlockBytes = 1248;  // one block (256 k) of a group of 8 rows
+  static constexpr int64_t kRowBytes = kBlockBytes / kRows;  // 156 bytes per row and block
+  static constexpr int64_t kSrcBytes = 144;  // the file's Q4_K block
+
+  // One block of a group:
+  //   qs   [32][8][4]  step s = 8c + j (c the 64-k chunk, j 0..7): row r's 4 bytes at 32 s + 4 r, the file's
+  //                    qs[32 c + 4 j .. + 3]: low nibbles k 64c + 4j + i (sub-block 2c), high ones
+  //                    k 64c + 32 + 4j + i (sub-block 2c + 1)
+  //   sc   [8][16]     sub-block j: bytes 2r and 2r + 1 hold row r's sub-scale (vpmovzxbw: an int16 pair)
+  //   mins [4][16]     pair p: bytes 2r, 2r + 1 hold row r's minimums m_2p, m_2p+1
+  //   d, dmin [8]      fp16, as in the file
+  static constexpr int64_t kSc = 1024, kMins = 1152, kD = 1216, kDmin = 1232;
+
+  // Rows 0 .. 7 of Q4_K rows (row_bytes apart, `blocks` blocks each) into a group's packed blocks.
+  static void pack_group(const uint8_t* w, int64_t row_bytes, int64_t blocks, uint8_t* out) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      uint8_t* o = out + b * kBlockBytes;
+      for (int64_t r = 0; r < kRows; ++r) {
+        const uint8_t* src = w + r * row_bytes + b * kSrcBytes;
+        uint8_t sm[16];
+        tram::q8k::unpack_k4_scales(src + 4, sm);
+        for (int64_t s = 0; s < 32; ++s) std::memcpy(o + 32 * s + 4 * r, src + 16 + 32 * (s / 8) + 4 * (s % 8), 4);
+        for (int64_t j = 0; j < 8; ++j) o[kSc + 16 * j + 2 * r] = o[kSc + 16 * j + 2 * r + 1] = sm[j];
+        for (int64_t p = 0; p < 4; ++p) {
+          o[kMins + 16 * p + 2 * r] = sm[8 + 2 * p];
+          o[kMins + 16 * p + 2 * r + 1] = sm[8 + 2 * p + 1];
+        }
+        std::memcpy(o + kD + 2 * r, src, 2);
+        std::memcpy(o + kDmin + 2 * r, src + 2, 2);
+      }
+    }
+  }
+
+  // The inverse: a group's packed blocks back into the file's 8 rows of Q4_K blocks.
+  static void unpack_group(const uint8_t* in, int64_t blocks, int64_t row_bytes, uint8_t* w) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* o = in + b * kBlockBytes;
+      for (int64_t r = 0; r < kRows; ++r) {
+        uint8_t* dst = w + r * row_bytes + b * kSrcBytes;
+        uint8_t sc[8], m[8];
+        for (int64_t j = 0; j < 8; ++j) sc[j] = o[kSc + 16 * j + 2 * r];
+        for (int64_t p = 0; p < 4; ++p) m[2 * p] = o[kMins + 16 * p + 2 * r], m[2 * p + 1] = o[kMins + 16 * p + 2 * r + 1];
+        for (int64_t j = 0; j < 4; ++j) {  // the file's 12 bytes of 6-bit values (unpack_k4_scales' inverse)
+          dst[4 + j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
+          dst[8 + j] = static_cast<uint8_t>(m[j] | ((m[j + 4] >> 4) << 6));
+          dst[12 + j] = static_cast<uint8_t>((sc[j + 4] & 15) | ((m[j + 4] & 15) << 4));
+        }
+        std::memcpy(dst, o + kD + 2 * r, 2);
+        std::memcpy(dst + 2, o + kDmin + 2 * r, 2);
+        for (int64_t s = 0; s < 32; ++s) std::memcpy(dst + 16 + 32 * (s / 8) + 4 * (s % 8), o + 32 * s + 4 * r, 4);
+      }
+    }
+  }
+
+#if defined(TRAM_X8_KERNELS)
+  // Rows m0 .. m0 + MB - 1 of x times a group's `blocks` packed blocks: store(m, out) gets row m's 8 outputs.
+  // Not inlined: inside the fused MoE kernel's loops GCC spilled the running sums (as gguf_q8k_gemm.h's).
+  template <int64_t MB, typename Store>
+  __attribute__((noinline)) static void group_rows(const tram::q8k::Rows& x, int64_t m0, const uint8_t* group, int64_t blocks,
+                                            const Store& store) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    __m256 acc[MB];
+    for (int64_t m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* o = group + b * kBlockBytes;
+      tram::simd::prefetch_ahead(o, kBlockBytes);
+      alignas(32) int32_t isum[MB][8];
+      for (int64_t m = 0; m < MB; ++m) _mm256_store_si256(reinterpret_cast<__m256i*>(isum[m]), _mm256_setzero_si256());
+#pragma GCC unroll 1
+      for (int64_t c = 0; c < 4; ++c) {
+        __m256i sa[MB], sb[MB];
+        for (int64_t m = 0; m < MB; ++m) sa[m] = sb[m] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int64_t j = 0; j < 8; ++j) {
+          const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(o + 32 * (8 * c + j)));
+          const __m256i lo = _mm256_and_si256(w, low4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+          for (int64_t m = 0; m < MB; ++m) {
+            const int8_t* xq = x.q_at(m0 + m) + b * tram::q8k::kBlock + 64 * c + 4 * j;
+            int32_t qa, qb;
+            std::memcpy(&qa, xq, 4), std::memcpy(&qb, xq + 32, 4);
+            sa[m] = _mm256_add_epi16(sa[m], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(qa)));
+            sb[m] = _mm256_add_epi16(sb[m], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(qb)));
+            keep_in_register(sa[m]), keep_in_register(sb[m]);
+          }
+        }
+        const __m256i sca = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + kSc + 32 * c)));
+        const __m256i scb = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + kSc + 32 * c + 16)));
+        for (int64_t m = 0; m < MB; ++m) {
+          __m256i* i = reinterpret_cast<__m256i*>(isum[m]);
+          const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(sa[m], sca), _mm256_madd_epi16(sb[m], scb));
+          _mm256_store_si256(i, _mm256_add_epi32(_mm256_load_si256(i), s));
+        }
+      }
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + kD)));
+      const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + kDmin)));
+      __m256i mins[4];
+      for (int64_t p = 0; p < 4; ++p) {
+        mins[p] = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + kMins + 16 * p)));
+      }
+      for (int64_t m = 0; m < MB; ++m) {
+        // The sums of q per 32 k as int16 pairs: (bsum_0, bsum_1), (bsum_2, bsum_3) in the low 128-bit lane's
+        // words 0 and 1, (bsum_4, bsum_5), (bsum_6, bsum_7) in the high lane's.
+        const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bs_at(m0 + m) + b * 16));
+        alignas(32) int32_t pairs[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(pairs), _mm256_hadd_epi16(bs, bs));
+        __m256i imin = _mm256_madd_epi16(mins[0], _mm256_set1_epi32(pairs[0]));
+        imin = _mm256_add_epi32(imin, _mm256_madd_epi16(mins[1], _mm256_set1_epi32(pairs[1])));
+        imin = _mm256_add_epi32(imin, _mm256_madd_epi16(mins[2], _mm256_set1_epi32(pairs[4])));
+        imin = _mm256_add_epi32(imin, _mm256_madd_epi16(mins[3], _mm256_set1_epi32(pairs[5])));
+        const __m256 dx = _mm256_set1_ps(x.d_at(m0 + m)[b]);
+        const __m256i i = _mm256_load_si256(reinterpret_cast<const __m256i*>(isum[m]));
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(d, dx), acc[m]);
+        acc[m] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(dmin, dx), acc[m]);
+      }
+    }
+    for (int64_t m = 0; m < MB; ++m) {
+      alignas(32) float out[kRows];
+      _mm256_store_ps(out, acc[m]);
+      store(m0 + m, static_cast<const float*>(out));
+    }
+  }
+
+#endif
+};
+
+}  // namespace tram::x8

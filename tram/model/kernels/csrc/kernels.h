@@ -74,12 +74,14 @@ at::Tensor gguf_linear_int8(const at::Tensor& x, const at::Tensor& data, int64_t
 std::vector<at::Tensor> gguf_linear_int8_n(const at::Tensor& x, const std::vector<at::Tensor>& data,
                                            const std::vector<int64_t>& ggml_types,
                                            const std::vector<c10::optional<at::Tensor>>& biases);
-// gguf_q4k_x8.cpp: Q4_K rows repacked eight at a time (gguf_q4k_x8.h, type id 1012), its inverse, the
-// product (gguf_linear_int8 takes type 1012 to it) and whether this build prefers the repacked layout.
-at::Tensor gguf_q4k_x8_pack(const at::Tensor& data);
-at::Tensor gguf_q4k_x8_unpack(const at::Tensor& packed);
-at::Tensor gguf_q4k_x8_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias);
-bool gguf_q4k_x8_preferred();
+// gguf_x8.cpp: Q4_K and Q6_K rows repacked eight at a time (gguf_x8.h; type ids 1012 and 1014, which
+// gguf_linear_int8 takes to gguf_x8_linear), the inverse, and whether this build prefers them.
+at::Tensor gguf_x8_pack(const at::Tensor& data, int64_t ggml_type);
+at::Tensor gguf_x8_unpack(const at::Tensor& packed, int64_t type);
+at::Tensor gguf_x8_linear(const at::Tensor& x, const at::Tensor& packed, int64_t type,
+                          const c10::optional<at::Tensor>& bias);
+int64_t gguf_x8_type(int64_t ggml_type);
+bool gguf_x8_preferred();
 // x [M, K] -> (int8 quants [M, K], scales [M, K / block]): the activations gguf_linear_int8 multiplies
 // (block 32; 256 for the K-quants).
 std::vector<at::Tensor> quantize_activations_int8(const at::Tensor& x, int64_t block);

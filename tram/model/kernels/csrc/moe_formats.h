@@ -6,7 +6,7 @@
 #pragma once
 
 #include "gguf_blocks.h"
-#include "gguf_q4k_x8.h"
+#include "gguf_x8.h"
 #include "gguf_q8k.h"
 #include "gguf_q8k_gemm.h"
 #include "prefetch.h"
@@ -164,24 +164,25 @@ inline constexpr bool kInt8Rows<GgufQ8KFormat<F>> = true;
 template <typename Fmt>
 inline constexpr bool kGrouped = false;
 
-#if defined(TRAM_Q4X8_KERNELS)
-// Q4_K experts repacked eight rows at a time (gguf_q4k_x8.h), int8 rows of x: one kernel at every token
-// count, so a token's result does not depend on how many share its expert.
-struct GgufQ4KX8Format {
+#if defined(TRAM_X8_KERNELS)
+// K-quant experts repacked eight rows at a time (gguf_x8.h's layout L), int8 rows of x: one kernel at every
+// token count, so a token's result does not depend on how many share its expert.
+template <typename L>
+struct GgufX8Format {
   const uint8_t* data;
   int64_t N, K, row_bytes;
   // Rows n .. n + 7 (n a multiple of 8) of expert e times rows p_begin .. p_end - 1 of x: store(p, out)
   // gets row p's 8 outputs.
   template <typename Store>
   void group(const tram::q8k::Rows& x, int64_t p_begin, int64_t p_end, int64_t e, int64_t n, const Store& store) const {
-    tram::q4x8::group_times(x, p_begin, p_end, data + (e * N + n) * row_bytes, K / tram::q8k::kBlock, store);
+    tram::x8::group_times<L>(x, p_begin, p_end, data + (e * N + n) * row_bytes, K / tram::q8k::kBlock, store);
   }
 };
 
-template <>
-inline constexpr bool kInt8Rows<GgufQ4KX8Format> = true;
-template <>
-inline constexpr bool kGrouped<GgufQ4KX8Format> = true;
+template <typename L>
+inline constexpr bool kInt8Rows<GgufX8Format<L>> = true;
+template <typename L>
+inline constexpr bool kGrouped<GgufX8Format<L>> = true;
 #endif
 
 }  // namespace tram::moe

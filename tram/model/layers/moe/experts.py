@@ -68,6 +68,13 @@ class ExpertWeights:
         extra = sum(t.numel() * t.element_size() for t in (self.scale, self.zero) if t is not None)
         return self.data.numel() * self.data.element_size() + extra
 
+    @property
+    def file_type(self) -> int:
+        """gguf: the ggml type of the file's blocks (ggml_type unless they were repacked at load)."""
+        from tram.model.gguf.weight import REPACKED  # the GGUF loader's; imported where GGUF experts exist
+
+        return REPACKED.get(self.ggml_type, self.ggml_type)
+
     def param(self) -> int:
         """The fused kernel's per-form argument: the int4 group or the ggml type."""
         return self.group if self.kind == "int4" else self.ggml_type if self.kind == "gguf" else 0

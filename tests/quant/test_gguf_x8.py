@@ -1,8 +1,8 @@
-"""Q4_K weights repacked eight rows at a time (csrc/gguf_q4k_x8.h): the repack loses nothing, the product
-with int8 activations matches the PyTorch reference and is one numerics for every batch, thread count and
-token count, in the linear and in the fused MoE kernel; the loader repacks where the build prefers it.
-These run on every machine with the kernels (the layout needs AVX2 only), whichever layout the model
-loader would choose there."""
+"""Q4_K and Q6_K weights repacked eight rows at a time (csrc/gguf_x8.h): the repack loses nothing, the
+product with int8 activations matches the PyTorch reference and is one numerics for every batch, thread
+count and token count, in the linear and in the fused MoE kernel; the loader repacks where the build
+prefers it. These run on every machine with the kernels (the layouts need AVX2 only), whichever layout
+the model loader would choose there."""
 
 from __future__ import annotations
 
@@ -11,7 +11,15 @@ import torch
 from kernel_checks import assert_batch_and_thread_invariant, assert_close_to_reference
 from test_gguf_weights import _blocks
 
-from tram.model.gguf.weight import Q4_K, Q4_K_X8, Q6_K, GGUFWeight, reference_linear_int8, repack_for_int8
+from tram.model.gguf.weight import (
+    Q4_K,
+    Q4_K_X8,
+    Q6_K,
+    Q6_K_X8,
+    GGUFWeight,
+    reference_linear_int8,
+    repack_for_int8,
+)
 from tram.model.kernels.cpu_kernels import cpu_kernels_available, load_cpu_kernels
 from tram.model.layers.moe import cpu_kernel
 from tram.model.layers.moe.cpu_kernel import cpu_fused_moe
@@ -33,37 +41,47 @@ def _x(rows: int, k: int, seed: int) -> torch.Tensor:
     return x
 
 
-def _packed(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    data = _blocks(Q4_K, n, k, seed)
-    return data, load_cpu_kernels().gguf_q4k_x8_pack(data)
+LAYOUTS = [(Q4_K, Q4_K_X8, 156), (Q6_K, Q6_K_X8, 210)]  # file type, repacked type, bytes per row and block
+IDS = ["Q4_K", "Q6_K"]
 
 
-def test_the_repack_is_lossless_and_keeps_n_rows():
-    data, packed = _packed(24, 768, 1)
-    assert packed.shape == (24, 3 * 156) and packed.dtype == torch.uint8
-    assert torch.equal(load_cpu_kernels().gguf_q4k_x8_unpack(packed), data)
-    w = GGUFWeight(packed, Q4_K_X8, 768, int8_activations=True)
-    assert torch.equal(w.dequantize(), GGUFWeight(data, Q4_K, 768).dequantize())
+def _packed(ggml_type: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    data = _blocks(ggml_type, n, k, seed)
+    return data, load_cpu_kernels().gguf_x8_pack(data, ggml_type)
+
+
+@pytest.mark.parametrize("ggml_type, x8, row_bytes", LAYOUTS, ids=IDS)
+def test_the_repack_is_lossless_and_keeps_n_rows(ggml_type: int, x8: int, row_bytes: int):
+    data, packed = _packed(ggml_type, 24, 768, 1)
+    assert packed.shape == (24, 3 * row_bytes) and packed.dtype == torch.uint8
+    assert load_cpu_kernels().gguf_x8_type(ggml_type) == x8
+    assert torch.equal(load_cpu_kernels().gguf_x8_unpack(packed, x8), data)
+    w = GGUFWeight(packed, x8, 768, int8_activations=True)
+    assert w.file_type == ggml_type and w.nbytes == packed.numel()
+    assert torch.equal(w.dequantize(), GGUFWeight(data, ggml_type, 768).dequantize())
     ids = torch.tensor([[5, 23], [0, 8]])
-    assert torch.equal(w.embedding(ids), GGUFWeight(data, Q4_K, 768).embedding(ids))
+    assert torch.equal(w.embedding(ids), GGUFWeight(data, ggml_type, 768).embedding(ids))
 
 
 def test_bad_shapes_are_refused():
     kernels = load_cpu_kernels()
     with pytest.raises(RuntimeError, match="12 rows is not a multiple of 8"):
-        kernels.gguf_q4k_x8_pack(_blocks(Q4_K, 12, 256, 0))
+        kernels.gguf_x8_pack(_blocks(Q4_K, 12, 256, 0), Q4_K)
+    with pytest.raises(RuntimeError, match="type -1 is not a repacked layout"):
+        kernels.gguf_x8_pack(_blocks(Q4_K, 8, 256, 0), 13)  # Q5_K has no repacked layout
     with pytest.raises(ValueError, match="groups of 8 rows, not 12"):
         GGUFWeight(torch.zeros(12, 156, dtype=torch.uint8), Q4_K_X8, 256, int8_activations=True)
-    _, packed = _packed(8, 512, 0)
+    _, packed = _packed(Q4_K, 8, 512, 0)
     with pytest.raises(RuntimeError, match="expected 156 for K = 256"):
         kernels.gguf_linear_int8(torch.randn(1, 256), packed, Q4_K_X8)
 
 
+@pytest.mark.parametrize("ggml_type, x8, row_bytes", LAYOUTS, ids=IDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_product_matches_the_int8_reference(dtype: torch.dtype):
+def test_the_product_matches_the_int8_reference(ggml_type: int, x8: int, row_bytes: int, dtype: torch.dtype):
     for n, k in ((8, 256), (40, 1024), (64, 2048)):
-        _, packed = _packed(n, k, n + k)
-        w = GGUFWeight(packed, Q4_K_X8, k, int8_activations=True)
+        _, packed = _packed(ggml_type, n, k, n + k)
+        w = GGUFWeight(packed, x8, k, int8_activations=True)
         bias = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype)
         for rows in (1, 2, 3, 5, 17, 70):
             x = _x(rows, k, rows).to(dtype)
@@ -72,9 +90,10 @@ def test_the_product_matches_the_int8_reference(dtype: torch.dtype):
             assert_close_to_reference(got, want, dtype)
 
 
-def test_one_numerics_for_every_batch_thread_count_and_row_count():
-    _, packed = _packed(96, 512, 5)
-    w = GGUFWeight(packed, Q4_K_X8, 512, int8_activations=True)
+@pytest.mark.parametrize("ggml_type, x8, row_bytes", LAYOUTS, ids=IDS)
+def test_one_numerics_for_every_batch_thread_count_and_row_count(ggml_type: int, x8: int, row_bytes: int):
+    _, packed = _packed(ggml_type, 96, 512, 5)
+    w = GGUFWeight(packed, x8, 512, int8_activations=True)
     assert_batch_and_thread_invariant(lambda x: w.apply(x, None), _x(16, 512, 4))
     x = _x(150, 512, 6)  # past 64 rows: a second pass over the groups
     together = w.apply(x, None)
@@ -85,35 +104,41 @@ def test_one_numerics_for_every_batch_thread_count_and_row_count():
 def test_qkv_in_one_call_take_the_repacked_weights_too():
     kernels = load_cpu_kernels()
     x = _x(3, 512, 1)
-    _, q = _packed(32, 512, 1)
+    _, q = _packed(Q4_K, 32, 512, 1)
+    _, k = _packed(Q6_K, 16, 512, 3)
     v = _blocks(Q6_K, 16, 512, 2)
-    ys = kernels.gguf_linear_int8_n(x, [q, v], [Q4_K_X8, Q6_K], [None, None])
+    ys = kernels.gguf_linear_int8_n(x, [q, k, v], [Q4_K_X8, Q6_K_X8, Q6_K], [None, None, None])
     assert torch.equal(ys[0], kernels.gguf_linear_int8(x, q, Q4_K_X8))
-    assert torch.equal(ys[1], kernels.gguf_linear_int8(x, v, Q6_K))
+    assert torch.equal(ys[1], kernels.gguf_linear_int8(x, k, Q6_K_X8))
+    assert torch.equal(ys[2], kernels.gguf_linear_int8(x, v, Q6_K))
 
 
 def test_the_loader_repacks_where_the_build_prefers_it(monkeypatch):
     data = _blocks(Q4_K, 16, 256, 3)
     got, qtype = repack_for_int8(data, Q4_K)
-    if load_cpu_kernels().gguf_q4k_x8_preferred():
-        assert qtype == Q4_K_X8 and torch.equal(load_cpu_kernels().gguf_q4k_x8_unpack(got), data)
+    if load_cpu_kernels().gguf_x8_preferred():
+        assert qtype == Q4_K_X8 and torch.equal(load_cpu_kernels().gguf_x8_unpack(got, Q4_K_X8), data)
+        assert repack_for_int8(_blocks(Q6_K, 16, 256, 3), Q6_K)[1] == Q6_K_X8
     else:
         assert qtype == Q4_K and got is data
     stacked = torch.stack([data, data])  # experts [E, N, row_bytes]
     got3, _ = repack_for_int8(stacked, Q4_K)
     assert got3.shape[:2] == (2, 16) and torch.equal(got3[0], got3[1])
     assert repack_for_int8(data[:12], Q4_K)[1] == Q4_K  # not whole groups
-    assert repack_for_int8(_blocks(Q6_K, 16, 256, 3), Q6_K)[1] == Q6_K
+    assert repack_for_int8(_blocks(13, 16, 256, 3), 13)[1] == 13  # Q5_K: no repacked layout
     monkeypatch.setenv("TRAM_GGUF_REPACK", "0")
     assert repack_for_int8(data, Q4_K) == (data, Q4_K)
 
 
-def _experts(E: int, N: int, K: int, seed: int, packed: bool) -> tuple[ExpertWeights, torch.Tensor]:
-    data = torch.stack([_blocks(Q4_K, N, K, seed + e) for e in range(E)]).contiguous()
-    deq = torch.stack([GGUFWeight(data[e], Q4_K, K).dequantize() for e in range(E)])
+def _experts(
+    E: int, N: int, K: int, seed: int, packed: bool, ggml_type: int = Q4_K
+) -> tuple[ExpertWeights, torch.Tensor]:
+    data = torch.stack([_blocks(ggml_type, N, K, seed + e) for e in range(E)]).contiguous()
+    deq = torch.stack([GGUFWeight(data[e], ggml_type, K).dequantize() for e in range(E)])
+    qtype = ggml_type
     if packed:
-        data = load_cpu_kernels().gguf_q4k_x8_pack(data.view(E * N, -1)).view(E, N, -1)
-    qtype = Q4_K_X8 if packed else Q4_K
+        data = load_cpu_kernels().gguf_x8_pack(data.view(E * N, -1), ggml_type).view(E, N, -1)
+        qtype = load_cpu_kernels().gguf_x8_type(ggml_type)
     return ExpertWeights("gguf", data, N, K, ggml_type=qtype, int8_activations=True), deq
 
 
@@ -123,17 +148,18 @@ def _routing(T: int, E: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Ten
     return ids, torch.rand(T, k, generator=g)
 
 
+@pytest.mark.parametrize("down", [Q4_K, Q6_K], ids=IDS)
 @pytest.mark.parametrize("T", [1, 24])
-def test_fused_moe_on_repacked_experts_matches_the_file_layout(T: int):
+def test_fused_moe_on_repacked_experts_matches_the_file_layout(T: int, down: int):
     """The same weights in either layout: the same products up to the float steps' order (each layout
     has its own), far inside what quantizing the activations costs."""
     E, k, H, I = 4, 2, 512, 256
     x = torch.randn(T, H, generator=torch.Generator().manual_seed(T))
     ids, weights = _routing(T, E, k, seed=T)
     p13, _ = _experts(E, 2 * I, H, 10, packed=True)
-    p2, _ = _experts(E, H, I, 50, packed=True)
+    p2, _ = _experts(E, H, I, 50, packed=True, ggml_type=down)
     f13, _ = _experts(E, 2 * I, H, 10, packed=False)
-    f2, _ = _experts(E, H, I, 50, packed=False)
+    f2, _ = _experts(E, H, I, 50, packed=False, ggml_type=down)
     assert cpu_kernel.takes_int8_activations(p13, p2)
     got = cpu_fused_moe(x, ids, weights, p13, p2, None, None, "silu")
     want = cpu_fused_moe(x, ids, weights, f13, f2, None, None, "silu")
@@ -148,7 +174,7 @@ def test_fused_moe_on_repacked_experts_is_the_same_for_any_batch():
     x = torch.randn(40, H)
     ids, weights = _routing(40, E, k, seed=7)
     p13, _ = _experts(E, 2 * I, H, 11, packed=True)
-    p2, _ = _experts(E, H, I, 12, packed=True)
+    p2, _ = _experts(E, H, I, 12, packed=True, ggml_type=Q6_K)
     together = cpu_fused_moe(x, ids, weights, p13, p2, None, None, "silu")
     for t in (0, 17, 39):
         alone = cpu_fused_moe(x[t : t + 1], ids[t : t + 1], weights[t : t + 1], p13, p2, None, None, "silu")
@@ -167,8 +193,6 @@ def test_fused_moe_refuses_repacked_gate_up_rows_that_split_a_group():
     p2, _ = _experts(E, H, 256, 2, packed=True)
     kernels = load_cpu_kernels()
     ids, weights = _routing(2, E, 1, seed=0)
+    weights_and_options = (p13.data, None, 4, Q4_K_X8, p2.data, None, 4, Q4_K_X8, None, None, 0, 1.702, 7.0, None, None)
     with pytest.raises(RuntimeError, match="intermediate size a multiple of 8"):
-        kernels.fused_moe(
-            torch.randn(2, H), ids, weights, p13.data, None, 4, Q4_K_X8, p2.data, None, 4, Q4_K_X8,
-            None, None, 0, 1.702, 7.0, None, None,
-        )
+        kernels.fused_moe(torch.randn(2, H), ids, weights, *weights_and_options)

@@ -1,0 +1,154 @@
+// K-quant weights repacked eight rows at a time (gguf_x8.h: Q4_K type 1012, Q6_K type 1014): the repack
+// and its inverse, and y = x W^T (+ b) with x quantized per 256 k, for any number of rows of x.
+//
+//   packed  [N, K / 256 * L::kRowBytes] uint8, N a multiple of 8: rows 8g .. 8g + 7 of the file's weight
+//           as the layout lays out a group (the tensor's row n is not row n's bytes; its shape keeps N)
+#include "kernels.h"
+#include "dynamic_for.h"
+#include "gguf_x8.h"
+#include "gguf_common.h"
+#include "gguf_q8k.h"
+#include "simd.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace {
+
+using tram::x8::kRows;
+
+constexpr int64_t kGrainGroups = 4;  // groups of 8 rows of W per thread task at least
+constexpr int64_t kXRows = 64;       // rows of x per pass over a thread's groups (their int8 stays in L2)
+
+void check_rows(const at::Tensor& t, int64_t row_bytes, const char* who, const char* what) {
+  TORCH_CHECK(t.device().is_cpu() && t.dim() == 2 && t.scalar_type() == at::kByte && t.is_contiguous(), who, ": ",
+              what, " must be a contiguous [N, bytes] uint8 CPU tensor");
+  TORCH_CHECK(t.size(0) % kRows == 0, who, ": ", t.size(0), " rows is not a multiple of ", kRows);
+  TORCH_CHECK(row_bytes > 0 && t.size(1) % row_bytes == 0, who, ": rows of ", t.size(1),
+              " bytes are not whole blocks of ", row_bytes);
+}
+
+// L from a type id, or an error naming the repacked types.
+template <typename Fn>
+void with_layout(int64_t type, const char* who, Fn&& fn) {
+  TORCH_CHECK(tram::x8::with_layout(type, fn), who, ": type ", type, " is not a repacked layout (1012 Q4_K x8, 1014 Q6_K x8)");
+}
+
+#if defined(TRAM_X8_KERNELS)
+template <typename L, typename T>
+void linear(const tram::q8k::Rows& x, int64_t M, int64_t N, int64_t K, const uint8_t* w, const T* bias, T* y) {
+  const int64_t blocks = K / tram::q8k::kBlock, group_bytes = blocks * L::kBlockBytes;
+  tram::parallel::dynamic_for(N / kRows, kGrainGroups, [&](int64_t begin, int64_t end) {
+    for (int64_t mb = 0; mb < M; mb += kXRows) {
+      const int64_t me = std::min(M, mb + kXRows);
+      for (int64_t g = begin; g < end; ++g) {
+        const int64_t n0 = g * kRows;
+        tram::x8::group_times<L>(x, mb, me, w + g * group_bytes, blocks, [&](int64_t m, const float* out) {
+          for (int64_t j = 0; j < kRows; ++j) {
+            const float b = bias != nullptr ? tram::simd::load1(bias + n0 + j) : 0.0f;
+            tram::simd::store(out[j] + b, y + m * N + n0 + j);
+          }
+        });
+      }
+    }
+  });
+}
+#endif
+
+}  // namespace
+
+namespace tram {
+
+bool gguf_x8_preferred() {
+#if defined(TRAM_X8_KERNELS) && !defined(TRAM_Q8K_512)
+  return true;  // AVX2 without the AVX-512 VNNI K-quant kernels
+#else
+  return false;
+#endif
+}
+
+int64_t gguf_x8_type(int64_t ggml_type) {
+  if (ggml_type == tram::gguf::kQ4_K) return tram::x8::Q4K::kType;
+  if (ggml_type == tram::gguf::kQ6_K) return tram::x8::Q6K::kType;
+  return -1;
+}
+
+at::Tensor gguf_x8_pack(const at::Tensor& data, int64_t ggml_type) {
+  const int64_t type = gguf_x8_type(ggml_type);
+  at::Tensor out;
+  with_layout(type, "gguf_x8_pack", [&](auto layout) {
+    using L = decltype(layout);
+    check_rows(data, L::kSrcBytes, "gguf_x8_pack", "data");
+    const int64_t N = data.size(0), blocks = data.size(1) / L::kSrcBytes;
+    out = at::empty({N, blocks * L::kRowBytes}, data.options());
+    const uint8_t* src = data.data_ptr<uint8_t>();
+    uint8_t* dst = out.data_ptr<uint8_t>();
+    at::parallel_for(0, N / kRows, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t g = begin; g < end; ++g) {
+        L::pack_group(src + g * kRows * data.size(1), data.size(1), blocks, dst + g * blocks * L::kBlockBytes);
+      }
+    });
+  });
+  return out;
+}
+
+at::Tensor gguf_x8_unpack(const at::Tensor& packed, int64_t type) {
+  at::Tensor out;
+  with_layout(type, "gguf_x8_unpack", [&](auto layout) {
+    using L = decltype(layout);
+    check_rows(packed, L::kRowBytes, "gguf_x8_unpack", "packed");
+    const int64_t N = packed.size(0), blocks = packed.size(1) / L::kRowBytes, row_bytes = blocks * L::kSrcBytes;
+    out = at::empty({N, row_bytes}, packed.options());
+    const uint8_t* src = packed.data_ptr<uint8_t>();
+    uint8_t* dst = out.data_ptr<uint8_t>();
+    at::parallel_for(0, N / kRows, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t g = begin; g < end; ++g) {
+        L::unpack_group(src + g * blocks * L::kBlockBytes, blocks, row_bytes, dst + g * kRows * row_bytes);
+      }
+    });
+  });
+  return out;
+}
+
+at::Tensor gguf_x8_linear(const at::Tensor& x, const at::Tensor& packed, int64_t type,
+                          const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "gguf_linear_int8: x must be a [M, K] float32 or bfloat16 CPU tensor");
+  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0);
+  at::Tensor b, y;
+  with_layout(type, "gguf_linear_int8", [&](auto layout) {
+    using L = decltype(layout);
+    check_rows(packed, L::kRowBytes, "gguf_linear_int8", "repacked data");
+    TORCH_CHECK(K % tram::q8k::kBlock == 0 && packed.size(1) == K / tram::q8k::kBlock * L::kRowBytes,
+                "gguf_linear_int8: repacked rows of ", packed.size(1), " bytes, expected ",
+                K / tram::q8k::kBlock * L::kRowBytes, " for K = ", K);
+    if (bias.has_value() && bias->defined()) {
+      TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == x.scalar_type(),
+                  "gguf_linear_int8: bias must be [N] in x's dtype");
+      b = bias->contiguous();
+    }
+    y = at::empty({M, N}, x.options());
+    if (M == 0 || N == 0) return;
+    bool done = false;
+#if defined(TRAM_X8_KERNELS)
+    const at::Tensor xf = x.to(at::kFloat).contiguous();
+    tram::q8k::QuantizedRows qa;
+    qa.quantize(xf.data_ptr<float>(), K, M, K);
+    const uint8_t* w = packed.data_ptr<uint8_t>();
+    if (x.scalar_type() == at::kFloat) {
+      linear<L, float>(qa.rows(), M, N, K, w, b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>());
+    } else {
+      linear<L, c10::BFloat16>(qa.rows(), M, N, K, w, b.defined() ? b.data_ptr<c10::BFloat16>() : nullptr,
+                               y.data_ptr<c10::BFloat16>());
+    }
+    done = true;
+#endif
+    TORCH_CHECK(done, "gguf_linear_int8: repacked K-quants need a build with AVX2, FMA and F16C");
+  });
+  return y;
+}
+
+}  // namespace tram
