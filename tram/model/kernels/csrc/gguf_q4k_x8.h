@@ -52,45 +52,33 @@ struct Q4K {
   //   d, dmin [8]      fp16, as in the file
   static constexpr int64_t kSc = 1024, kMins = 1152, kD = 1216, kDmin = 1232;
 
-  // Rows 0 .. 7 of Q4_K rows (row_bytes apart, `blocks` blocks each) into a group's packed blocks.
-  static void pack_group(const uint8_t* w, int64_t row_bytes, int64_t blocks, uint8_t* out) {
-    for (int64_t b = 0; b < blocks; ++b) {
-      uint8_t* o = out + b * kBlockBytes;
-      for (int64_t r = 0; r < kRows; ++r) {
-        const uint8_t* src = w + r * row_bytes + b * kSrcBytes;
-        uint8_t sm[16];
-        tram::q8k::unpack_k4_scales(src + 4, sm);
-        for (int64_t s = 0; s < 32; ++s) std::memcpy(o + 32 * s + 4 * r, src + 16 + 32 * (s / 8) + 4 * (s % 8), 4);
-        for (int64_t j = 0; j < 8; ++j) o[kSc + 16 * j + 2 * r] = o[kSc + 16 * j + 2 * r + 1] = sm[j];
-        for (int64_t p = 0; p < 4; ++p) {
-          o[kMins + 16 * p + 2 * r] = sm[8 + 2 * p];
-          o[kMins + 16 * p + 2 * r + 1] = sm[8 + 2 * p + 1];
-        }
-        std::memcpy(o + kD + 2 * r, src, 2);
-        std::memcpy(o + kDmin + 2 * r, src + 2, 2);
-      }
+  // Row r's block of the file (src) into a group's packed block o.
+  static void pack_row(const uint8_t* src, int64_t r, uint8_t* o) {
+    uint8_t sm[16];
+    tram::q8k::unpack_k4_scales(src + 4, sm);
+    for (int64_t s = 0; s < 32; ++s) std::memcpy(o + 32 * s + 4 * r, src + 16 + 32 * (s / 8) + 4 * (s % 8), 4);
+    for (int64_t j = 0; j < 8; ++j) o[kSc + 16 * j + 2 * r] = o[kSc + 16 * j + 2 * r + 1] = sm[j];
+    for (int64_t p = 0; p < 4; ++p) {
+      o[kMins + 16 * p + 2 * r] = sm[8 + 2 * p];
+      o[kMins + 16 * p + 2 * r + 1] = sm[8 + 2 * p + 1];
     }
+    std::memcpy(o + kD + 2 * r, src, 2);
+    std::memcpy(o + kDmin + 2 * r, src + 2, 2);
   }
 
-  // The inverse: a group's packed blocks back into the file's 8 rows of Q4_K blocks.
-  static void unpack_group(const uint8_t* in, int64_t blocks, int64_t row_bytes, uint8_t* w) {
-    for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* o = in + b * kBlockBytes;
-      for (int64_t r = 0; r < kRows; ++r) {
-        uint8_t* dst = w + r * row_bytes + b * kSrcBytes;
-        uint8_t sc[8], m[8];
-        for (int64_t j = 0; j < 8; ++j) sc[j] = o[kSc + 16 * j + 2 * r];
-        for (int64_t p = 0; p < 4; ++p) m[2 * p] = o[kMins + 16 * p + 2 * r], m[2 * p + 1] = o[kMins + 16 * p + 2 * r + 1];
-        for (int64_t j = 0; j < 4; ++j) {  // the file's 12 bytes of 6-bit values (unpack_k4_scales' inverse)
-          dst[4 + j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
-          dst[8 + j] = static_cast<uint8_t>(m[j] | ((m[j + 4] >> 4) << 6));
-          dst[12 + j] = static_cast<uint8_t>((sc[j + 4] & 15) | ((m[j + 4] & 15) << 4));
-        }
-        std::memcpy(dst, o + kD + 2 * r, 2);
-        std::memcpy(dst + 2, o + kDmin + 2 * r, 2);
-        for (int64_t s = 0; s < 32; ++s) std::memcpy(dst + 16 + 32 * (s / 8) + 4 * (s % 8), o + 32 * s + 4 * r, 4);
-      }
+  // The inverse: row r's block of the file (dst) from a group's packed block o.
+  static void unpack_row(const uint8_t* o, int64_t r, uint8_t* dst) {
+    uint8_t sc[8], m[8];
+    for (int64_t j = 0; j < 8; ++j) sc[j] = o[kSc + 16 * j + 2 * r];
+    for (int64_t p = 0; p < 4; ++p) m[2 * p] = o[kMins + 16 * p + 2 * r], m[2 * p + 1] = o[kMins + 16 * p + 2 * r + 1];
+    for (int64_t j = 0; j < 4; ++j) {  // the file's 12 bytes of 6-bit values (unpack_k4_scales' inverse)
+      dst[4 + j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
+      dst[8 + j] = static_cast<uint8_t>(m[j] | ((m[j + 4] >> 4) << 6));
+      dst[12 + j] = static_cast<uint8_t>((sc[j + 4] & 15) | ((m[j + 4] & 15) << 4));
     }
+    std::memcpy(dst, o + kD + 2 * r, 2);
+    std::memcpy(dst + 2, o + kDmin + 2 * r, 2);
+    for (int64_t s = 0; s < 32; ++s) std::memcpy(dst + 16 + 32 * (s / 8) + 4 * (s % 8), o + 32 * s + 4 * r, 4);
   }
 
 #if defined(TRAM_X8_KERNELS)

@@ -29,38 +29,28 @@ struct Q6K {
   //   d   [8]              fp16, as in the file
   static constexpr int64_t kQh = 1024, kSc = 1536, kD = 1664;
 
-  static void pack_group(const uint8_t* w, int64_t row_bytes, int64_t blocks, uint8_t* out) {
-    for (int64_t b = 0; b < blocks; ++b) {
-      uint8_t* o = out + b * kBlockBytes;
-      for (int64_t r = 0; r < kRows; ++r) {
-        const uint8_t* src = w + r * row_bytes + b * kSrcBytes;
-        for (int64_t h = 0; h < 2; ++h) {
-          for (int64_t j = 0; j < 8; ++j) {
-            for (int64_t a = 0; a < 2; ++a) std::memcpy(o + 32 * (16 * h + 2 * j + a) + 4 * r, src + 64 * h + 32 * a + 4 * j, 4);
-            std::memcpy(o + kQh + 32 * (8 * h + j) + 4 * r, src + 128 + 32 * h + 4 * j, 4);
-          }
-        }
-        for (int64_t s = 0; s < 16; ++s) o[kSc + 8 * s + r] = src[192 + s];
-        std::memcpy(o + kD + 2 * r, src + 208, 2);
+  // Row r's block of the file (src) into a group's packed block o.
+  static void pack_row(const uint8_t* src, int64_t r, uint8_t* o) {
+    for (int64_t h = 0; h < 2; ++h) {
+      for (int64_t j = 0; j < 8; ++j) {
+        for (int64_t a = 0; a < 2; ++a) std::memcpy(o + 32 * (16 * h + 2 * j + a) + 4 * r, src + 64 * h + 32 * a + 4 * j, 4);
+        std::memcpy(o + kQh + 32 * (8 * h + j) + 4 * r, src + 128 + 32 * h + 4 * j, 4);
       }
     }
+    for (int64_t s = 0; s < 16; ++s) o[kSc + 8 * s + r] = src[192 + s];
+    std::memcpy(o + kD + 2 * r, src + 208, 2);
   }
 
-  static void unpack_group(const uint8_t* in, int64_t blocks, int64_t row_bytes, uint8_t* w) {
-    for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* o = in + b * kBlockBytes;
-      for (int64_t r = 0; r < kRows; ++r) {
-        uint8_t* dst = w + r * row_bytes + b * kSrcBytes;
-        for (int64_t h = 0; h < 2; ++h) {
-          for (int64_t j = 0; j < 8; ++j) {
-            for (int64_t a = 0; a < 2; ++a) std::memcpy(dst + 64 * h + 32 * a + 4 * j, o + 32 * (16 * h + 2 * j + a) + 4 * r, 4);
-            std::memcpy(dst + 128 + 32 * h + 4 * j, o + kQh + 32 * (8 * h + j) + 4 * r, 4);
-          }
-        }
-        for (int64_t s = 0; s < 16; ++s) dst[192 + s] = o[kSc + 8 * s + r];
-        std::memcpy(dst + 208, o + kD + 2 * r, 2);
+  // The inverse: row r's block of the file (dst) from a group's packed block o.
+  static void unpack_row(const uint8_t* o, int64_t r, uint8_t* dst) {
+    for (int64_t h = 0; h < 2; ++h) {
+      for (int64_t j = 0; j < 8; ++j) {
+        for (int64_t a = 0; a < 2; ++a) std::memcpy(dst + 64 * h + 32 * a + 4 * j, o + 32 * (16 * h + 2 * j + a) + 4 * r, 4);
+        std::memcpy(dst + 128 + 32 * h + 4 * j, o + kQh + 32 * (8 * h + j) + 4 * r, 4);
       }
     }
+    for (int64_t s = 0; s < 16; ++s) dst[192 + s] = o[kSc + 8 * s + r];
+    std::memcpy(dst + 208, o + kD + 2 * r, 2);
   }
 
 #if defined(TRAM_X8_KERNELS)

@@ -88,7 +88,7 @@ at::Tensor gguf_x8_pack(const at::Tensor& data, int64_t ggml_type) {
     uint8_t* dst = out.data_ptr<uint8_t>();
     at::parallel_for(0, N / kRows, 16, [&](int64_t begin, int64_t end) {
       for (int64_t g = begin; g < end; ++g) {
-        L::pack_group(src + g * kRows * data.size(1), data.size(1), blocks, dst + g * blocks * L::kBlockBytes);
+        tram::x8::pack_group<L>(src + g * kRows * data.size(1), data.size(1), blocks, dst + g * blocks * L::kBlockBytes);
       }
     });
   });
@@ -106,7 +106,7 @@ at::Tensor gguf_x8_unpack(const at::Tensor& packed, int64_t type) {
     uint8_t* dst = out.data_ptr<uint8_t>();
     at::parallel_for(0, N / kRows, 16, [&](int64_t begin, int64_t end) {
       for (int64_t g = begin; g < end; ++g) {
-        L::unpack_group(src + g * blocks * L::kBlockBytes, blocks, row_bytes, dst + g * kRows * row_bytes);
+        tram::x8::unpack_group<L>(src + g * blocks * L::kBlockBytes, blocks, row_bytes, dst + g * kRows * row_bytes);
       }
     });
   });

@@ -17,6 +17,22 @@ bool with_layout(int64_t type, Fn&& fn) {
   return false;
 }
 
+// Rows 0 .. 7 of the file's rows (row_bytes apart, `blocks` blocks each) into a group's packed blocks.
+template <typename L>
+void pack_group(const uint8_t* w, int64_t row_bytes, int64_t blocks, uint8_t* out) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t r = 0; r < kRows; ++r) L::pack_row(w + r * row_bytes + b * L::kSrcBytes, r, out + b * L::kBlockBytes);
+  }
+}
+
+// The inverse: a group's packed blocks back into the file's 8 rows.
+template <typename L>
+void unpack_group(const uint8_t* in, int64_t blocks, int64_t row_bytes, uint8_t* w) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t r = 0; r < kRows; ++r) L::unpack_row(in + b * L::kBlockBytes, r, w + r * row_bytes + b * L::kSrcBytes);
+  }
+}
+
 #if defined(TRAM_X8_KERNELS)
 constexpr int64_t kRowsX = 4;  // rows of x per register tile
 
