@@ -35,6 +35,16 @@ constexpr int64_t kRows = 8;  // rows of W per group
 // GCC reassociates the 16-bit running sums into trees and spills them; one register each is what the
 // loops need.
 TRAM_INLINE void keep_in_register(__m256i& v) { __asm__("" : "+x"(v)); }
+
+// store(m0 + m, outputs) for each row m of x: acc[m] holds its 8 outputs, one per row of W.
+template <int64_t MB, typename Store>
+TRAM_INLINE void store_rows(const __m256 (&acc)[MB], int64_t m0, const Store& store) {
+  for (int64_t m = 0; m < MB; ++m) {
+    alignas(32) float out[kRows];
+    _mm256_store_ps(out, acc[m]);
+    store(m0 + m, static_cast<const float*>(out));
+  }
+}
 #endif
 
 struct Q4K {
@@ -142,11 +152,7 @@ struct Q4K {
         acc[m] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(dmin, dx), acc[m]);
       }
     }
-    for (int64_t m = 0; m < MB; ++m) {
-      alignas(32) float out[kRows];
-      _mm256_store_ps(out, acc[m]);
-      store(m0 + m, static_cast<const float*>(out));
-    }
+    store_rows<MB>(acc, m0, store);
   }
 
 #endif

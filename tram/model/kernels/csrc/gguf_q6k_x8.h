@@ -137,11 +137,7 @@ struct Q6K {
         acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), _mm256_mul_ps(d, dx), acc[m]);
       }
     }
-    for (int64_t m = 0; m < MB; ++m) {
-      alignas(32) float out[kRows];
-      _mm256_store_ps(out, acc[m]);
-      store(m0 + m, static_cast<const float*>(out));
-    }
+    store_rows<MB>(acc, m0, store);
   }
 #endif
 };
