@@ -70,7 +70,7 @@ _DECLARED = (
     EnvVar(
         "TRAM_GGUF_REPACK",
         True,
-        "0 keeps GGUF Q4_K weights in the file's layout under --gguf-activations int8 (no Q4_K x8 repack at load)",
+        "0 keeps GGUF Q4_K and Q6_K weights in the file's layout under --gguf-activations int8 (no x8 repack at load)",
         _on_unless_0,
     ),
     EnvVar(
