@@ -116,11 +116,14 @@ def test_qkv_in_one_call_take_the_repacked_weights_too():
 def test_the_loader_repacks_where_the_build_prefers_it(monkeypatch):
     data = _blocks(Q4_K, 16, 256, 3)
     got, qtype = repack_for_int8(data, Q4_K)
-    if load_cpu_kernels().gguf_x8_preferred():
-        assert qtype == Q4_K_X8 and torch.equal(load_cpu_kernels().gguf_x8_unpack(got, Q4_K_X8), data)
-        assert repack_for_int8(_blocks(Q6_K, 16, 256, 3), Q6_K)[1] == Q6_K_X8
+    kernels = load_cpu_kernels()
+    if kernels.gguf_x8_preferred(Q4_K):
+        assert qtype == Q4_K_X8 and torch.equal(kernels.gguf_x8_unpack(got, Q4_K_X8), data)
     else:
         assert qtype == Q4_K and got is data
+    q6 = _blocks(Q6_K, 16, 256, 3)
+    assert repack_for_int8(q6, Q6_K)[1] == (Q6_K_X8 if kernels.gguf_x8_preferred(Q6_K) else Q6_K)
+    assert not kernels.gguf_x8_preferred(13)  # Q5_K: no repacked layout
     stacked = torch.stack([data, data])  # experts [E, N, row_bytes]
     got3, _ = repack_for_int8(stacked, Q4_K)
     assert got3.shape[:2] == (2, 16) and torch.equal(got3[0], got3[1])
@@ -169,12 +172,15 @@ def test_fused_moe_on_repacked_experts_matches_the_file_layout(T: int, down: int
     assert gate_up.shape == (1, 2 * I)
 
 
-def test_fused_moe_on_repacked_experts_is_the_same_for_any_batch():
+@pytest.mark.parametrize("down", [Q4_K, Q6_K], ids=IDS)
+def test_fused_moe_on_repacked_experts_is_the_same_for_any_batch(down: int):
+    """40 tokens on 4 experts: ~20 each, past the AVX-512 GEMM's threshold for Q4_K x8; one alone: the
+    x8 kernel. The same bits either way."""
     E, k, H, I = 4, 2, 256, 256
     x = torch.randn(40, H)
     ids, weights = _routing(40, E, k, seed=7)
     p13, _ = _experts(E, 2 * I, H, 11, packed=True)
-    p2, _ = _experts(E, H, I, 12, packed=True, ggml_type=Q6_K)
+    p2, _ = _experts(E, H, I, 12, packed=True, ggml_type=down)
     together = cpu_fused_moe(x, ids, weights, p13, p2, None, None, "silu")
     for t in (0, 17, 39):
         alone = cpu_fused_moe(x[t : t + 1], ids[t : t + 1], weights[t : t + 1], p13, p2, None, None, "silu")

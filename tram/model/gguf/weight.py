@@ -228,7 +228,7 @@ def unpack_repacked(data: torch.Tensor, ggml_type: int) -> torch.Tensor:
 def repack_for_int8(data: torch.Tensor, ggml_type: int) -> tuple[torch.Tensor, int]:
     """(data, type) in the layout this machine's int8-activation kernels multiply fastest: Q4_K and Q6_K
     rows [..., N, row_bytes] with N a multiple of 8 are repacked eight rows at a time where the build
-    prefers it (AVX2 without AVX-512 VNNI: csrc/gguf_x8.h), else returned as they are.
+    prefers it for their type (csrc/gguf_x8.cpp: both on AVX2, Q4_K on AVX-512), else returned as they are.
     TRAM_GGUF_REPACK=0 keeps the file's layout."""
     if ggml_type not in REPACKED.values() or data.device.type != "cpu" or data.dim() < 2 or data.shape[-2] % 8:
         return data, ggml_type
@@ -237,7 +237,7 @@ def repack_for_int8(data: torch.Tensor, ggml_type: int) -> tuple[torch.Tensor, i
     from tram.model.kernels.cpu_kernels import load_cpu_kernels
 
     kernels = load_cpu_kernels()
-    if kernels is None or not kernels.gguf_x8_preferred():
+    if kernels is None or not kernels.gguf_x8_preferred(ggml_type):
         return data, ggml_type
     packed = kernels.gguf_x8_pack(data.reshape(-1, data.shape[-1]).contiguous(), ggml_type)
     return packed.reshape(*data.shape[:-1], packed.shape[-1]), kernels.gguf_x8_type(ggml_type)

@@ -67,7 +67,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_x8_type", &tram::gguf_x8_type, "the repacked type id of a ggml type, -1 where there is none",
         py::arg("ggml_type"));
   m.def("gguf_x8_preferred", &tram::gguf_x8_preferred,
-        "whether this build multiplies Q4_K and Q6_K faster repacked (AVX2 without AVX-512 VNNI)");
+        "whether this build multiplies a ggml type (Q4_K, Q6_K) faster repacked eight rows at a time",
+        py::arg("ggml_type"));
   m.def("quantize_activations_int8", &tram::quantize_activations_int8,
         "x [M,K] -> (int8 [M,K], scales [M,K/block]): gguf_linear_int8's activations (block 256: the K-quants')",
         py::arg("x"), py::arg("block") = 32);

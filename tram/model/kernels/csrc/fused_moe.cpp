@@ -279,6 +279,11 @@ template <typename Fmt>
 void gate_up_item(const Fmt& f, const Moe& s, int64_t e, int64_t i0) {
   const int64_t r = std::min(kGateRows, s.I - i0);
   if constexpr (kGrouped<Fmt>) {
+#if defined(TRAM_X8_GEMM)
+    if constexpr (Fmt::kGemm) {
+      if (s.count(e) >= tram::x8::kGemmMinRows) return gate_up_int8_gemm(f, s, e, i0, r);
+    }
+#endif
     gate_up_grouped(f, s, e, i0, r);
   } else {
     if constexpr (!kInt8Rows<Fmt>) {
@@ -338,6 +343,11 @@ template <typename Fmt>
 void down_item(const Fmt& f, const Moe& s, int64_t e, int64_t n0) {
   const int64_t r = std::min(kDownRows, s.H - n0);
   if constexpr (kGrouped<Fmt>) {
+#if defined(TRAM_X8_GEMM)
+    if constexpr (Fmt::kGemm) {
+      if (s.count(e) >= tram::x8::kGemmMinRows) return down_int8_gemm(f, s, e, n0, r);
+    }
+#endif
     down_grouped(f, s, e, n0, r);
   } else {
     if constexpr (!kInt8Rows<Fmt>) {

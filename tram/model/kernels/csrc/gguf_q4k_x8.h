@@ -12,9 +12,10 @@
 //
 // Numerics, per row of x and of W and per block b (exact integers, then two float steps):
 //   I = sum_j sc_j * sum_{k in sub-block j} u_k * q_k,   Imin = sum_j m_j * bsum_j
-//   acc = fma(float(I), d_w * d_x, acc);  acc = fma(-float(Imin), dmin_w * d_x, acc)
+//   acc = fma(float(I), d_w * d_x, acc);  accm = fma(-float(Imin), dmin_w * d_x, accm);  y = acc + accm
 // The same for every number of rows of x, rows of W and threads: a row's result does not depend on the
-// call it shares. (Not gguf_q8k.h's AVX2 numerics: a weight is either repacked or not for its lifetime.)
+// call it shares. They are gguf_q8k_gemm.h's AVX-512 steps, so that many rows of x can take that GEMM
+// (gguf_x8_gemm.h); not gguf_q8k.h's AVX2 ones: a weight is either repacked or not for its lifetime.
 #pragma once
 
 #include "gguf_q8k.h"
@@ -35,6 +36,24 @@ constexpr int64_t kRows = 8;  // rows of W per group
 // GCC reassociates the 16-bit running sums into trees and spills them; one register each is what the
 // loops need.
 TRAM_INLINE void keep_in_register(__m256i& v) { __asm__("" : "+x"(v)); }
+
+// With VNNI (AVX-512's on 256-bit vectors, or AVX-VNNI) one instruction sums a lane's four products
+// u * q into int32 exactly, where AVX2 needs vpmaddubsw, a 16-bit add and, per sub-block, vpmaddwd: the
+// same integers in half the instructions, so the same outputs bit for bit.
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define TRAM_X8_VNNI 1
+TRAM_INLINE __m256i dot4(__m256i acc, __m256i u, __m256i q) { return _mm256_dpbusd_epi32(acc, u, q); }
+#elif defined(__AVXVNNI__)
+#define TRAM_X8_VNNI 1
+TRAM_INLINE __m256i dot4(__m256i acc, __m256i u, __m256i q) { return _mm256_dpbusd_avx_epi32(acc, u, q); }
+#endif
+
+// The 4 bytes of x at p in every int32 lane.
+TRAM_INLINE __m256i broadcast4(const int8_t* p) {
+  int32_t q;
+  std::memcpy(&q, p, 4);
+  return _mm256_set1_epi32(q);
+}
 
 // store(m0 + m, outputs) for each row m of x: acc[m] holds its 8 outputs, one per row of W.
 template <int64_t MB, typename Store>
@@ -92,44 +111,62 @@ struct Q4K {
   }
 
 #if defined(TRAM_X8_KERNELS)
+  // isum[m] += sum over sub-blocks 2c and 2c + 1 of sc_j * sum_k u_k * q_k, per row of W (exact).
+  template <int64_t MB>
+  TRAM_INLINE static void chunk_sums(const tram::q8k::Rows& x, int64_t m0, int64_t b, const uint8_t* o, int64_t c,
+                                     int32_t (&isum)[MB][8]) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    __m256i sa[MB], sb[MB];
+    for (int64_t m = 0; m < MB; ++m) sa[m] = sb[m] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int64_t j = 0; j < 8; ++j) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(o + 32 * (8 * c + j)));
+      const __m256i lo = _mm256_and_si256(w, low4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+      for (int64_t m = 0; m < MB; ++m) {
+        const int8_t* xq = x.q_at(m0 + m) + b * tram::q8k::kBlock + 64 * c + 4 * j;
+#if defined(TRAM_X8_VNNI)  // sa, sb: int32 per row of W
+        sa[m] = dot4(sa[m], lo, broadcast4(xq));
+        sb[m] = dot4(sb[m], hi, broadcast4(xq + 32));
+#else  // sa, sb: int16 pairs per row of W
+        sa[m] = _mm256_add_epi16(sa[m], _mm256_maddubs_epi16(lo, broadcast4(xq)));
+        sb[m] = _mm256_add_epi16(sb[m], _mm256_maddubs_epi16(hi, broadcast4(xq + 32)));
+#endif
+        keep_in_register(sa[m]), keep_in_register(sb[m]);
+      }
+    }
+    const __m128i* sc = reinterpret_cast<const __m128i*>(o + kSc + 32 * c);
+#if defined(TRAM_X8_VNNI)  // the byte pairs (sc, sc) as one int32 sc per row
+    const __m256i byte = _mm256_set1_epi32(0xff);
+    const __m256i sca = _mm256_and_si256(_mm256_cvtepu16_epi32(_mm_loadu_si128(sc)), byte);
+    const __m256i scb = _mm256_and_si256(_mm256_cvtepu16_epi32(_mm_loadu_si128(sc + 1)), byte);
+#else
+    const __m256i sca = _mm256_cvtepu8_epi16(_mm_loadu_si128(sc)), scb = _mm256_cvtepu8_epi16(_mm_loadu_si128(sc + 1));
+#endif
+    for (int64_t m = 0; m < MB; ++m) {
+      __m256i* i = reinterpret_cast<__m256i*>(isum[m]);
+#if defined(TRAM_X8_VNNI)
+      const __m256i s = _mm256_add_epi32(_mm256_mullo_epi32(sa[m], sca), _mm256_mullo_epi32(sb[m], scb));
+#else
+      const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(sa[m], sca), _mm256_madd_epi16(sb[m], scb));
+#endif
+      _mm256_store_si256(i, _mm256_add_epi32(_mm256_load_si256(i), s));
+    }
+  }
+
   // Rows m0 .. m0 + MB - 1 of x times a group's `blocks` packed blocks: store(m, out) gets row m's 8 outputs.
   // Not inlined: inside the fused MoE kernel's loops GCC spilled the running sums (as gguf_q8k_gemm.h's).
   template <int64_t MB, typename Store>
   __attribute__((noinline)) static void group_rows(const tram::q8k::Rows& x, int64_t m0, const uint8_t* group, int64_t blocks,
                                             const Store& store) {
-    const __m256i low4 = _mm256_set1_epi8(0x0f);
-    __m256 acc[MB];
-    for (int64_t m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+    __m256 acc[MB], accm[MB];
+    for (int64_t m = 0; m < MB; ++m) acc[m] = accm[m] = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* o = group + b * kBlockBytes;
       tram::simd::prefetch_ahead(o, kBlockBytes);
       alignas(32) int32_t isum[MB][8];
       for (int64_t m = 0; m < MB; ++m) _mm256_store_si256(reinterpret_cast<__m256i*>(isum[m]), _mm256_setzero_si256());
 #pragma GCC unroll 1
-      for (int64_t c = 0; c < 4; ++c) {
-        __m256i sa[MB], sb[MB];
-        for (int64_t m = 0; m < MB; ++m) sa[m] = sb[m] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-        for (int64_t j = 0; j < 8; ++j) {
-          const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(o + 32 * (8 * c + j)));
-          const __m256i lo = _mm256_and_si256(w, low4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
-          for (int64_t m = 0; m < MB; ++m) {
-            const int8_t* xq = x.q_at(m0 + m) + b * tram::q8k::kBlock + 64 * c + 4 * j;
-            int32_t qa, qb;
-            std::memcpy(&qa, xq, 4), std::memcpy(&qb, xq + 32, 4);
-            sa[m] = _mm256_add_epi16(sa[m], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(qa)));
-            sb[m] = _mm256_add_epi16(sb[m], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(qb)));
-            keep_in_register(sa[m]), keep_in_register(sb[m]);
-          }
-        }
-        const __m256i sca = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + kSc + 32 * c)));
-        const __m256i scb = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + kSc + 32 * c + 16)));
-        for (int64_t m = 0; m < MB; ++m) {
-          __m256i* i = reinterpret_cast<__m256i*>(isum[m]);
-          const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(sa[m], sca), _mm256_madd_epi16(sb[m], scb));
-          _mm256_store_si256(i, _mm256_add_epi32(_mm256_load_si256(i), s));
-        }
-      }
+      for (int64_t c = 0; c < 4; ++c) chunk_sums<MB>(x, m0, b, o, c, isum);
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + kD)));
       const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + kDmin)));
       __m256i mins[4];
@@ -149,9 +186,10 @@ struct Q4K {
         const __m256 dx = _mm256_set1_ps(x.d_at(m0 + m)[b]);
         const __m256i i = _mm256_load_si256(reinterpret_cast<const __m256i*>(isum[m]));
         acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(d, dx), acc[m]);
-        acc[m] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(dmin, dx), acc[m]);
+        accm[m] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(dmin, dx), accm[m]);
       }
     }
+    for (int64_t m = 0; m < MB; ++m) acc[m] = _mm256_add_ps(acc[m], accm[m]);
     store_rows<MB>(acc, m0, store);
   }
 

@@ -82,22 +82,32 @@ struct Q6K {
                                        __m256i (&isum)[MB]) {
 #pragma GCC unroll 2
     for (int64_t half = 0; half < 2; ++half) {  // sub-block 8h + 2Q + half: steps 4 half .. 4 half + 3
-      const __m256i sc = _mm256_cvtepi8_epi16(dup_bytes(o + kSc + 8 * (8 * h + 2 * Q + half)));
+      const uint8_t* sc_bytes = o + kSc + 8 * (8 * h + 2 * Q + half);
+      const int64_t k0 = b * tram::q8k::kBlock + 128 * h + 32 * Q + 16 * half;
+#if defined(TRAM_X8_VNNI)  // a sub-block's 16 products per row of W in int32, then its int32 sub-scale
+      const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc_bytes)));
+      __m256i s[MB];
+      for (int64_t m = 0; m < MB; ++m) s[m] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int64_t jj = 0; jj < 4; ++jj) {
+        const __m256i u = quarter<Q>(o, h, 4 * half + jj);
+        for (int64_t m = 0; m < MB; ++m) s[m] = dot4(s[m], u, broadcast4(x.q_at(m0 + m) + k0 + 4 * jj));
+      }
+      for (int64_t m = 0; m < MB; ++m) isum[m] = _mm256_add_epi32(isum[m], _mm256_mullo_epi32(s[m], sc));
+#else  // two steps' int16 pairs per row of W, then vpmaddwd by the sub-scale pairs
+      const __m256i sc = _mm256_cvtepi8_epi16(dup_bytes(sc_bytes));
 #pragma GCC unroll 2
-      for (int64_t jj = 0; jj < 2; ++jj) {
-        const int64_t j = 4 * half + 2 * jj;
-        const __m256i u0 = quarter<Q>(o, h, j), u1 = quarter<Q>(o, h, j + 1);
+      for (int64_t jj = 0; jj < 4; jj += 2) {
+        const __m256i u0 = quarter<Q>(o, h, 4 * half + jj), u1 = quarter<Q>(o, h, 4 * half + jj + 1);
         for (int64_t m = 0; m < MB; ++m) {
-          const int8_t* xq = x.q_at(m0 + m) + b * tram::q8k::kBlock + 128 * h + 32 * Q + 4 * j;
-          int32_t q0, q1;
-          std::memcpy(&q0, xq, 4), std::memcpy(&q1, xq + 4, 4);
-          __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(u0, _mm256_set1_epi32(q0)),
-                                       _mm256_maddubs_epi16(u1, _mm256_set1_epi32(q1)));
+          const int8_t* q = x.q_at(m0 + m) + k0 + 4 * jj;
+          __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(u0, broadcast4(q)), _mm256_maddubs_epi16(u1, broadcast4(q + 4)));
           keep_in_register(s);
           isum[m] = _mm256_add_epi32(isum[m], _mm256_madd_epi16(s, sc));
           keep_in_register(isum[m]);  // else GCC sums the 32 products of a block as a tree, on the stack
         }
       }
+#endif
     }
   }
 

@@ -6,6 +6,7 @@
 #include "kernels.h"
 #include "dynamic_for.h"
 #include "gguf_x8.h"
+#include "gguf_x8_gemm.h"
 #include "gguf_common.h"
 #include "gguf_q8k.h"
 #include "simd.h"
@@ -15,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 namespace {
 
@@ -38,20 +40,43 @@ void with_layout(int64_t type, const char* who, Fn&& fn) {
 }
 
 #if defined(TRAM_X8_KERNELS)
+template <typename T>
+TRAM_INLINE void store_outputs(const float* out, const T* bias, T* y, int64_t n0, int64_t rows) {
+  for (int64_t j = 0; j < rows; ++j) {
+    const float b = bias != nullptr ? tram::simd::load1(bias + n0 + j) : 0.0f;
+    tram::simd::store(out[j] + b, y + n0 + j);
+  }
+}
+
+#if defined(TRAM_X8_GEMM)
+// Many rows of x against Q4_K x8: tiles of two groups for gguf_x8_gemm.h's GEMM, each built once.
+template <typename T>
+void linear_gemm(const tram::q8k::Rows& x, int64_t M, int64_t N, int64_t K, const uint8_t* w, const T* bias, T* y) {
+  using tram::x8::kPackRows;
+  const int64_t row_bytes = K / tram::q8k::kBlock * tram::x8::Q4K::kRowBytes;
+  tram::parallel::dynamic_for((N + kPackRows - 1) / kPackRows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n0 = t * kPackRows, rows = std::min(kPackRows, N - n0);
+      tram::x8::gemm_rows(x, 0, M, w, row_bytes, K, n0, rows,
+                          [&](int64_t m, const float* out) { store_outputs(out, bias, y + m * N, n0, rows); });
+    }
+  });
+}
+#endif
+
 template <typename L, typename T>
 void linear(const tram::q8k::Rows& x, int64_t M, int64_t N, int64_t K, const uint8_t* w, const T* bias, T* y) {
+#if defined(TRAM_X8_GEMM)
+  if (std::is_same_v<L, tram::x8::Q4K> && M >= tram::x8::kGemmMinRows) return linear_gemm(x, M, N, K, w, bias, y);
+#endif
   const int64_t blocks = K / tram::q8k::kBlock, group_bytes = blocks * L::kBlockBytes;
   tram::parallel::dynamic_for(N / kRows, kGrainGroups, [&](int64_t begin, int64_t end) {
     for (int64_t mb = 0; mb < M; mb += kXRows) {
       const int64_t me = std::min(M, mb + kXRows);
       for (int64_t g = begin; g < end; ++g) {
         const int64_t n0 = g * kRows;
-        tram::x8::group_times<L>(x, mb, me, w + g * group_bytes, blocks, [&](int64_t m, const float* out) {
-          for (int64_t j = 0; j < kRows; ++j) {
-            const float b = bias != nullptr ? tram::simd::load1(bias + n0 + j) : 0.0f;
-            tram::simd::store(out[j] + b, y + m * N + n0 + j);
-          }
-        });
+        tram::x8::group_times<L>(x, mb, me, w + g * group_bytes, blocks,
+                                 [&](int64_t m, const float* out) { store_outputs(out, bias, y + m * N, n0, kRows); });
       }
     }
   });
@@ -62,18 +87,23 @@ void linear(const tram::q8k::Rows& x, int64_t M, int64_t N, int64_t K, const uin
 
 namespace tram {
 
-bool gguf_x8_preferred() {
-#if defined(TRAM_X8_KERNELS) && !defined(TRAM_Q8K_512)
-  return true;  // AVX2 without the AVX-512 VNNI K-quant kernels
-#else
-  return false;
-#endif
-}
-
 int64_t gguf_x8_type(int64_t ggml_type) {
   if (ggml_type == tram::gguf::kQ4_K) return tram::x8::Q4K::kType;
   if (ggml_type == tram::gguf::kQ6_K) return tram::x8::Q6K::kType;
   return -1;
+}
+
+bool gguf_x8_preferred(int64_t ggml_type) {
+#if defined(TRAM_X8_KERNELS) && !defined(TRAM_Q8K_512)
+  return gguf_x8_type(ggml_type) >= 0;  // AVX2 without the AVX-512 K-quant kernels: both layouts
+#elif defined(TRAM_X8_KERNELS) && defined(TRAM_X8_VNNI)
+  // AVX-512: Q4_K x8 on VNNI multiplies 1-16 rows of x faster than gguf_q8k.h's kernels (many rows
+  // slower, as prefill's attention projections); the six-bit decode makes Q6_K x8 the slower at every
+  // row count, so Q6_K keeps the file's layout.
+  return ggml_type == tram::gguf::kQ4_K;
+#else
+  return false;
+#endif
 }
 
 at::Tensor gguf_x8_pack(const at::Tensor& data, int64_t ggml_type) {

@@ -81,7 +81,7 @@ at::Tensor gguf_x8_unpack(const at::Tensor& packed, int64_t type);
 at::Tensor gguf_x8_linear(const at::Tensor& x, const at::Tensor& packed, int64_t type,
                           const c10::optional<at::Tensor>& bias);
 int64_t gguf_x8_type(int64_t ggml_type);
-bool gguf_x8_preferred();
+bool gguf_x8_preferred(int64_t ggml_type);
 // x [M, K] -> (int8 quants [M, K], scales [M, K / block]): the activations gguf_linear_int8 multiplies
 // (block 32; 256 for the K-quants).
 std::vector<at::Tensor> quantize_activations_int8(const at::Tensor& x, int64_t block);

@@ -7,6 +7,7 @@
 
 #include "gguf_blocks.h"
 #include "gguf_x8.h"
+#include "gguf_x8_gemm.h"
 #include "gguf_q8k.h"
 #include "gguf_q8k_gemm.h"
 #include "prefetch.h"
@@ -17,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 namespace tram::moe {
 
@@ -177,6 +179,18 @@ struct GgufX8Format {
   void group(const tram::q8k::Rows& x, int64_t p_begin, int64_t p_end, int64_t e, int64_t n, const Store& store) const {
     tram::x8::group_times<L>(x, p_begin, p_end, data + (e * N + n) * row_bytes, K / tram::q8k::kBlock, store);
   }
+#if defined(TRAM_X8_GEMM)
+  // Q4_K x8 experts with many tokens: rows n .. n + rows - 1 (rows <= 16) on the 512-bit GEMM, the
+  // same numbers as group(): store(p, out) gets row p's 16 outputs.
+  static constexpr bool kGemm = std::is_same_v<L, tram::x8::Q4K>;
+  template <typename Store>
+  void gemm(const tram::q8k::Rows& x, int64_t p_begin, int64_t p_end, int64_t e, int64_t n, int64_t rows,
+            const Store& store) const {
+    tram::x8::gemm_rows(x, p_begin, p_end, data + e * N * row_bytes, row_bytes, K, n, rows, store);
+  }
+#else
+  static constexpr bool kGemm = false;
+#endif
 };
 
 template <typename L>
