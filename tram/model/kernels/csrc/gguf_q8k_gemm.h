@@ -192,7 +192,7 @@ const PackedBlock<F>* pack_tile(const uint8_t* w, int64_t row_bytes, int64_t row
   return buffer.data();
 }
 
-#elif defined(TRAM_Q8K_KERNELS)
+#elif defined(TRAM_Q8K_KERNELS) && !defined(TRAM_Q8K_512)  // AVX2 (AVX-512 without VNNI: the row kernel alone)
 #define TRAM_Q8K_GEMM 1
 
 // AVX2: 8 rows of W per tile, one int32 lane each; vpmaddubsw multiplies 4 k of all 8 by 4 k of one row

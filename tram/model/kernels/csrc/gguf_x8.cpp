@@ -67,7 +67,9 @@ void linear_gemm(const tram::q8k::Rows& x, int64_t M, int64_t N, int64_t K, cons
 template <typename L, typename T>
 void linear(const tram::q8k::Rows& x, int64_t M, int64_t N, int64_t K, const uint8_t* w, const T* bias, T* y) {
 #if defined(TRAM_X8_GEMM)
-  if (std::is_same_v<L, tram::x8::Q4K> && M >= tram::x8::kGemmMinRows) return linear_gemm(x, M, N, K, w, bias, y);
+  if constexpr (std::is_same_v<L, tram::x8::Q4K>) {
+    if (M >= tram::x8::kGemmMinRows) return linear_gemm(x, M, N, K, w, bias, y);
+  }
 #endif
   const int64_t blocks = K / tram::q8k::kBlock, group_bytes = blocks * L::kBlockBytes;
   tram::parallel::dynamic_for(N / kRows, kGrainGroups, [&](int64_t begin, int64_t end) {
@@ -96,10 +98,10 @@ int64_t gguf_x8_type(int64_t ggml_type) {
 bool gguf_x8_preferred(int64_t ggml_type) {
 #if defined(TRAM_X8_KERNELS) && !defined(TRAM_Q8K_512)
   return gguf_x8_type(ggml_type) >= 0;  // AVX2 without the AVX-512 K-quant kernels: both layouts
-#elif defined(TRAM_X8_KERNELS) && defined(TRAM_X8_VNNI)
-  // AVX-512: Q4_K x8 on VNNI multiplies 1-16 rows of x faster than gguf_q8k.h's kernels (many rows
-  // slower, as prefill's attention projections); the six-bit decode makes Q6_K x8 the slower at every
-  // row count, so Q6_K keeps the file's layout.
+#elif defined(TRAM_X8_GEMM) && defined(TRAM_X8_VNNI)
+  // AVX-512 with VNNI: Q4_K x8 multiplies 1-16 rows of x faster than gguf_q8k.h's kernels, and more rows
+  // take their GEMM (gguf_x8_gemm.h); the six-bit decode keeps Q6_K x8 slower at every row count, so
+  // Q6_K keeps the file's layout.
   return ggml_type == tram::gguf::kQ4_K;
 #else
   return false;

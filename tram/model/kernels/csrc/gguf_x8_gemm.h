@@ -17,7 +17,7 @@
 
 namespace tram::x8 {
 
-#if defined(TRAM_X8_KERNELS) && defined(TRAM_Q8K_GEMM) && defined(TRAM_Q8K_512)
+#if defined(TRAM_X8_KERNELS) && defined(TRAM_Q8K_GEMM) && defined(TRAM_Q8K_512) && defined(__AVX512VNNI__)
 #define TRAM_X8_GEMM 1
 
 using GemmF = tram::q8k::K4<false>;  // the GEMM's Q4_K tile layout
