@@ -113,6 +113,7 @@ def test_falls_back_to_proc_cpuinfo_without_lscpu(monkeypatch: pytest.MonkeyPatc
         "avx512vbmi": True,
         "avx512_bf16": False,
         "amx_bf16": False,
+        "amx_int8": False,
     }
 
 

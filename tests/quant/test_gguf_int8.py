@@ -7,6 +7,10 @@ repacked GEMM give the same bits)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from kernel_checks import assert_batch_and_thread_invariant, assert_close_to_reference
@@ -97,6 +101,39 @@ def test_one_numerics_for_every_batch_thread_count_and_row_count(ggml_type: int)
             together = qw.apply(x, None)
             assert torch.equal(qw.apply(x[100:101], None), together[100:101])
             assert torch.equal(qw.apply(x[60:75], None), together[60:75])
+
+
+@needs_kernels
+@pytest.mark.parametrize("ggml_type", [Q4_K, Q5_K, Q6_K], ids=NAMES.get)
+def test_the_gemm_on_amx_tiles_gives_the_vnni_loops_bits(ggml_type: int):
+    """Where the kernels are built for AMX, the K-quant GEMM multiplies 16 rows of x at a time on tiles, the
+    sub-scales folded into the weights' bytes; rows past a multiple of 16 stay on the vector loop."""
+    kernels = load_cpu_kernels()
+    if not kernels.cpu_amx():
+        pytest.skip("this build or CPU has no AMX tiles")
+    k = 512
+    qw = GGUFWeight(_blocks(ggml_type, 40, k, 7), ggml_type, k, int8_activations=True)
+    x = _x(70, k, 8)
+    try:
+        with torch.inference_mode():
+            tiles = qw.apply(x, None)
+            assert kernels.cpu_amx(False) is False
+            vector = qw.apply(x, None)
+    finally:
+        kernels.cpu_amx(True)
+    assert torch.equal(tiles, vector)
+
+
+@needs_kernels
+def test_tram_cpu_amx_0_keeps_the_tiles_off():
+    """The loaded kernels follow TRAM_CPU_AMX (a fresh process: the switch is read when they load)."""
+    probe = "from tram.model.kernels.cpu_kernels import load_cpu_kernels; print(load_cpu_kernels().cpu_amx())"
+    env = {**os.environ, "TRAM_CPU_AMX": "0"}
+    off = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert off.stdout.split()[-1] == "False"
+    env["TRAM_CPU_AMX"] = "1"
+    on = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert on.stdout.split()[-1] == str(load_cpu_kernels().cpu_amx())
 
 
 def test_without_the_kernels_the_int8_reference_runs(monkeypatch):

@@ -22,7 +22,7 @@ from typing import Any
 # (avx512_vnni or avx_vnni, avx512vbmi), and the bf16 dot-product / matrix instructions that make
 # bfloat16 fast. Spelled as Linux lists them: "avx512vbmi" has no underscore where "avx512_vnni" has
 # one (asking for "avx512_vbmi" reported it missing on CPUs that have it).
-ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512vbmi", "avx512_bf16", "amx_bf16")
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512vbmi", "avx512_bf16", "amx_bf16", "amx_int8")
 
 
 def parse_lscpu(text: str) -> dict[str, Any]:

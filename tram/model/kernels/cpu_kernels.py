@@ -115,6 +115,12 @@ def extension_name() -> str:
 
 
 def _build() -> ModuleType:
+    module = _compile()
+    module.cpu_amx(envs.TRAM_CPU_AMX)
+    return module
+
+
+def _compile() -> ModuleType:
     from torch.utils.cpp_extension import load
 
     name = extension_name()

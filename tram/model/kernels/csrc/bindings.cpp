@@ -66,6 +66,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("packed"), py::arg("type"));
   m.def("gguf_x8_type", &tram::gguf_x8_type, "the repacked type id of a ggml type, -1 where there is none",
         py::arg("ggml_type"));
+  m.def("cpu_amx", &tram::cpu_amx,
+        "whether the K-quant GEMM uses AMX tiles (built for them, granted by the OS, allowed); enable=True/False "
+        "allows or forbids them first",
+        py::arg("enable") = py::none());
   m.def("gguf_x8_preferred", &tram::gguf_x8_preferred,
         "whether this build multiplies a ggml type (Q4_K, Q6_K) faster repacked eight rows at a time",
         py::arg("ggml_type"));

@@ -603,4 +603,14 @@ std::vector<at::Tensor> quantize_activations_int8(const at::Tensor& x, int64_t b
   return {q, d};
 }
 
+bool cpu_amx(c10::optional<bool> enable) {
+#if defined(TRAM_Q8K_AMX)
+  if (enable.has_value()) tram::q8k::amx::enabled.store(*enable);
+  return tram::q8k::amx::usable();
+#else
+  (void)enable;
+  return false;
+#endif
+}
+
 }  // namespace tram

@@ -1,7 +1,8 @@
 // The K-quants times int8 activations for many rows of x (prefills, large decode batches, experts with
 // many tokens): a tile of rows of W repacked so that one instruction multiplies 4 k of every row of the
 // tile by 4 k of one row of x (AVX-512 VNNI: 16 rows, vpdpbusd, 64 products; AVX2: 8 rows, vpmaddubsw
-// then vpmaddwd by the sub-scales, 32), with the sub-scales applied once per sub-block.
+// then vpmaddwd by the sub-scales, 32), with the sub-scales applied once per sub-block. Where the build
+// has AMX, 16 rows of x at a time go to the tile unit instead (amx:: below).
 //
 // Why: gguf_q8k.h's row kernel decodes W again for every few rows of x and reduces per output; at 8-16
 // rows of x and more it is compute-bound far below the cores' integer rate. Here a tile of W is decoded
@@ -15,9 +16,15 @@
 
 #include "gguf_q8k.h"
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace tram::q8k {
 
@@ -115,6 +122,32 @@ TRAM_INLINE void activation_pairs(const int16_t* bs, int32_t* out) {
   }
 }
 
+// Row m of x's block b against a packed block whose exact sums (the scaled quants') are iblk: the pairs'
+// share, then the float steps into acc (and, with minimums, accm). kZeroInI: Q6_K's iblk already holds
+// the zero point's share, so I is iblk.
+template <typename F, bool kZeroInI = false>
+TRAM_INLINE void block_step(const Rows& x, int64_t m, int64_t b, const PackedBlock<F>& pb, __m512i iblk, __m512& acc,
+                            __m512& accm) {
+  if constexpr (kZeroInI && !F::kMins) {
+    const __m512 dx = _mm512_set1_ps(x.d_at(m)[b]);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iblk), _mm512_mul_ps(_mm512_load_ps(pb.d), dx), acc);
+    return;
+  }
+  alignas(32) int32_t ap[8];
+  activation_pairs<F>(x.bs_at(m) + b * (kBlock / kSum), ap);
+  __m512i ipair = _mm512_setzero_si512();
+  for (int p = 0; p < PackedBlock<F>::kPairs; ++p) {
+    ipair = _mm512_dpwssd_epi32(ipair, _mm512_load_si512(pb.pair(p)), _mm512_set1_epi32(ap[p]));
+  }
+  const __m512 dx = _mm512_set1_ps(x.d_at(m)[b]), d = _mm512_load_ps(pb.d);
+  if constexpr (F::kMins) {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iblk), _mm512_mul_ps(d, dx), acc);
+    accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ipair), _mm512_mul_ps(_mm512_load_ps(pb.dmin), dx), accm);
+  } else {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(iblk, ipair)), _mm512_mul_ps(d, dx), acc);
+  }
+}
+
 // y(m, lanes) for rows m0 .. m0 + MB - 1 of x against a packed tile of `blocks` blocks: store(m, out)
 // receives the 16 outputs of row m.
 template <typename F, int64_t MB, typename Store>
@@ -142,22 +175,7 @@ TRAM_INLINE void gemm_rows(const Rows& x, int64_t m0, const PackedBlock<F>* tile
       const __m512i sc = _mm512_load_si512(pb.scale(g));
       for (int64_t m = 0; m < MB; ++m) iblk[m] = _mm512_add_epi32(iblk[m], _mm512_mullo_epi32(ig[m], sc));
     }
-    const __m512 d = _mm512_load_ps(pb.d), dmin = _mm512_load_ps(pb.dmin);
-    for (int64_t m = 0; m < MB; ++m) {
-      alignas(32) int32_t ap[8];
-      activation_pairs<F>(x.bs_at(m0 + m) + b * (kBlock / kSum), ap);
-      __m512i ipair = _mm512_setzero_si512();
-      for (int p = 0; p < P::kPairs; ++p) {
-        ipair = _mm512_dpwssd_epi32(ipair, _mm512_load_si512(pb.pair(p)), _mm512_set1_epi32(ap[p]));
-      }
-      const __m512 dx = _mm512_set1_ps(x.d_at(m0 + m)[b]);
-      if constexpr (F::kMins) {
-        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iblk[m]), _mm512_mul_ps(d, dx), acc[m]);
-        accm[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ipair), _mm512_mul_ps(dmin, dx), accm[m]);
-      } else {
-        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(iblk[m], ipair)), _mm512_mul_ps(d, dx), acc[m]);
-      }
-    }
+    for (int64_t m = 0; m < MB; ++m) block_step<F>(x, m0 + m, b, pb, iblk[m], acc[m], accm[m]);
   }
   for (int64_t m = 0; m < MB; ++m) {
     alignas(64) float out[kPackRows];
@@ -191,6 +209,133 @@ const PackedBlock<F>* pack_tile(const uint8_t* w, int64_t row_bytes, int64_t row
   }
   return buffer.data();
 }
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+#define TRAM_Q8K_AMX 1
+
+// AMX: the tile unit multiplies 16 rows of x by 64 k of the 16 rows of a packed tile in one instruction,
+// 16 times a vpdpbusd's products. It has no room for the sub-scales between groups of k, so they go into
+// the weights: each quant times its sub-scale (Q4_K u * sc; Q6_K (u - 32) * sc with the zero point;
+// exact in int16) split into two bytes, lo = w & 63 and hi = w >> 6, multiplied separately (hi signed).
+// 64 * Hi + Lo is then the VNNI loop's exact integer (Q4_K iblk; Q6_K iblk plus the pairs' share), and
+// the float steps follow as there: the same bits.
+namespace amx {
+
+constexpr int64_t kRowsX = 16;  // rows of x per tile product
+// Rows of x from which splitting the tile pays (at 16 the split costs what the tile unit saves).
+constexpr int64_t kMinRows = 32;
+constexpr int64_t kStepBytes = kPackRows * 4;
+
+// Linux hands a process the tile registers only on request; where it refuses, the VNNI loop runs.
+inline bool granted() {
+  static const bool yes = [] {
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtileData = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtileData) == 0;
+  }();
+  return yes;
+}
+
+inline std::atomic<bool> enabled{true};  // TRAM_CPU_AMX=0 (cpu_amx(False)) keeps the VNNI loop
+
+inline bool usable() { return enabled.load(std::memory_order_relaxed) && granted(); }
+
+// A packed block's quants times their sub-scales, split: the tile unit's B layout (16 steps of 4 k of the
+// 16 rows per 64 k), as PackedBlock::u.
+struct alignas(64) SplitBlock {
+  uint8_t lo[64 * kStepBytes];
+  int8_t hi[64 * kStepBytes];
+};
+
+// A group's sub-scales (an int32 per row) laid over a step's bytes widened by unpacking (part 0: the low
+// 8 bytes of each 128-bit lane, part 1: the high 8): int16 lane j of lane L gets row 4L + 2 * part + j / 4.
+TRAM_INLINE __m512i row_scales(const int32_t* sc, int part) {
+  alignas(64) int16_t idx[32];
+  for (int j = 0; j < 32; ++j) idx[j] = static_cast<int16_t>(4 * (j / 8) + 2 * part + (j % 8) / 4);
+  const __m256i sc16 = _mm512_cvtepi32_epi16(_mm512_load_si512(sc));
+  return _mm512_permutexvar_epi16(_mm512_load_si512(idx), _mm512_castsi256_si512(sc16));
+}
+
+// Unpacking and packing back per 128-bit lane keeps the bytes in place: no cross-lane shuffle per step.
+template <typename F>
+void split_block(const PackedBlock<F>& pb, SplitBlock& out) {
+  using P = PackedBlock<F>;
+  const __m512i low6 = _mm512_set1_epi16(63), none = _mm512_setzero_si512();
+  const __m512i zero = _mm512_set1_epi16(F::kMins ? 0 : 32);  // Q6_K's zero point
+  for (int g = 0; g < P::kGroups; ++g) {
+    const __m512i sa = row_scales(pb.scale(g), 0), sb = row_scales(pb.scale(g), 1);
+    for (int t = g * P::kSteps; t < (g + 1) * P::kSteps; ++t) {
+      const __m512i u = _mm512_load_si512(pb.u + t * kStepBytes);
+      const __m512i wa = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_unpacklo_epi8(u, none), zero), sa);
+      const __m512i wb = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_unpackhi_epi8(u, none), zero), sb);
+      const __m512i lo = _mm512_packus_epi16(_mm512_and_si512(wa, low6), _mm512_and_si512(wb, low6));
+      _mm512_store_si512(out.lo + t * kStepBytes, lo);
+      _mm512_store_si512(out.hi + t * kStepBytes, _mm512_packs_epi16(_mm512_srai_epi16(wa, 6), _mm512_srai_epi16(wb, 6)));
+    }
+  }
+}
+
+template <typename F>
+const SplitBlock* split_tile(const PackedBlock<F>* tile, int64_t blocks) {
+  thread_local std::vector<SplitBlock> buffer;
+  if (static_cast<int64_t>(buffer.size()) < blocks) buffer.resize(static_cast<size_t>(blocks));
+  for (int64_t b = 0; b < blocks; ++b) split_block<F>(tile[b], buffer[static_cast<size_t>(b)]);
+  return buffer.data();
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-1: Lo and Hi (16 rows of x by 16 rows of W, int32); 2: 64 k of 16 rows of x; 3-4: 64 k of
+// lo and of hi. Loaded per call: other code on this thread (oneDNN) configures tiles its own way.
+inline void configure() {
+  TileConfig c;
+  for (int t = 0; t < 5; ++t) c.rows[t] = 16, c.colsb[t] = 64;
+  _tile_loadconfig(&c);
+}
+
+// Block b's Lo and Hi for rows m0 .. m0 + 15 of x, into lo[16][16] and hi[16][16].
+TRAM_INLINE void block_sums(const Rows& x, int64_t m0, int64_t b, const SplitBlock& sb, int32_t* lo, int32_t* hi) {
+  const int8_t* xb = x.q_at(m0) + b * kBlock;
+  _tile_zero(0);
+  _tile_zero(1);
+  for (int j = 0; j < 4; ++j) {
+    _tile_loadd(2, xb + 64 * j, x.ld);
+    _tile_loadd(3, sb.lo + 16 * kStepBytes * j, kStepBytes);
+    _tile_dpbsud(0, 2, 3);
+    _tile_loadd(4, sb.hi + 16 * kStepBytes * j, kStepBytes);
+    _tile_dpbssd(1, 2, 4);
+  }
+  _tile_stored(0, lo, 64);
+  _tile_stored(1, hi, 64);
+}
+
+// gemm_rows<F, 16>'s outputs for rows m0 .. m0 + 15 of x.
+template <typename F, typename Store>
+void gemm_rows(const Rows& x, int64_t m0, const PackedBlock<F>* tile, const SplitBlock* split, int64_t blocks,
+               const Store& store) {
+  __m512 acc[kRowsX], accm[kRowsX];
+  alignas(64) int32_t lo[kRowsX][kPackRows], hi[kRowsX][kPackRows];
+  for (int64_t m = 0; m < kRowsX; ++m) acc[m] = _mm512_setzero_ps(), accm[m] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    block_sums(x, m0, b, split[b], &lo[0][0], &hi[0][0]);
+    for (int64_t m = 0; m < kRowsX; ++m) {
+      const __m512i iblk = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(hi[m]), 6), _mm512_load_si512(lo[m]));
+      block_step<F, true>(x, m0 + m, b, tile[b], iblk, acc[m], accm[m]);
+    }
+  }
+  for (int64_t m = 0; m < kRowsX; ++m) {
+    alignas(64) float out[kPackRows];
+    _mm512_store_ps(out, _mm512_add_ps(acc[m], accm[m]));
+    store(m0 + m, static_cast<const float*>(out));
+  }
+}
+
+}  // namespace amx
+#endif
 
 #elif defined(TRAM_Q8K_KERNELS) && !defined(TRAM_Q8K_512)  // AVX2 (AVX-512 without VNNI: the row kernel alone)
 #define TRAM_Q8K_GEMM 1
@@ -364,6 +509,14 @@ template <typename F, typename Store>
 void gemm_tile(const Rows& x, int64_t m_begin, int64_t m_end, const PackedBlock<F>* tile, int64_t blocks,
                const Store& store) {
   int64_t m = m_begin;
+#if defined(TRAM_Q8K_AMX)
+  if (m_end - m >= amx::kMinRows && amx::usable()) {
+    const amx::SplitBlock* split = amx::split_tile<F>(tile, blocks);
+    amx::configure();
+    for (; m + amx::kRowsX <= m_end; m += amx::kRowsX) amx::gemm_rows<F>(x, m, tile, split, blocks, store);
+    _tile_release();
+  }
+#endif
   for (; m + kGemmRowsX <= m_end; m += kGemmRowsX) gemm_rows<F, kGemmRowsX>(x, m, tile, blocks, store);
   for (; m < m_end; ++m) gemm_rows<F, 1>(x, m, tile, blocks, store);
 }

@@ -82,6 +82,8 @@ at::Tensor gguf_x8_linear(const at::Tensor& x, const at::Tensor& packed, int64_t
                           const c10::optional<at::Tensor>& bias);
 int64_t gguf_x8_type(int64_t ggml_type);
 bool gguf_x8_preferred(int64_t ggml_type);
+// Whether the K-quant GEMM uses AMX tiles; enable (TRAM_CPU_AMX) allows or forbids them first.
+bool cpu_amx(c10::optional<bool> enable);
 // x [M, K] -> (int8 quants [M, K], scales [M, K / block]): the activations gguf_linear_int8 multiplies
 // (block 32; 256 for the K-quants).
 std::vector<at::Tensor> quantize_activations_int8(const at::Tensor& x, int64_t block);
