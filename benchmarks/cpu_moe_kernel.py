@@ -11,12 +11,21 @@ reference is the path such experts took before the kernel took zero points: the 
 by expert on the quantized linear kernels (csrc/quant_linear.cpp).
 
     python benchmarks/cpu_moe_kernel.py [--tokens 1 16 64 512] [--formats bf16 int4 awq] [--threads N] [--quick]
+        [--vllm-python PATH]
+
+--vllm-python adds vLLM's CPU kernel on the same bf16 inputs (vllm_moe_kernel.py, run in vLLM's own
+virtual environment with the thread settings `tram bench throughput --backend vllm` gives it): its ms
+per call and vLLM / kernel, the kernel's speed-up over it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import subprocess
+import tempfile
+from pathlib import Path
 
 import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
 import torch
@@ -24,6 +33,7 @@ import torch.nn.functional as F
 
 from tram.bench.report import machine_summary
 from tram.bench.timing import best_ms
+from tram.bench.vllm_peer import check_python, vllm_env
 from tram.model.kernels.cpu_kernels import load_cpu_kernels
 from tram.model.layers.moe.cpu_kernel import cpu_fused_moe
 from tram.model.layers.moe.experts import ExpertWeights
@@ -79,6 +89,20 @@ def expert_bytes(fmt: ExpertWeights) -> int:
     return per + sum(0 if t is None else t[0].numel() * t.element_size() for t in (fmt.scale, fmt.zero))
 
 
+def vllm_times(python: str, w13: torch.Tensor, w2: torch.Tensor, cases: list[dict], threads: int) -> dict:
+    """vLLM's kernel on the same inputs, in its own environment: {"ms": {tokens: ms}, "isa": ...}."""
+    check_python(python)
+    script = Path(__file__).with_name("vllm_moe_kernel.py")
+    with tempfile.TemporaryDirectory(prefix="tram-vllm-moe-") as tmp:
+        inputs, result = Path(tmp) / "inputs.pt", Path(tmp) / "result.json"
+        torch.save({"w13": w13, "w2": w2, "cases": cases}, inputs)
+        env = {**os.environ, **vllm_env(python, threads, 1)}
+        proc = subprocess.run([python, str(script), str(inputs), str(result)], env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"vLLM's kernel failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        return json.loads(result.read_text())
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64, 512])
@@ -87,6 +111,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
     p.add_argument("--quick", action="store_true", help="fewer calls (1 repeat of 3; 1 call from 512 tokens)")
+    p.add_argument("--vllm-python", help="also time vLLM's CPU kernel (bf16) with this Python (its own venv)")
     args = p.parse_args()
     assert load_cpu_kernels() is not None, "the CPU kernels failed to build"
     if args.threads > 0:
@@ -101,8 +126,7 @@ def main() -> None:
         formats["int4"] = (int4_format(w13), int4_format(w2))
     if "awq" in args.formats:
         formats["awq"] = (awq_format(w13), awq_format(w2))
-    print("| weights | tokens | active experts | kernel ms | kernel GB/s | reference ms | speed-up |")
-    print("|---|---|---|---|---|---|---|")
+    rows, cases = [], []
     for name in args.formats:
         f13, f2 = formats[name]
         for T in args.tokens:
@@ -119,7 +143,23 @@ def main() -> None:
                     ref = best_ms(lambda: reference(x, ids, weights, w13, w2), repeats, calls)
             active = ids.unique().numel()
             gbps = active * (expert_bytes(f13) + expert_bytes(f2)) / ours / 1e6
-            print(f"| {name} | {T} | {active} | {ours:.3f} | {gbps:.1f} | {ref:.3f} | {ref / ours:.2f}x |")
+            rows.append((name, T, active, ours, gbps, ref))
+            if name == "bf16":
+                case = {"x": x, "topk_ids": ids, "topk_weights": weights, "calls": calls, "repeats": repeats}
+                cases.append(case)
+    peer = None
+    if args.vllm_python and cases:
+        peer = vllm_times(args.vllm_python, w13, w2, cases, torch.get_num_threads())
+        print(f"vLLM {peer['vllm_version']}: cpu_fused_moe, isa {peer['isa']}, {peer['threads']} threads\n")
+    head = "| weights | tokens | active experts | kernel ms | kernel GB/s | reference ms | speed-up |"
+    print(head + (" vLLM ms | **vLLM / kernel** |" if peer else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|---|" if peer else ""))
+    for name, T, active, ours, gbps, ref in rows:
+        line = f"| {name} | {T} | {active} | {ours:.3f} | {gbps:.1f} | {ref:.3f} | {ref / ours:.2f}x |"
+        if peer:
+            theirs = peer["ms"].get(str(T)) if name == "bf16" else None
+            line += f" {theirs:.3f} | **{theirs / ours:.2f}x** |" if theirs else " | |"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,11 @@ both for a preset and a `tram bench throughput` workload, measures on this machi
                 a plain streaming read of 512 MiB (torch.sum), the most any kernel could expect
 
 and prints the floor: GEMM FLOPs / GEMM peak + KV bytes / KV read rate. An engine at the floor does
-nothing but its GEMMs and its attention reads, at their best rates, with no host work at all.
+nothing but its GEMMs and its attention reads, at their best rates, with no host work at all. The
+decode steps also read weights: with the requests decoding together from the first step (offline they
+all arrive at once), step s reads every weight once for the requests with more than s output tokens
+(of a mixture of experts only the experts they chose, by uniform routing); those bytes and the KV reads
+at the best streaming rate are the memory floor, and the larger of the two floors counts.
 Given the JSON of a throughput run (--results), it prints each engine's time as a multiple of the
 floor, and the ratio an engine at the floor would reach over the best vLLM configuration: a goal of
 "N times vLLM" above that ratio cannot be met on this machine by any engine.
@@ -38,7 +42,14 @@ import json
 import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
 import torch
 from cpu_decode_attention import make_inputs
-from cpu_decode_floor import moe_layout, run_decode_step
+from cpu_decode_floor import (
+    moe_layout,
+    run_decode_step,
+    step_weight_bytes,
+    stream_read_rate,
+    table_from_config,
+    uniform_distinct,
+)
 from transformers import AutoConfig
 
 from tram.bench.datasets import make_requests
@@ -68,6 +79,17 @@ def workload_counts(cfg, prompt_lens: list[int], output_lens: list[int]) -> dict
         kv_elems += sum(p + j for j in range(1, o))
     kv_elems *= 2 * layers * kv_heads * head_dim
     return {"gemm_flops": gemm_flops, "kv_elements": float(kv_elems), "tokens": float(tokens)}
+
+
+def decode_weight_bytes(cfg, elem: int, output_lens: list[int]) -> float:
+    """Weight bytes the workload's decode steps read: step s (the first output token comes from the
+    prefill) serves the requests with more than s output tokens."""
+    table = table_from_config(cfg, elem)
+    total = 0.0
+    for s in range(1, max(output_lens)):
+        batch = sum(1 for n in output_lens if n > s)
+        total += sum(step_weight_bytes(table, batch, uniform_distinct(cfg, batch)).values())
+    return total
 
 
 def gemm_peak(cfg, dtype: torch.dtype, rows: list[int]) -> float:
@@ -148,15 +170,19 @@ def main() -> None:
         counts = workload_counts(cfg, [r.prompt_len for r in reqs], [r.output_len for r in reqs])
         peak = gemm_peak(cfg, dtype, [512, 2048])
         rate = kv_read_rate(cfg, dtype)
+        stream = stream_read_rate()
     elem = torch.empty((), dtype=dtype).element_size()
     gemm_s = counts["gemm_flops"] / (peak * 1e9)
     attn_s = counts["kv_elements"] * elem / (rate * 1e9)
-    floor = gemm_s + attn_s
+    weight_bytes = decode_weight_bytes(cfg, elem, [r.output_len for r in reqs])
+    weights_s = weight_bytes / (stream * 1e9)
+    floor = max(gemm_s + attn_s, weights_s + attn_s)
     print(machine_summary())
     print(f"{args.model} {args.dtype}, {args.num_prompts} requests ({args.input_len} in, {args.output_len} out)")
     print(f"linear FLOPs {counts['gemm_flops'] / 1e12:.3f} T at a packed peak of {peak:.0f} GFLOP/s: {gemm_s:.2f} s")
     print(f"decode K/V read {counts['kv_elements'] * elem / 1e9:.2f} GB at {rate:.1f} GB/s: {attn_s:.2f} s")
-    print(f"floor: {floor:.2f} s")
+    print(f"decode steps' weight reads {weight_bytes / 1e9:.1f} GB at {stream:.1f} GB/s: {weights_s:.2f} s")
+    print(f"floor: {floor:.2f} s (compute {gemm_s + attn_s:.2f} s, memory {weights_s + attn_s:.2f} s)")
     if args.results:
         report_results(args.results, floor)
 

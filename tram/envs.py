@@ -66,7 +66,7 @@ _DECLARED = (
     # ---- CPU kernels and memory ----
     EnvVar("TRAM_CPU_KERNELS", True, "0 switches the C++ CPU kernels off (pure PyTorch paths)", _on_unless_0),
     EnvVar("TRAM_CPU_MARCH", "native", "the -march the C++ CPU kernels are built for (e.g. x86-64-v3)"),
-    EnvVar("TRAM_CPU_AMX", True, "0 keeps the K-quant GEMM off AMX tiles (AVX-512 VNNI loop instead)", _on_unless_0),
+    EnvVar("TRAM_CPU_AMX", True, "0 keeps the K-quant GEMM and bf16 experts off AMX tiles", _on_unless_0),
     EnvVar("TRAM_CPU_PACKED_LINEAR", True, "0 keeps linear weights unpacked (no oneDNN blocked layout)", _on_unless_0),
     EnvVar(
         "TRAM_GGUF_REPACK",

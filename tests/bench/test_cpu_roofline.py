@@ -55,6 +55,16 @@ def test_moe_workload_counts_only_the_chosen_experts() -> None:
     assert counts["gemm_flops"] == 2 * (4 * per_token + 2 * 8 * 10)
 
 
+def test_decode_weight_bytes_by_hand() -> None:
+    # Outputs of 3 and 2 tokens: the first token of each comes from the prefill, so step 1 serves both
+    # requests and step 2 the first. A step reads the whole dense model (2 B/weight) and one embedding row per
+    # request: per layer q, o 64, k, v 32, MLP 384, norms 16; the final norm 8; the LM head 80.
+    whole = 2 * (64 + 64 + 32 + 32 + 384 + 16) + 8
+    per_step = 2 * (whole + 80)
+    rows = 2 * 8 * (2 + 1)  # embedding rows of 8 weights: 2 at step 1, 1 at step 2
+    assert cpu_roofline.decode_weight_bytes(tiny_config(), 2, [3, 2]) == 2 * per_step + rows
+
+
 def test_expected_distinct_experts_match_uniform_routing() -> None:
     gen = torch.Generator().manual_seed(0)
     for experts, top_k, batch in ((128, 8, 1), (128, 8, 16), (128, 8, 64), (8, 2, 4)):

@@ -67,7 +67,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_x8_type", &tram::gguf_x8_type, "the repacked type id of a ggml type, -1 where there is none",
         py::arg("ggml_type"));
   m.def("cpu_amx", &tram::cpu_amx,
-        "whether the K-quant GEMM uses AMX tiles (built for them, granted by the OS, allowed); enable=True/False "
+        "whether the kernels use AMX tiles (the K-quant GEMM, bfloat16 experts: built for them, granted by the OS, "
+        "allowed); enable=True/False "
         "allows or forbids them first",
         py::arg("enable") = py::none());
   m.def("gguf_x8_preferred", &tram::gguf_x8_preferred,
@@ -90,6 +91,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("w13_format"), py::arg("w13_param"), py::arg("w2"), py::arg("w2_scale"), py::arg("w2_format"),
         py::arg("w2_param"), py::arg("b13"), py::arg("b2"), py::arg("activation"), py::arg("alpha") = 1.702,
         py::arg("limit") = 7.0, py::arg("w13_zero") = py::none(), py::arg("w2_zero") = py::none());
+  m.def("fused_moe_tiles", &tram::fused_moe_tiles,
+        "whether fused_moe multiplies bfloat16 experts of (hidden, intermediate) with several tokens each on AMX "
+        "tiles (built for them, granted by the OS, allowed, sizes multiples of 32)",
+        py::arg("hidden"), py::arg("intermediate"));
   m.def("moe_route", &tram::moe_route,
         "A router's choice (CPU): (logits [T,E], top_k, softmax_first, renormalize) -> (weights [T,k] float32, "
         "ids [T,k] int32), largest weight first; softmax_first: softmax over E then top k (divided by their sum "

@@ -23,18 +23,21 @@
 // tokens. An expert with kGemmTokens tokens or more (prefill) multiplies them with tiled_gemm.h's
 // register-blocked kernel on its tile decoded once to float32; fewer go through quant_rows.h's dot
 // products (gguf_blocks.h's decoders for GGUF), which stream the weights in their stored form
-// (bfloat16 gate/up rows with AVX512-BF16 multiply bf16 x without widening either).
+// (bfloat16 gate/up rows with AVX512-BF16 multiply bf16 x without widening either). Where the CPU has
+// AMX, bfloat16 experts with moe_amx.h's kMinTokens or more go to its tile unit instead.
 //
 // Arithmetic: float32 throughout (vdpbf16ps's bf16 products are exact; it treats subnormal inputs as
 // zero), rounded once to x's dtype at the end. Every output of a projection is computed by one work
 // item in a fixed order (quant_rows.h's two partial sums, or tiled_gemm.h's single FMA chain, chosen
 // by the expert's token count), and out[t] adds its slots' rows in slot order: the result does not
 // depend on the thread count. (It does depend on how many tokens share an expert across kGemmTokens,
-// as quant_linear and quant_gemm differ in the last bits.)
+// as quant_linear and quant_gemm differ in the last bits; on tiles, act is rounded to bfloat16.)
 #include "kernels.h"
 #include "dynamic_for.h"
 #include "gguf_blocks.h"
+#include "moe_amx.h"
 #include "moe_formats.h"
+#include "moe_state.h"
 #include "quant_rows.h"
 #include "simd.h"
 #include "tiled_gemm.h"
@@ -62,38 +65,6 @@ constexpr int64_t kGemmTokens = 8;            // an expert with this many tokens
 constexpr int64_t kPad = 32;                  // x and act rows are zero-padded to a multiple of this
 
 int64_t padded(int64_t k) { return (k + kPad - 1) / kPad * kPad; }
-
-// ---- the call's state ---------------------------------------------------------------------------
-
-struct Activation {
-  int64_t kind;  // 0: silu(gate) * up; 1: gpt-oss's clamped swiglu
-  float alpha, limit;
-  TRAM_INLINE float operator()(float g, float u) const {
-    if (kind == 0) return g / (1.0f + std::exp(-g)) * u;
-    g = std::min(g, limit);
-    u = std::max(std::min(u, limit), -limit);
-    return (u + 1.0f) * (g / (1.0f + std::exp(-alpha * g)));
-  }
-};
-
-struct Moe {
-  int64_t T, H, I, k, E;
-  std::vector<int64_t> start;  // [E + 1]: expert e's pairs are start[e] .. start[e + 1] - 1
-  std::vector<int64_t> pos;    // [T * k]: the pair of slot (t, j), or -1
-  std::vector<float> xg;       // [P, ldh]: each pair's token, float32, zero-padded
-  std::vector<c10::BFloat16> xb;  // [P, ldh]: the same in bfloat16 when x is (AVX512-BF16 builds only)
-  std::vector<float> act;      // [P, ldi]: act(gate, up) per pair, zero-padded
-  std::vector<float> y2;       // [P, H]: each pair's down projection (plus b2)
-  tram::q8k::QuantizedRows xq, aq;  // xg's and act's rows quantized per 256 k (format 4 only)
-  // The work items write disjoint rows and columns of act and y2 through a const Moe.
-  float* act_at(int64_t p) const { return const_cast<float*>(act.data()) + p * ldi; }
-  float* y2_at(int64_t p) const { return const_cast<float*>(y2.data()) + p * H; }
-  int64_t ldh, ldi;
-  const float* b13;  // [E, 2I] float32 or nullptr
-  const float* b2;   // [E, H] float32 or nullptr
-  Activation activation;
-  int64_t count(int64_t e) const { return start[e + 1] - start[e]; }
-};
 
 // fn(integral_constant<MB>, m0) over rows 0 .. M - 1 in groups of four, then the rest as one group.
 template <typename Fn>
@@ -163,7 +134,7 @@ TRAM_INLINE void gate_up_dot(const Fmt& f, const Moe& s, int64_t p, int64_t e, i
   } else {
 #if defined(__AVX512BF16__)
   if constexpr (std::is_same_v<Fmt, FloatFormat<c10::BFloat16>>) {
-    if (!s.xb.empty()) {
+    if (s.has_xb) {
       return tram::rows::dot_tile_bf16<MB, NB>(s.xb.data() + p * s.ldh, s.ldh, f.w + (e * f.N + n) * f.K, f.K, out);
     }
   }
@@ -278,6 +249,11 @@ void gate_up_grouped(const Fmt& f, const Moe& s, int64_t e, int64_t i0, int64_t 
 template <typename Fmt>
 void gate_up_item(const Fmt& f, const Moe& s, int64_t e, int64_t i0) {
   const int64_t r = std::min(kGateRows, s.I - i0);
+#if defined(TRAM_MOE_AMX)
+  if constexpr (std::is_same_v<Fmt, FloatFormat<c10::BFloat16>>) {
+    if (s.on_tiles(e)) return tram::moe::amx_bf16::gate_up(f.w, s, e, i0);
+  }
+#endif
   if constexpr (kGrouped<Fmt>) {
 #if defined(TRAM_X8_GEMM)
     if constexpr (Fmt::kGemm) {
@@ -342,6 +318,11 @@ void down_grouped(const Fmt& f, const Moe& s, int64_t e, int64_t n0, int64_t r) 
 template <typename Fmt>
 void down_item(const Fmt& f, const Moe& s, int64_t e, int64_t n0) {
   const int64_t r = std::min(kDownRows, s.H - n0);
+#if defined(TRAM_MOE_AMX)
+  if constexpr (std::is_same_v<Fmt, FloatFormat<c10::BFloat16>>) {
+    if (s.on_tiles(e)) return tram::moe::amx_bf16::down(f.w, s, e, n0, r);
+  }
+#endif
   if constexpr (kGrouped<Fmt>) {
 #if defined(TRAM_X8_GEMM)
     if constexpr (Fmt::kGemm) {
@@ -468,36 +449,42 @@ void route(Moe& s, const int32_t* ids) {
   for (int64_t e = 0; e < s.E; ++e) cursor[e + 1] += cursor[e];
   s.start = cursor;
   s.pos.assign(static_cast<size_t>(s.T * s.k), -1);
+  s.token.resize(static_cast<size_t>(s.start[s.E]));
   for (int64_t i = 0; i < s.T * s.k; ++i) {
-    if (ids[i] >= 0) s.pos[i] = cursor[ids[i]]++;
+    if (ids[i] >= 0) s.pos[i] = cursor[ids[i]]++, s.token[s.pos[i]] = i / s.k;
   }
 }
 
 // Each pair's token as a float32 row of xg (zero-padded); act's padding zeroed (the down projection
-// reads it); rows are independent, so in parallel.
+// reads it); rows are independent, so in parallel. Pairs of experts on tiles read their own copy.
 // bf16_copy: also keep x in bfloat16 (xb) for float w13's bf16 dot products.
 template <typename T>
 void gather_tokens(Moe& s, const T* x, bool bf16_copy) {
   const int64_t P = s.start[s.E];
-  std::vector<int64_t> token(static_cast<size_t>(P));
-  for (int64_t i = 0; i < s.T * s.k; ++i) {
-    if (s.pos[i] >= 0) token[s.pos[i]] = i / s.k;
+  std::vector<uint8_t> skip(static_cast<size_t>(P), 0);
+  for (int64_t e = 0; e < s.E; ++e) {
+    if (s.on_tiles(e)) std::fill(skip.begin() + s.start[e], skip.begin() + s.start[e + 1], 1);
   }
-  s.xg.resize(static_cast<size_t>(P * s.ldh));
+  s.xg.grow(P * s.ldh);
+  s.has_xb = false;
 #if defined(__AVX512BF16__)
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (bf16_copy) s.xb.assign(static_cast<size_t>(P * s.ldh), c10::BFloat16(0.0f));
-  }
+  if constexpr (std::is_same_v<T, c10::BFloat16>) s.has_xb = bf16_copy;
 #endif
-  s.act.resize(static_cast<size_t>(P * s.ldi));
-  s.y2.resize(static_cast<size_t>(P * s.H));
+  if (s.has_xb) s.xb.grow(P * s.ldh);
+  s.act.grow(P * s.ldi);
+  s.y2.grow(P * s.H);
   at::parallel_for(0, P, 16, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
+      if (skip[p]) continue;
       float* dst = s.xg.data() + p * s.ldh;
-      const T* src = x + token[p] * s.H;
+      const T* src = x + s.token[p] * s.H;
       for (int64_t h = 0; h < s.H; ++h) dst[h] = load1(src + h);
-      if (!s.xb.empty()) std::copy(src, src + s.H, s.xb.data() + p * s.ldh);
       std::fill(dst + s.H, dst + s.ldh, 0.0f);
+      if (s.has_xb) {
+        c10::BFloat16* xb = s.xb.data() + p * s.ldh;
+        std::copy(src, src + s.H, xb);
+        std::fill(xb + s.H, xb + s.ldh, c10::BFloat16(0.0f));
+      }
       std::fill(s.act.data() + p * s.ldi + s.I, s.act.data() + (p + 1) * s.ldi, 0.0f);
     }
   });
@@ -548,9 +535,13 @@ at::Tensor fused_moe(const at::Tensor& x, const at::Tensor& topk_ids, const at::
   TORCH_CHECK(w13.dim() == 3 && w13.size(1) % 2 == 0, "fused_moe: w13 must be [E, 2I, ...]");
   TORCH_CHECK(w13_format != 4 || !tram::x8::is_repacked(w13_param) || w13.size(1) % 16 == 0,
               "fused_moe: repacked w13 needs the intermediate size a multiple of 8");
-  Moe s;
+  // Its buffers are kept for the next call (Scratch). Named through a reference: a lambda names a
+  // thread_local itself on the thread it runs on, where it captures a reference.
+  thread_local Moe state;
+  Moe& s = state;
   s.T = x.size(0), s.H = x.size(1), s.k = topk_ids.size(1), s.E = w13.size(0), s.I = w13.size(1) / 2;
   s.ldh = padded(s.H), s.ldi = padded(s.I);
+  s.tiles.first.clear();  // no expert on tiles unless plan() says so
   s.activation = Activation{activation, static_cast<float>(alpha), static_cast<float>(limit)};
   at::Tensor out = at::empty({s.T, s.H}, x.options());
   at::Tensor b13_keep, b2_keep;
@@ -558,8 +549,16 @@ at::Tensor fused_moe(const at::Tensor& x, const at::Tensor& topk_ids, const at::
   s.b2 = float_bias(b2, s.E, s.H, b2_keep, "b2");
   const at::Tensor xc = x.contiguous(), ids = topk_ids.contiguous(), wts = topk_weights.contiguous();
   route(s, ids.data_ptr<int32_t>());
+#if defined(TRAM_MOE_AMX)
+  const bool tiles = x.scalar_type() == at::kBFloat16 && w13_format == 0 && w2_format == 0 &&
+                     tram::moe::amx_bf16::applies(s.H, s.I);
+  if (tiles) tram::moe::amx_bf16::plan(s);
+#endif
   if (x.scalar_type() == at::kFloat) gather_tokens(s, xc.data_ptr<float>(), false);
   else gather_tokens(s, xc.data_ptr<c10::BFloat16>(), w13_format == 0);
+#if defined(TRAM_MOE_AMX)
+  if (tiles) tram::moe::amx_bf16::pack_all_tokens(s, xc.data_ptr<c10::BFloat16>());
+#endif
   const WeightArg a13{w13, w13_scale, w13_zero, w13_format, w13_param, "w13"};
   const WeightArg a2{w2, w2_scale, w2_zero, w2_format, w2_param, "w2"};
   if (w13_format == 4) s.xq.quantize(s.xg.data(), s.ldh, s.start[s.E], s.H);
@@ -573,6 +572,15 @@ at::Tensor fused_moe(const at::Tensor& x, const at::Tensor& topk_ids, const at::
   if (x.scalar_type() == at::kFloat) combine(s, wts.data_ptr<float>(), out.data_ptr<float>());
   else combine(s, wts.data_ptr<float>(), out.data_ptr<c10::BFloat16>());
   return out;
+}
+
+bool fused_moe_tiles(int64_t hidden, int64_t intermediate) {
+#if defined(TRAM_MOE_AMX)
+  return tram::moe::amx_bf16::applies(hidden, intermediate);
+#else
+  (void)hidden, (void)intermediate;
+  return false;
+#endif
 }
 
 }  // namespace tram

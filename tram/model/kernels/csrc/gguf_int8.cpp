@@ -604,9 +604,9 @@ std::vector<at::Tensor> quantize_activations_int8(const at::Tensor& x, int64_t b
 }
 
 bool cpu_amx(c10::optional<bool> enable) {
-#if defined(TRAM_Q8K_AMX)
-  if (enable.has_value()) tram::q8k::amx::enabled.store(*enable);
-  return tram::q8k::amx::usable();
+#if defined(TRAM_AMX)
+  if (enable.has_value()) tram::amx::enabled.store(*enable);
+  return tram::amx::usable();
 #else
   (void)enable;
   return false;

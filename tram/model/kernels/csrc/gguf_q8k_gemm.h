@@ -14,17 +14,12 @@
 // on which kernel multiplied it.
 #pragma once
 
+#include "amx.h"
 #include "gguf_q8k.h"
 
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <vector>
-
-#if defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 namespace tram::q8k {
 
@@ -210,7 +205,7 @@ const PackedBlock<F>* pack_tile(const uint8_t* w, int64_t row_bytes, int64_t row
   return buffer.data();
 }
 
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+#if defined(TRAM_AMX) && defined(__AMX_INT8__)
 #define TRAM_Q8K_AMX 1
 
 // AMX: the tile unit multiplies 16 rows of x by 64 k of the 16 rows of a packed tile in one instruction,
@@ -226,18 +221,7 @@ constexpr int64_t kRowsX = 16;  // rows of x per tile product
 constexpr int64_t kMinRows = 32;
 constexpr int64_t kStepBytes = kPackRows * 4;
 
-// Linux hands a process the tile registers only on request; where it refuses, the VNNI loop runs.
-inline bool granted() {
-  static const bool yes = [] {
-    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtileData = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtileData) == 0;
-  }();
-  return yes;
-}
-
-inline std::atomic<bool> enabled{true};  // TRAM_CPU_AMX=0 (cpu_amx(False)) keeps the VNNI loop
-
-inline bool usable() { return enabled.load(std::memory_order_relaxed) && granted(); }
+using tram::amx::usable;
 
 // A packed block's quants times their sub-scales, split: the tile unit's B layout (16 steps of 4 k of the
 // 16 rows per 64 k), as PackedBlock::u.
@@ -282,20 +266,9 @@ const SplitBlock* split_tile(const PackedBlock<F>* tile, int64_t blocks) {
   return buffer.data();
 }
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Tiles 0-1: Lo and Hi (16 rows of x by 16 rows of W, int32); 2: 64 k of 16 rows of x; 3-4: 64 k of
-// lo and of hi. Loaded per call: other code on this thread (oneDNN) configures tiles its own way.
-inline void configure() {
-  TileConfig c;
-  for (int t = 0; t < 5; ++t) c.rows[t] = 16, c.colsb[t] = 64;
-  _tile_loadconfig(&c);
-}
+// lo and of hi.
+inline void configure() { tram::amx::configure(5); }
 
 // Block b's Lo and Hi for rows m0 .. m0 + 15 of x, into lo[16][16] and hi[16][16].
 TRAM_INLINE void block_sums(const Rows& x, int64_t m0, int64_t b, const SplitBlock& sb, int32_t* lo, int32_t* hi) {

@@ -82,7 +82,8 @@ at::Tensor gguf_x8_linear(const at::Tensor& x, const at::Tensor& packed, int64_t
                           const c10::optional<at::Tensor>& bias);
 int64_t gguf_x8_type(int64_t ggml_type);
 bool gguf_x8_preferred(int64_t ggml_type);
-// Whether the K-quant GEMM uses AMX tiles; enable (TRAM_CPU_AMX) allows or forbids them first.
+// Whether the kernels use AMX tiles (the K-quant GEMM, bfloat16 experts); enable (TRAM_CPU_AMX) allows or
+// forbids them first.
 bool cpu_amx(c10::optional<bool> enable);
 // x [M, K] -> (int8 quants [M, K], scales [M, K / block]): the activations gguf_linear_int8 multiplies
 // (block 32; 256 for the K-quants).
@@ -97,6 +98,8 @@ at::Tensor fused_moe(const at::Tensor& x, const at::Tensor& topk_ids, const at::
                      int64_t w2_format, int64_t w2_param, const c10::optional<at::Tensor>& b13,
                      const c10::optional<at::Tensor>& b2, int64_t activation, double alpha, double limit,
                      const c10::optional<at::Tensor>& w13_zero, const c10::optional<at::Tensor>& w2_zero);
+// Whether fused_moe multiplies bfloat16 experts of these sizes with several tokens each on AMX tiles.
+bool fused_moe_tiles(int64_t hidden, int64_t intermediate);
 
 // moe_route.cpp: each token's top_k experts ([T, k] int32, largest weight first) and their float32 weights
 // from router logits [T, E]: softmax then top k (renormalised when asked), or top k then softmax.

@@ -35,6 +35,10 @@ _GGUF_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14})
 # activation and the down projection), 16 KiB per slot at hidden 2048; a long prefill goes through in
 # pieces of this many tokens (each still gives its experts tens of tokens to multiply at once).
 MAX_TOKENS_PER_CALL = 1024
+# With bfloat16 experts on AMX tiles a call costs about one read of each active expert's weights, and
+# every piece reads them again, so a step's tokens go in one call up to the default token budget
+# (~110 KiB of buffers per token at hidden 2048, kept for the next call).
+TILE_TOKENS_PER_CALL = 4096
 
 
 def _supported(fmt: ExpertWeights, x: torch.Tensor) -> bool:
@@ -75,6 +79,7 @@ class FusedMoECall:
     module: ModuleType
     dtype: torch.dtype
     args: tuple[Any, ...]  # fused_moe's arguments after (x, topk_ids, topk_weights)
+    max_tokens: int = MAX_TOKENS_PER_CALL  # a longer x goes in pieces of this many tokens
 
     def __call__(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor | None:
         if x.dtype != self.dtype or x.dim() != 2 or kernels_for(x) is None:
@@ -82,9 +87,9 @@ class FusedMoECall:
         ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int32)
         weights = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.to(torch.float32)
         x, ids, weights = x.contiguous(), ids.contiguous(), weights.contiguous()
-        if x.shape[0] <= MAX_TOKENS_PER_CALL:
+        if x.shape[0] <= self.max_tokens:
             return self.module.fused_moe(x, ids, weights, *self.args)
-        step = MAX_TOKENS_PER_CALL
+        step = self.max_tokens
         pieces = [
             self.module.fused_moe(x[i : i + step], ids[i : i + step], weights[i : i + step], *self.args)
             for i in range(0, x.shape[0], step)
@@ -112,7 +117,20 @@ def bind_fused_moe(
         return None
     args = (w13.data, w13.scale, _format(w13), w13.param(), w2.data, w2.scale, _format(w2), w2.param())
     rest = (b13, b2, _ACTIVATIONS[activation], float(alpha), float(limit), w13.zero, w2.zero)
-    return FusedMoECall(module, x.dtype, args + rest)
+    max_tokens = TILE_TOKENS_PER_CALL if experts_on_tiles(x, w13, w2) else MAX_TOKENS_PER_CALL
+    return FusedMoECall(module, x.dtype, args + rest, max_tokens)
+
+
+def experts_on_tiles(x: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights) -> bool:
+    """Whether the kernel multiplies these experts on AMX tiles once they have a few tokens each
+    (bfloat16 x and weights, a CPU with AMX): then it beats the grouped path at every token count."""
+    if x.dtype != torch.bfloat16 or not (w13.kind == w2.kind == "float"):
+        return False
+    if w13.data.dtype != torch.bfloat16 or w2.data.dtype != torch.bfloat16 or w13.data.dim() != 3:
+        return False
+    module = kernels_for(x)
+    tiles = getattr(module, "fused_moe_tiles", None)
+    return tiles is not None and bool(tiles(x.shape[-1], w13.data.shape[1] // 2))
 
 
 def cpu_fused_moe(
