@@ -35,8 +35,8 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Tiles 0 .. count - 1 as 16 rows of 64 bytes. Loaded per call: other code on the thread (oneDNN)
-// configures the tiles its own way.
+// Tiles 0 .. count - 1 as 16 rows of 64 bytes. Loaded per call and released after (_tile_release):
+// other code on the thread (oneDNN) configures the tiles its own way.
 inline void configure(int count) {
   TileConfig c;
   for (int t = 0; t < count; ++t) c.rows[t] = 16, c.colsb[t] = 64;

@@ -161,6 +161,7 @@ inline void gate_up(const BF16* w13, const Moe& s, int64_t e, int64_t i0) {
       }
     }
   }
+  _tile_release();
 }
 
 // Down rows n0 .. n0 + r - 1 of expert e (r a multiple of 32) for all its tokens, into their rows of y2.
@@ -183,6 +184,7 @@ inline void down(const BF16* w2, const Moe& s, int64_t e, int64_t n0, int64_t r)
       }
     }
   }
+  _tile_release();
 }
 
 }  // namespace tram::moe::amx_bf16
