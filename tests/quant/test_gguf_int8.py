@@ -106,22 +106,25 @@ def test_one_numerics_for_every_batch_thread_count_and_row_count(ggml_type: int)
 @needs_kernels
 @pytest.mark.parametrize("ggml_type", [Q4_K, Q5_K, Q6_K], ids=NAMES.get)
 def test_the_gemm_on_amx_tiles_gives_the_vnni_loops_bits(ggml_type: int):
-    """Where the kernels are built for AMX, the K-quant GEMM multiplies 16 rows of x at a time on tiles, the
-    sub-scales folded into the weights' bytes; rows past a multiple of 16 stay on the vector loop."""
+    """Where the kernels are built for AMX, the K-quants multiply rows of x on tiles, the sub-scales folded
+    into the weights' bytes: W as the A operand below 64 rows of x (6, 16 and 37: the last tile padded),
+    as the B operand from 64 (70: rows past a multiple of 16 stay on the vector loop)."""
     kernels = load_cpu_kernels()
     if not kernels.cpu_amx():
         pytest.skip("this build or CPU has no AMX tiles")
     k = 512
     qw = GGUFWeight(_blocks(ggml_type, 40, k, 7), ggml_type, k, int8_activations=True)
-    x = _x(70, k, 8)
-    try:
-        with torch.inference_mode():
-            tiles = qw.apply(x, None)
-            assert kernels.cpu_amx(False) is False
-            vector = qw.apply(x, None)
-    finally:
-        kernels.cpu_amx(True)
-    assert torch.equal(tiles, vector)
+    bias = torch.randn(40, generator=torch.Generator().manual_seed(9))
+    for rows in (6, 16, 37, 70):
+        x = _x(rows, k, 8)
+        try:
+            with torch.inference_mode():
+                tiles = qw.apply(x, bias)
+                assert kernels.cpu_amx(False) is False
+                vector = qw.apply(x, bias)
+        finally:
+            kernels.cpu_amx(True)
+        assert torch.equal(tiles, vector), rows
 
 
 @needs_kernels

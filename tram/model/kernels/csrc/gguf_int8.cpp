@@ -31,6 +31,7 @@
 #include "gguf_x8.h"
 #include "gguf_q8k.h"
 #include "gguf_q8k_gemm.h"
+#include "gguf_q8k_tiles.h"
 #include "prefetch.h"
 #include "simd.h"
 
@@ -392,6 +393,42 @@ void q8k_gemm(const tram::q8k::Rows& x, int64_t M, const Args& a) {
 }
 #endif
 
+#if defined(TRAM_Q8K_TILES)
+// Rows of x on AMX tiles: x laid out once per call, each tile of 16 rows of W decoded once into A tiles.
+template <typename F, typename T>
+void q8k_tiles(const tram::q8k::Rows& x, int64_t M, const Args& a) {
+  namespace tiles = tram::q8k::tiles;
+  thread_local tiles::XTiles kept;
+  tiles::XTiles& xt = kept;  // the lambda runs on other threads: each would name its own thread_local
+  const int64_t count = (a.N + tiles::kRowsW - 1) / tiles::kRowsW;
+  tiles::build_x<F>(x, M, a.K / tram::q8k::kBlock, xt);
+  const T* bias = static_cast<const T*>(a.bias);
+  T* y = static_cast<T*>(a.y);
+  tram::parallel::dynamic_for(count, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n0 = t * tiles::kRowsW, rows = std::min(tiles::kRowsW, a.N - n0);
+      tiles::gemm_rows<F>(xt, M, a.w + n0 * a.row_bytes, a.row_bytes, rows, [&](int64_t m, const float* out) {
+        for (int64_t j = 0; j < rows; ++j) {
+          store(out[j] + (bias != nullptr ? load1(bias + n0 + j) : 0.0f), y + m * a.N + n0 + j);
+        }
+      });
+    }
+  });
+}
+
+// Whether M rows of x times a K-quant F take the tiles.
+template <typename F>
+bool on_tiles(int64_t M) {
+  namespace tiles = tram::q8k::tiles;
+  return M >= tiles::min_rows<F>() && M < tiles::kMaxRows && tiles::usable();
+}
+#else
+template <typename F>
+bool on_tiles(int64_t) {
+  return false;
+}
+#endif
+
 // Outputs begin .. end - 1 of every row of x, on the row kernel.
 template <typename F, typename T>
 void q8k_rows(const tram::q8k::Rows& x, int64_t M, const Args& a, int64_t begin, int64_t end) {
@@ -417,6 +454,9 @@ void q8k_rows(const tram::q8k::Rows& x, int64_t M, const Args& a, int64_t begin,
 
 template <typename F, typename T>
 void q8k_linear(const tram::q8k::Rows& x, int64_t M, const Args& a) {
+#if defined(TRAM_Q8K_TILES)
+  if (on_tiles<F>(M)) return q8k_tiles<F, T>(x, M, a);
+#endif
 #if defined(TRAM_Q8K_GEMM)
   if (M >= tram::q8k::kGemmMinRows) return q8k_gemm<F, T>(x, M, a);
 #endif
@@ -550,6 +590,11 @@ std::vector<at::Tensor> gguf_linear_int8_n(const at::Tensor& x, const std::vecto
   together = together && M < tram::q8k::kGemmMinRows;  // the GEMM repacks per weight: one call each
 #endif
   for (const int64_t type : ggml_types) together = together && is_kquant(type);
+#if defined(TRAM_Q8K_KERNELS)
+  for (const int64_t type : ggml_types) {  // so do the tiles
+    if (together) tram::q8k::with_kquant(type, [&](auto fmt) { together = !on_tiles<decltype(fmt)>(M); });
+  }
+#endif
   std::vector<at::Tensor> ys;
   if (!together) {
     for (size_t i = 0; i < data.size(); ++i) ys.push_back(gguf_linear_int8(x, data[i], ggml_types[i], biases[i]));
