@@ -416,17 +416,12 @@ void q8k_tiles(const tram::q8k::Rows& x, int64_t M, const Args& a) {
   });
 }
 
-// Whether M rows of x times a K-quant F take the tiles.
-template <typename F>
-bool on_tiles(int64_t M) {
-  namespace tiles = tram::q8k::tiles;
-  return M >= tiles::min_rows<F>() && M < tiles::kMaxRows && tiles::usable();
+// Whether M rows of x take the tiles.
+inline bool on_tiles(int64_t M) {
+  return M >= tram::q8k::tiles::kMinRows && M < tram::q8k::tiles::kMaxRows && tram::q8k::tiles::usable();
 }
 #else
-template <typename F>
-bool on_tiles(int64_t) {
-  return false;
-}
+inline bool on_tiles(int64_t) { return false; }
 #endif
 
 // Outputs begin .. end - 1 of every row of x, on the row kernel.
@@ -455,7 +450,7 @@ void q8k_rows(const tram::q8k::Rows& x, int64_t M, const Args& a, int64_t begin,
 template <typename F, typename T>
 void q8k_linear(const tram::q8k::Rows& x, int64_t M, const Args& a) {
 #if defined(TRAM_Q8K_TILES)
-  if (on_tiles<F>(M)) return q8k_tiles<F, T>(x, M, a);
+  if (on_tiles(M)) return q8k_tiles<F, T>(x, M, a);
 #endif
 #if defined(TRAM_Q8K_GEMM)
   if (M >= tram::q8k::kGemmMinRows) return q8k_gemm<F, T>(x, M, a);
@@ -588,13 +583,9 @@ std::vector<at::Tensor> gguf_linear_int8_n(const at::Tensor& x, const std::vecto
   together = false;
 #elif defined(TRAM_Q8K_GEMM)
   together = together && M < tram::q8k::kGemmMinRows;  // the GEMM repacks per weight: one call each
+  together = together && !on_tiles(M);  // the tiles decode per weight as well
 #endif
   for (const int64_t type : ggml_types) together = together && is_kquant(type);
-#if defined(TRAM_Q8K_KERNELS)
-  for (const int64_t type : ggml_types) {  // so do the tiles
-    if (together) tram::q8k::with_kquant(type, [&](auto fmt) { together = !on_tiles<decltype(fmt)>(M); });
-  }
-#endif
   std::vector<at::Tensor> ys;
   if (!together) {
     for (size_t i = 0; i < data.size(); ++i) ys.push_back(gguf_linear_int8(x, data[i], ggml_types[i], biases[i]));

@@ -4,7 +4,7 @@
 // Why: gguf_q8k_gemm.h's tile path builds B tiles of W (its quants transposed 4 k at a time across 16
 // rows, then split), three passes per weight that cost what the tile unit saves below 32 rows of x, so
 // a decode batch of 16 (the LM head above all: 311M Q6_K weights read for 16 rows of x) stayed on the
-// vpdpbusd loop, compute-bound at ~3x its bytes' time. As the A operand a row of W is its 64 k in order,
+// vpdpbusd loop, compute-bound far above its bytes' time. As the A operand a row of W is its 64 k in order,
 // as the block reader decodes them: one pass, the split in registers. x, small, takes the transposes.
 //
 // Numerics: as gguf_q8k_gemm.h's tile path, each quant times its sub-scale (Q6_K with its zero point) is
@@ -27,11 +27,10 @@ namespace tram::q8k::tiles {
 constexpr int64_t kRowsW = 16;  // rows of W per tile: the A operand's rows
 constexpr int64_t kRowsX = 16;  // rows of x per tile: the B operand's columns
 constexpr int64_t kChunks = kBlock / 64;  // tile products per block: 64 k each
-// Rows of x on the tiles, [min_rows, kMaxRows): a tile of x costs the same for 1 row as for 16, so
-// below min_rows the vpdpbusd loop (Q6_K's dearer per row) is faster; from kMaxRows gguf_q8k_gemm.h's
-// split tiles, which load W once for every 16 rows of x, are as fast.
-template <typename F>
-constexpr int64_t min_rows() { return F::kMins ? 8 : 5; }
+// Rows of x on the tiles, [kMinRows, kMaxRows): a tile of x costs the same for 1 row as for 16, so
+// below kMinRows the vpdpbusd loop is faster; from kMaxRows gguf_q8k_gemm.h's split tiles, which load
+// W once for every 16 rows of x, are as fast.
+constexpr int64_t kMinRows = 5;
 constexpr int64_t kMaxRows = 64;
 
 using tram::amx::usable;
@@ -44,7 +43,8 @@ struct XTiles {
   std::vector<int8_t> q;
   std::vector<float> dx;
   std::vector<int32_t> pairs;
-  const int8_t* chunk(int64_t t, int64_t b, int64_t c) const { return q.data() + ((t * blocks + b) * kChunks + c) * 1024; }
+  int64_t at(int64_t t, int64_t b, int64_t c) const { return ((t * blocks + b) * kChunks + c) * 1024; }
+  const int8_t* chunk(int64_t t, int64_t b, int64_t c) const { return q.data() + at(t, b, c); }
   const float* d(int64_t t, int64_t b) const { return dx.data() + (t * blocks + b) * kRowsX; }
   const int32_t* pair(int64_t t, int64_t b, int p) const { return pairs.data() + ((t * blocks + b) * 4 + p) * kRowsX; }
 };
@@ -61,7 +61,7 @@ void build_x(const Rows& x, int64_t M, int64_t blocks, XTiles& out) {
     for (int64_t b = 0; b < blocks; ++b) {
       const int8_t* src = x.q_at(m) + b * kBlock;
       for (int64_t c = 0; c < kChunks; ++c) {
-        int8_t* dst = const_cast<int8_t*>(out.chunk(t, b, c)) + 4 * i;
+        int8_t* dst = out.q.data() + out.at(t, b, c) + 4 * i;
         for (int64_t s = 0; s < 16; ++s) std::memcpy(dst + 64 * s, src + 64 * c + 4 * s, 4);
       }
       out.dx[static_cast<size_t>((t * blocks + b) * kRowsX + i)] = x.d_at(m)[b];

@@ -49,7 +49,12 @@ constexpr int64_t kAhead = 8;
 // Whether the call's experts may go to tiles: bfloat16 x and weights, H and I whole blocks of k.
 inline bool applies(int64_t H, int64_t I) { return H % kK == 0 && I % kK == 0 && tram::amx::usable(); }
 
-// Which experts take the tiles, and room for their tokens (in pairs of tiles: see product_2x2).
+// Expert e's tiles of tokens: those holding them, and those kept for them (an even count: product_2x2
+// takes two at a time; an odd one's last is zeros).
+inline int64_t token_tiles(const Moe& s, int64_t e) { return (s.count(e) + kTokens - 1) / kTokens; }
+inline int64_t kept_tiles(const Moe& s, int64_t e) { return 2 * ((s.count(e) + 2 * kTokens - 1) / (2 * kTokens)); }
+
+// Which experts take the tiles, and room for their tokens.
 inline void plan(Moe& s) {
   TileTokens& t = s.tiles;
   t.first.assign(static_cast<size_t>(s.E), -1);
@@ -57,7 +62,7 @@ inline void plan(Moe& s) {
   for (int64_t e = 0; e < s.E; ++e) {
     if (s.count(e) < kMinTokens) continue;
     t.first[e] = t.tiles;
-    t.tiles += 2 * ((s.count(e) + 2 * kTokens - 1) / (2 * kTokens));
+    t.tiles += kept_tiles(s, e);
   }
   t.x.grow(t.tiles * (s.H / kK) * kTileWords);
   t.act.grow(t.tiles * (s.I / kK) * kTileWords);
@@ -80,12 +85,12 @@ inline void pack_all_tokens(const Moe& s, const BF16* x) {
   std::vector<std::pair<int64_t, int64_t>> items;
   for (int64_t e = 0; e < s.E; ++e) {
     if (!s.on_tiles(e)) continue;
-    for (int64_t t = 0; t < (s.count(e) + kTokens - 1) / kTokens; ++t) items.emplace_back(e, t);
+    for (int64_t t = 0; t < token_tiles(s, e); ++t) items.emplace_back(e, t);
   }
   // The last tile of an expert with an odd number of them stays unwritten above: zero it here.
   for (int64_t e = 0; e < s.E; ++e) {
-    if (!s.on_tiles(e) || (s.count(e) + kTokens - 1) / kTokens % 2 == 0) continue;
-    const int64_t last = s.tiles.first[e] + (s.count(e) + kTokens - 1) / kTokens;
+    if (!s.on_tiles(e) || token_tiles(s, e) == kept_tiles(s, e)) continue;
+    const int64_t last = s.tiles.first[e] + token_tiles(s, e);
     uint32_t* out = s.tiles.x.data() + last * (s.H / kK) * kTileWords;
     std::fill(out, out + (s.H / kK) * kTileWords, 0u);
   }
@@ -145,7 +150,7 @@ inline void gate_up(const BF16* w13, const Moe& s, int64_t e, int64_t i0) {
     const int64_t n = i0 + 16 * half;
     const BF16* gate = w13 + (e * 2 * s.I + n) * s.H;
     const BF16* up = gate + s.I * s.H;
-    for (int64_t tile = 0; tile < 2 * ((s.count(e) + 2 * kTokens - 1) / (2 * kTokens)); tile += 2) {
+    for (int64_t tile = 0; tile < kept_tiles(s, e); tile += 2) {
       const uint32_t* b0 = s.tiles.x.data() + (first + tile) * hb * kTileWords;
       product_2x2(gate, up, s.H, b0, b0 + hb * kTileWords, hb, c);
       for (int64_t h = 0; h < 2; ++h) {
@@ -171,7 +176,7 @@ inline void down(const BF16* w2, const Moe& s, int64_t e, int64_t n0, int64_t r)
   alignas(64) float c[4][256];
   for (int64_t n = n0; n < n0 + r; n += 32) {
     const BF16* a0 = w2 + (e * s.H + n) * s.I;
-    for (int64_t tile = 0; tile < 2 * ((s.count(e) + 2 * kTokens - 1) / (2 * kTokens)); tile += 2) {
+    for (int64_t tile = 0; tile < kept_tiles(s, e); tile += 2) {
       const uint32_t* b0 = s.tiles.act.data() + (first + tile) * ib * kTileWords;
       product_2x2(a0, a0 + 16 * s.I, s.I, b0, b0 + ib * kTileWords, ib, c);
       for (int64_t q = 0; q < 4; ++q) {
