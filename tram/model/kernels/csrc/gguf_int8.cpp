@@ -453,7 +453,7 @@ void q8k_linear(const tram::q8k::Rows& x, int64_t M, const Args& a) {
   if (on_tiles(M)) return q8k_tiles<F, T>(x, M, a);
 #endif
 #if defined(TRAM_Q8K_GEMM)
-  if (M >= tram::q8k::kGemmMinRows) return q8k_gemm<F, T>(x, M, a);
+  if (M >= tram::q8k::kGemmMinRows<F>) return q8k_gemm<F, T>(x, M, a);
 #endif
   tram::parallel::dynamic_for(a.N, kGrainRows, [&](int64_t begin, int64_t end) { q8k_rows<F, T>(x, M, a, begin, end); });
 }
@@ -582,7 +582,7 @@ std::vector<at::Tensor> gguf_linear_int8_n(const at::Tensor& x, const std::vecto
 #if !defined(TRAM_Q8K_KERNELS)
   together = false;
 #elif defined(TRAM_Q8K_GEMM)
-  together = together && M < tram::q8k::kGemmMinRows;  // the GEMM repacks per weight: one call each
+  together = together && M < tram::q8k::kGemmMinRowsAny;  // the GEMM repacks per weight: one call each
   together = together && !on_tiles(M);  // the tiles decode per weight as well
 #endif
   for (const int64_t type : ggml_types) together = together && is_kquant(type);

@@ -469,12 +469,18 @@ __attribute__((noinline)) void gemm_rows(const Rows& x, int64_t m0, const Packed
 
 #if defined(TRAM_Q8K_GEMM)
 constexpr int64_t kGemmRowsX = 4;  // rows of x per register tile (2, 6 or 8 measured no faster)
-// Rows of x from which repacking W pays: the AVX2 pack (and its 8-row tiles) costs more, and the GEMM
-// only matches the row kernel at 8 rows there.
+// Rows of x from which repacking W (of block type F) pays. AVX-512: from 5 for Q4_K/Q5_K; Q6_K's row
+// kernel takes 5 or 6 rows in two passes over W as fast as the GEMM packs its tile, 7 in three
+// (docs/benchmarks.md, "On an AVX-512 CPU without AMX"). AVX2: the pack (and its 8-row tiles) costs
+// more, and the GEMM only matches the row kernel at 16 rows.
 #if defined(TRAM_Q8K_512)
-constexpr int64_t kGemmMinRows = 8;
+template <typename F>
+inline constexpr int64_t kGemmMinRows = F::kMins ? 5 : 7;
+constexpr int64_t kGemmMinRowsAny = 5;  // the fewest over the types
 #else
-constexpr int64_t kGemmMinRows = 16;
+template <typename F>
+inline constexpr int64_t kGemmMinRows = 16;
+constexpr int64_t kGemmMinRowsAny = 16;
 #endif
 
 // Rows m_begin .. m_end - 1 of x against a packed tile, in register tiles of kGemmRowsX rows.

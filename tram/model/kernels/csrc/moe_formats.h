@@ -130,6 +130,7 @@ struct GgufFormat {
 // on how many share its expert.
 template <typename F>
 struct GgufQ8KFormat {
+  using Block = F;
   const uint8_t* data;
   int64_t N, K, row_bytes;
   template <int64_t MB, int64_t NB>

@@ -231,7 +231,7 @@ void gate_up_item(const Fmt& f, const Moe& s, int64_t e, int64_t i0) {
       if (s.count(e) >= kGemmTokens) return gate_up_gemm(f, s, e, i0, r);
     } else {
 #if defined(TRAM_Q8K_GEMM)
-      if (s.count(e) >= tram::q8k::kGemmMinRows) return gate_up_int8_gemm(f, s, e, i0, r);
+      if (s.count(e) >= tram::q8k::kGemmMinRows<typename Fmt::Block>) return gate_up_int8_gemm(f, s, e, i0, r);
 #endif
     }
     row_tiles(s.count(e), i0, r, [&](auto nb, int64_t n) { gate_up_rows<decltype(nb)::value>(f, s, e, n); });
@@ -300,7 +300,7 @@ void down_item(const Fmt& f, const Moe& s, int64_t e, int64_t n0) {
       if (s.count(e) >= kGemmTokens) return down_gemm(f, s, e, n0, r);
     } else {
 #if defined(TRAM_Q8K_GEMM)
-      if (s.count(e) >= tram::q8k::kGemmMinRows) return down_int8_gemm(f, s, e, n0, r);
+      if (s.count(e) >= tram::q8k::kGemmMinRows<typename Fmt::Block>) return down_int8_gemm(f, s, e, n0, r);
 #endif
     }
     row_tiles(s.count(e), n0, r, [&](auto nb, int64_t n) { down_rows<decltype(nb)::value>(f, s, e, n); });
