@@ -15,7 +15,10 @@ nothing but its GEMMs and its attention reads, at their best rates, with no host
 decode steps also read weights: with the requests decoding together from the first step (offline they
 all arrive at once), step s reads every weight once for the requests with more than s output tokens
 (of a mixture of experts only the experts they chose, by uniform routing); those bytes and the KV reads
-at the best streaming rate are the memory floor, and the larger of the two floors counts.
+at the best streaming rate are the memory floor, and the larger of the two floors counts. The floor by
+phase is the schedule both engines run (every prompt prefilled, then the decode steps, layer after
+layer): the prefill's FLOPs, then per step the LM head and the other weights each at the slower of
+their FLOPs and their reads; where a step's LM head is compute-bound it is the higher of the two.
 Given the JSON of a throughput run (--results), it prints each engine's time as a multiple of the
 floor, and the ratio an engine at the floor would reach over the best vLLM configuration: a goal of
 "N times vLLM" above that ratio cannot be met on this machine by any engine.
@@ -60,16 +63,25 @@ from tram.model.kernels.cpu_kernels import load_cpu_kernels, paged_decode_attent
 from tram.model.layers.cpu_packed import pack_weight, packed_linear
 
 
-def workload_counts(cfg, prompt_lens: list[int], output_lens: list[int]) -> dict[str, float]:
-    """Linear-layer FLOPs and decode K/V elements read, from the model's config."""
+def token_macs(cfg) -> int:
+    """Multiply-adds of one token through every layer's linears (not the LM head)."""
     h, inter, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or h // heads
-    per_token = layers * (h * heads * head_dim * 2 + 2 * h * kv_heads * head_dim + 3 * h * inter)  # MACs
+    per_token = layers * (h * heads * head_dim * 2 + 2 * h * kv_heads * head_dim + 3 * h * inter)
     moe = moe_layout(cfg)
     if moe is not None:  # a sparse layer runs its router and top_k experts instead of the dense MLP
         sparse_mlp = h * moe.num_experts + moe.top_k * 3 * h * moe.intermediate
         per_token += len(moe.sparse_layers) * (sparse_mlp - 3 * h * inter)
+    return per_token
+
+
+def workload_counts(cfg, prompt_lens: list[int], output_lens: list[int]) -> dict[str, float]:
+    """Linear-layer FLOPs and decode K/V elements read, from the model's config."""
+    h, layers = cfg.hidden_size, cfg.num_hidden_layers
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or h // heads
+    per_token = token_macs(cfg)
     tokens = sum(prompt_lens) + sum(output_lens) - len(prompt_lens)  # the last output token is never fed
     lm_rows = sum(output_lens)  # one logits row per sampled token
     gemm_flops = 2.0 * (tokens * per_token + lm_rows * h * cfg.vocab_size)
@@ -90,6 +102,28 @@ def decode_weight_bytes(cfg, elem: int, output_lens: list[int]) -> float:
         batch = sum(1 for n in output_lens if n > s)
         total += sum(step_weight_bytes(table, batch, uniform_distinct(cfg, batch)).values())
     return total
+
+
+def floor_by_phase(
+    cfg, elem: int, prompt_lens: list[int], output_lens: list[int], peak: float, stream: float
+) -> dict[str, float]:
+    """Seconds of an engine that prefills every prompt before it decodes and runs its layers one after
+    another (both engines' schedule for an offline batch): the prefill's FLOPs at the GEMM peak (it
+    reads its weights once, far below its compute), then per decode step the LM head and the other
+    weights each at the slower of their FLOPs (peak, GFLOP/s) and their bytes (stream, GB/s). A
+    module's compute does not hide another's reads, so where the head is compute-bound (bf16 without
+    AMX, batch 16 and up) this floor is above the whole-workload one. K/V reads are not counted."""
+    h, vocab, per_token = cfg.hidden_size, cfg.vocab_size, token_macs(cfg)
+    flops_s, bytes_s = 1.0 / (peak * 1e9), 1.0 / (stream * 1e9)
+    prefill = 2.0 * (sum(prompt_lens) * per_token + len(prompt_lens) * h * vocab) * flops_s
+    table, decode = table_from_config(cfg, elem), 0.0
+    for s in range(1, max(output_lens)):
+        batch = sum(1 for n in output_lens if n > s)
+        parts = step_weight_bytes(table, batch, uniform_distinct(cfg, batch))
+        head = max(parts["lm_head"] * bytes_s, 2.0 * batch * h * vocab * flops_s)
+        rest_bytes = parts["experts"] + parts["whole"] + parts["embedding"]
+        decode += head + max(rest_bytes * bytes_s, 2.0 * batch * per_token * flops_s)
+    return {"prefill": prefill, "decode": decode}
 
 
 def gemm_peak(cfg, dtype: torch.dtype, rows: list[int]) -> float:
@@ -177,29 +211,38 @@ def main() -> None:
     weight_bytes = decode_weight_bytes(cfg, elem, [r.output_len for r in reqs])
     weights_s = weight_bytes / (stream * 1e9)
     floor = max(gemm_s + attn_s, weights_s + attn_s)
+    prompt_lens, output_lens = [r.prompt_len for r in reqs], [r.output_len for r in reqs]
+    phases = floor_by_phase(cfg, elem, prompt_lens, output_lens, peak, stream)
+    phased = phases["prefill"] + phases["decode"] + attn_s
     print(machine_summary())
     print(f"{args.model} {args.dtype}, {args.num_prompts} requests ({args.input_len} in, {args.output_len} out)")
     print(f"linear FLOPs {counts['gemm_flops'] / 1e12:.3f} T at a packed peak of {peak:.0f} GFLOP/s: {gemm_s:.2f} s")
     print(f"decode K/V read {counts['kv_elements'] * elem / 1e9:.2f} GB at {rate:.1f} GB/s: {attn_s:.2f} s")
     print(f"decode steps' weight reads {weight_bytes / 1e9:.1f} GB at {stream:.1f} GB/s: {weights_s:.2f} s")
     print(f"floor: {floor:.2f} s (compute {gemm_s + attn_s:.2f} s, memory {weights_s + attn_s:.2f} s)")
+    print(
+        f"floor by phase: {phased:.2f} s (prefill {phases['prefill']:.2f} s, decode steps {phases['decode']:.2f} s, "
+        f"K/V {attn_s:.2f} s)"
+    )
     if args.results:
-        report_results(args.results, floor)
+        report_results(args.results, {"floor": floor, "floor by phase": phased})
 
 
-def report_results(path: str, floor: float) -> None:
+def report_results(path: str, floors: dict[str, float]) -> None:
+    """Each engine's best round as a multiple of each floor, and what an engine at it would be over vLLM."""
     with open(path, encoding="utf-8") as f:
         results = json.load(f)["results"]
     best: dict[str, float] = {}
     for r in results:
         best[r["backend"]] = min(best.get(r["backend"], float("inf")), r["seconds"])
-    print("\n| engine | seconds | x floor |\n|---|---|---|")
+    print("\n| engine | seconds | " + " | ".join(f"x {name}" for name in floors) + " |")
+    print("|---|---|" + "---|" * len(floors))
     for name, sec in best.items():
-        print(f"| {name} | {sec:.2f} | {sec / floor:.2f} |")
+        print(f"| {name} | {sec:.2f} | " + " | ".join(f"{sec / f:.2f}" for f in floors.values()) + " |")
     vllm = [s for n, s in best.items() if n.startswith("vllm")]
-    if vllm:
+    for name, floor in floors.items() if vllm else ():
         print(
-            f"\nan engine at the floor would be {min(vllm) / floor:.2f}x the best vLLM configuration"
+            f"an engine at the {name} would be {min(vllm) / floor:.2f}x the best vLLM configuration"
             + (f"; Tram is {min(vllm) / best['tram']:.2f}x" if "tram" in best else "")
         )
 

@@ -118,7 +118,31 @@ def test_report_uses_each_engines_best_round(tmp_path: Path, capsys: pytest.Capt
             }
         )
     )
-    cpu_roofline.report_results(str(path), floor=2.5)
+    cpu_roofline.report_results(str(path), {"floor": 2.5, "floor by phase": 3.75})
     out = capsys.readouterr().out
-    assert "| tram | 5.00 | 2.00 |" in out
+    assert "| tram | 5.00 | 2.00 | 1.33 |" in out
     assert "an engine at the floor would be 3.00x the best vLLM configuration; Tram is 1.50x" in out
+    assert "an engine at the floor by phase would be 2.00x the best vLLM configuration" in out
+
+
+def test_floor_by_phase_by_hand() -> None:
+    # Prompts of 3 and 5 tokens, outputs of 3 and 2: the prefill feeds 8 tokens and samples 2 LM-head
+    # rows; decode step 1 serves both requests, step 2 the first. 1 GFLOP/s and 1 GB/s make seconds
+    # of FLOPs and bytes directly.
+    cfg = tiny_config()
+    per_token = 64 + 64 + 32 + 32 + 384  # MACs per layer, as in test_workload_counts_by_hand
+    per_token *= 2
+    phases = cpu_roofline.floor_by_phase(cfg, 2, [3, 5], [3, 2], peak=1.0, stream=1.0)
+    assert phases["prefill"] == pytest.approx(2 * (8 * per_token + 2 * 8 * 10) / 1e9)
+    whole = 2 * (2 * (64 + 64 + 32 + 32 + 384 + 16) + 8)  # bytes, as in test_decode_weight_bytes_by_hand
+    decode = 0.0
+    for batch in (2, 1):
+        head = max(2 * 10 * 8, 2 * batch * 8 * 10)  # 160 bytes; 160 or 320 FLOPs
+        rest = max(whole + 2 * 8 * batch, 2 * batch * per_token)
+        decode += head + rest
+    assert phases["decode"] == pytest.approx(decode / 1e9)
+    # At batch 2 the FLOPs outweigh the bytes, at batch 1 the rest's bytes its FLOPs: the phases add up
+    # to more than the larger of the workload's whole FLOPs and whole reads.
+    flops = cpu_roofline.workload_counts(cfg, [3, 5], [3, 2])["gemm_flops"] / 1e9
+    reads = cpu_roofline.decode_weight_bytes(cfg, 2, [3, 2]) / 1e9
+    assert phases["prefill"] + phases["decode"] > max(flops, reads)
