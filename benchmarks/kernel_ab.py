@@ -3,6 +3,7 @@
 
     python benchmarks/kernel_ab.py BEFORE.so AFTER.so [--rows 1 4 16 64 256] [--tensors lm_head attn_q o]
     python benchmarks/kernel_ab.py BEFORE.so AFTER.so --moe-tokens 1 16 64 512   # the fused MoE kernel
+    python benchmarks/kernel_ab.py BEFORE.so AFTER.so --moe-tokens 32 64 128 --moe-format bf16  # bf16 experts
     python benchmarks/kernel_ab.py SO SO --repack-after [--moe-tokens ...]  # one build: file layout vs repacked
     python benchmarks/kernel_ab.py BEFORE.so AFTER.so --repack-both [--moe-tokens ...]  # both repacked
 
@@ -16,9 +17,11 @@ The weights are random blocks of the shapes of the MoE preset (qwen3-30b-a3b-4l:
 151936x2048, Q4_K attention projections), with scales of 1e-3 so that no sum overflows. With
 --moe-tokens, one MoE layer of that preset instead (128 experts, top 8, hidden 2048, expert width
 768; gate/up Q4_K and down Q6_K as Q4_K_M writes them, int8 activations), routed at random, through
-the fused MoE kernel of each build. With --repack-after the second build's K-quant weights are repacked
-eight rows at a time (csrc/gguf_x8.h, its own float order: the outputs are checked to agree within
-the activations' quantization instead of exactly).
+the fused MoE kernel of each build; with --moe-format bf16 the experts are bfloat16 instead (random
+normal / sqrt(K)), and the builds' outputs agree within bf16's rounding (the two may send an expert
+down different paths). With --repack-after the second build's K-quant weights are repacked eight rows
+at a time (csrc/gguf_x8.h, its own float order: the outputs are checked to agree within the
+activations' quantization instead of exactly).
 """
 
 from __future__ import annotations
@@ -96,19 +99,30 @@ def moe_weights(ggml_type: int, rows: int, k: int, seed: int, build: ModuleType,
     return ExpertWeights("gguf", data, rows, k, ggml_type=ggml_type, int8_activations=True)
 
 
-def moe_rows(builds: list[ModuleType], tokens: list[int], repeats: int, repack: list[bool], down: int) -> None:
+def bf16_experts(rows: int, k: int, seed: int) -> Any:
+    from tram.model.layers.moe.experts import ExpertWeights
+
+    gen = torch.Generator().manual_seed(seed)
+    data = (torch.randn(MOE_EXPERTS, rows, k, generator=gen) / k**0.5).to(torch.bfloat16)
+    return ExpertWeights("float", data, rows, k)
+
+
+def moe_rows(builds: list[ModuleType], tokens: list[int], repeats: int, repack: list[bool], down: int | None) -> None:
     """The fused MoE kernel of each build on one layer of the preset, per token count; repack[i]: build i's
-    weights repacked eight rows at a time."""
+    weights repacked eight rows at a time; down None: bfloat16 experts (the same tensors for both)."""
     import tram.model.layers.moe.cpu_kernel as cpu_kernel
 
     hidden, width, top_k = 2048, 768, 8
-    layers = [
-        (
-            moe_weights(Q4_K, 2 * width, hidden, 1, build, repack[i]),
-            moe_weights(down, hidden, width, 2, build, repack[i]),
-        )
-        for i, build in enumerate(builds)
-    ]
+    if down is None:
+        layers = [(bf16_experts(2 * width, hidden, 1), bf16_experts(hidden, width, 2))] * len(builds)
+    else:
+        layers = [
+            (
+                moe_weights(Q4_K, 2 * width, hidden, 1, build, repack[i]),
+                moe_weights(down, hidden, width, 2, build, repack[i]),
+            )
+            for i, build in enumerate(builds)
+        ]
     print("| tokens | before ms | after ms | after / before | GMAC/s before -> after |")
     print("|---|---|---|---|---|")
     for count in tokens:
@@ -130,7 +144,7 @@ def moe_rows(builds: list[ModuleType], tokens: list[int], repeats: int, repack: 
                 else:
                     best[i] = min(best[i], (time.perf_counter() - start) / calls)
         diff = ((outs[0].float() - outs[1].float()).abs().max() / outs[0].float().abs().max()).item()
-        if diff > (2e-2 if repack[0] != repack[1] else 0.0):
+        if diff > (2e-2 if repack[0] != repack[1] or down is None else 0.0):
             raise SystemExit(f"{count} tokens: the builds' MoE outputs differ by {diff:.2e} of their scale")
         macs = count * top_k * 3 * hidden * width
         before, after = best
@@ -149,6 +163,9 @@ def main() -> None:
     parser.add_argument("--moe-tokens", type=int, nargs="+", help="time the fused MoE kernel at these token counts")
     parser.add_argument("--moe-down", choices=["Q4_K", "Q6_K"], default="Q6_K", help="the MoE layer's down type")
     parser.add_argument(
+        "--moe-format", choices=["q4km", "bf16"], default="q4km", help="the experts: Q4_K_M's blocks or bfloat16"
+    )
+    parser.add_argument(
         "--repack-after", action="store_true", help="the second build's weights repacked (Q4_K x8, Q6_K x8)"
     )
     parser.add_argument("--repack-both", action="store_true", help="both builds' weights repacked")
@@ -158,7 +175,7 @@ def main() -> None:
     builds = [load_build(args.before), load_build(args.after)]
     print(machine_summary())
     if args.moe_tokens:
-        down = Q4_K if args.moe_down == "Q4_K" else Q6_K
+        down = None if args.moe_format == "bf16" else Q4_K if args.moe_down == "Q4_K" else Q6_K
         repack = [args.repack_both, args.repack_both or args.repack_after]
         moe_rows(builds, args.moe_tokens, args.repeats, repack, down)
         return

@@ -1,7 +1,6 @@
 """The fused MoE kernel's bfloat16 experts on AMX tiles (csrc/moe_amx.h): an expert with a few tokens or
 more multiplies them on the tile unit, its act rounded to bfloat16 between the projections; fewer stay
-on the vector dot products. Where the build or the CPU has no AMX the tile tests skip and the layer
-keeps its crossover with the grouped path."""
+on the vector dot products. Where the build or the CPU has no AMX the tile tests skip."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import torch
 from moe_oracle import reference_moe
 
 from tram.model.kernels.cpu_kernels import cpu_kernels_available, load_cpu_kernels
-from tram.model.layers.moe.cpu_kernel import cpu_fused_moe, experts_on_tiles
+from tram.model.layers.moe.cpu_kernel import cpu_fused_moe
 from tram.model.layers.moe.experts import ExpertWeights
 
 pytestmark = pytest.mark.skipif(not cpu_kernels_available(), reason="the C++ CPU kernels did not build")
@@ -101,13 +100,3 @@ def test_a_tokens_result_does_not_depend_on_the_others(tiles):
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(full[:20], part) and torch.equal(full, one_thread)
-
-
-def test_the_layer_keeps_bf16_experts_on_the_kernel_at_prefill(tiles):
-    """With tiles the kernel beats the grouped path at every token count, so a prefill's bf16 experts
-    stay on it; float32 ones (no tiles) keep the crossover."""
-    w13, w2, _, _ = experts(seed=4, bias=False)
-    assert experts_on_tiles(torch.zeros(1, H, dtype=torch.bfloat16), stacked(w13), stacked(w2))
-    assert not experts_on_tiles(torch.zeros(1, H), stacked(w13.float()), stacked(w2.float()))
-    odd = stacked(torch.zeros(E, 2 * 40, H, dtype=torch.bfloat16))  # I = 40: not whole blocks of 32
-    assert not experts_on_tiles(torch.zeros(1, H, dtype=torch.bfloat16), odd, stacked(w2))

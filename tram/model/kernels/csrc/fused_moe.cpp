@@ -24,18 +24,21 @@
 // register-blocked kernel on its tile decoded once to float32; fewer go through quant_rows.h's dot
 // products (gguf_blocks.h's decoders for GGUF), which stream the weights in their stored form
 // (bfloat16 gate/up rows with AVX512-BF16 multiply bf16 x without widening either). Where the CPU has
-// AMX, bfloat16 experts with moe_amx.h's kMinTokens or more go to its tile unit instead.
+// AMX, bfloat16 experts with moe_amx.h's kMinTokens or more go to its tile unit instead; elsewhere those
+// with moe_aten_gemm.h's kMinTokens or more go to ATen's GEMM (oneDNN) over rows gathered once.
 //
 // Arithmetic: float32 throughout (vdpbf16ps's bf16 products are exact; it treats subnormal inputs as
 // zero), rounded once to x's dtype at the end. Every output of a projection is computed by one work
 // item in a fixed order (quant_rows.h's two partial sums, or tiled_gemm.h's single FMA chain, chosen
 // by the expert's token count), and out[t] adds its slots' rows in slot order: the result does not
 // depend on the thread count. (It does depend on how many tokens share an expert across kGemmTokens,
-// as quant_linear and quant_gemm differ in the last bits; on tiles, act is rounded to bfloat16.)
+// as quant_linear and quant_gemm differ in the last bits; on tiles, act is rounded to bfloat16; through
+// ATen's GEMM the intermediates are rounded to bfloat16 and the sums are oneDNN's.)
 #include "kernels.h"
 #include "dynamic_for.h"
 #include "gguf_blocks.h"
 #include "moe_amx.h"
+#include "moe_aten_gemm.h"
 #include "moe_formats.h"
 #include "moe_phases.h"
 #include "moe_state.h"
@@ -164,7 +167,7 @@ void gather_tokens(Moe& s, const T* x, bool bf16_copy) {
   const int64_t P = s.start[s.E];
   std::vector<uint8_t> skip(static_cast<size_t>(P), 0);
   for (int64_t e = 0; e < s.E; ++e) {
-    if (s.on_tiles(e)) std::fill(skip.begin() + s.start[e], skip.begin() + s.start[e + 1], 1);
+    if (s.on_tiles(e) || s.on_gemm(e)) std::fill(skip.begin() + s.start[e], skip.begin() + s.start[e + 1], 1);
   }
   s.xg.grow(P * s.ldh);
   s.has_xb = false;
@@ -191,7 +194,8 @@ void gather_tokens(Moe& s, const T* x, bool bf16_copy) {
   });
 }
 
-// out[t] = sum over its slots, in slot order, of weight * y2[pair]; one rounding to out's dtype.
+// out[t] = sum over its slots, in slot order, of weight * its pair's down projection (y2, or gy plus
+// b2 for an expert through ATen's GEMM); one rounding to out's dtype.
 template <typename T>
 void combine(const Moe& s, const float* weights, T* out) {
   at::parallel_for(0, s.T, 1, [&](int64_t begin, int64_t end) {
@@ -202,6 +206,12 @@ void combine(const Moe& s, const float* weights, T* out) {
         const int64_t p = s.pos[t * s.k + j];
         if (p < 0) continue;
         const float w = weights[t * s.k + j];
+        if (s.any_gemm && s.gemm[s.expert_of[p]]) {
+          const c10::BFloat16* y = s.gy.data() + p * s.H;
+          const float* b = s.b2 != nullptr ? s.b2 + s.expert_of[p] * s.H : nullptr;
+          for (int64_t h = 0; h < s.H; ++h) acc[h] += w * (static_cast<float>(y[h]) + (b != nullptr ? b[h] : 0.0f));
+          continue;
+        }
         const float* y = s.y2.data() + p * s.H;
         for (int64_t h = 0; h < s.H; ++h) acc[h] += w * y[h];
       }
@@ -250,11 +260,12 @@ at::Tensor fused_moe(const at::Tensor& x, const at::Tensor& topk_ids, const at::
   s.b2 = float_bias(b2, s.E, s.H, b2_keep, "b2");
   const at::Tensor xc = x.contiguous(), ids = topk_ids.contiguous(), wts = topk_weights.contiguous();
   route(s, ids.data_ptr<int32_t>());
+  const bool bf16_float = x.scalar_type() == at::kBFloat16 && w13_format == 0 && w2_format == 0;
 #if defined(TRAM_MOE_AMX)
-  const bool tiles = x.scalar_type() == at::kBFloat16 && w13_format == 0 && w2_format == 0 &&
-                     tram::moe::amx_bf16::applies(s.H, s.I);
+  const bool tiles = bf16_float && tram::moe::amx_bf16::applies(s.H, s.I);
   if (tiles) tram::moe::amx_bf16::plan(s);
 #endif
+  tram::moe::aten_gemm::plan(s, bf16_float);
   if (x.scalar_type() == at::kFloat) gather_tokens(s, xc.data_ptr<float>(), false);
   else gather_tokens(s, xc.data_ptr<c10::BFloat16>(), w13_format == 0);
 #if defined(TRAM_MOE_AMX)
@@ -270,6 +281,10 @@ at::Tensor fused_moe(const at::Tensor& x, const at::Tensor& topk_ids, const at::
   with_weight(a2, s.E, s.H, s.I, x.scalar_type(), [&](const auto& f) {
     for_expert_tiles(s, s.H, kDownRows, [&](int64_t e, int64_t n0) { down_item(f, s, e, n0); });
   });
+  if (s.any_gemm) {  // after with_weight checked the weights' shapes
+    tram::moe::aten_gemm::run(s, xc.data_ptr<c10::BFloat16>(), w13.data_ptr<c10::BFloat16>(),
+                              w2.data_ptr<c10::BFloat16>());
+  }
   if (x.scalar_type() == at::kFloat) combine(s, wts.data_ptr<float>(), out.data_ptr<float>());
   else combine(s, wts.data_ptr<float>(), out.data_ptr<c10::BFloat16>());
   return out;

@@ -313,7 +313,7 @@ template <typename Fn>
 void for_expert_tiles(const Moe& s, int64_t rows, int64_t step, const Fn& fn) {
   std::vector<std::pair<int32_t, int32_t>> items;
   for (int64_t e = 0; e < s.E; ++e) {
-    if (s.count(e) == 0) continue;
+    if (!s.on_items(e)) continue;
     for (int64_t n = 0; n < rows; n += step) items.emplace_back(static_cast<int32_t>(e), static_cast<int32_t>(n));
   }
   tram::parallel::dynamic_for(static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {

@@ -78,6 +78,12 @@ struct Moe {
   Scratch<float> y2;           // [P, H]: each pair's down projection (plus b2)
   tram::q8k::QuantizedRows xq, aq;  // xg's and act's rows quantized per 256 k (format 4 only)
   TileTokens tiles;
+  // Experts multiplied through ATen's GEMM (moe_aten_gemm.h): which ones ([E]), each pair's expert, and
+  // per pair its token, gate/up outputs, act and down outputs in bfloat16 ([P, H], [P, 2I], [P, I], [P, H]).
+  std::vector<uint8_t> gemm;
+  bool any_gemm = false;
+  std::vector<int64_t> expert_of;
+  Scratch<c10::BFloat16> gx, gh, ga, gy;
   // The work items write disjoint rows and columns of act and y2 through a const Moe.
   float* act_at(int64_t p) const { return act.data() + p * ldi; }
   float* y2_at(int64_t p) const { return y2.data() + p * H; }
@@ -87,6 +93,9 @@ struct Moe {
   Activation activation;
   int64_t count(int64_t e) const { return start[e + 1] - start[e]; }
   bool on_tiles(int64_t e) const { return !tiles.first.empty() && tiles.first[e] >= 0; }
+  bool on_gemm(int64_t e) const { return any_gemm && gemm[e] != 0; }
+  // Whether fused_moe.cpp's work items (the vector paths, AMX tiles) multiply expert e.
+  bool on_items(int64_t e) const { return count(e) > 0 && !on_gemm(e); }
 };
 
 }  // namespace tram::moe

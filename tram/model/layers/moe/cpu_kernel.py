@@ -35,10 +35,11 @@ _GGUF_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14})
 # activation and the down projection), 16 KiB per slot at hidden 2048; a long prefill goes through in
 # pieces of this many tokens (each still gives its experts tens of tokens to multiply at once).
 MAX_TOKENS_PER_CALL = 1024
-# With bfloat16 experts on AMX tiles a call costs about one read of each active expert's weights, and
-# every piece reads them again, so a step's tokens go in one call up to the default token budget
-# (~110 KiB of buffers per token at hidden 2048, kept for the next call).
-TILE_TOKENS_PER_CALL = 4096
+# With bfloat16 experts (AMX tiles, or ATen's GEMM for experts with many tokens) a call costs about one
+# read of each active expert's weights, and every piece reads them again, so a step's tokens go in one
+# call up to the default token budget (~110 KiB of buffers per token at hidden 2048, kept for the next
+# call, their pages touched only where used).
+BF16_TOKENS_PER_CALL = 4096
 
 
 def _supported(fmt: ExpertWeights, x: torch.Tensor) -> bool:
@@ -117,20 +118,20 @@ def bind_fused_moe(
         return None
     args = (w13.data, w13.scale, _format(w13), w13.param(), w2.data, w2.scale, _format(w2), w2.param())
     rest = (b13, b2, _ACTIVATIONS[activation], float(alpha), float(limit), w13.zero, w2.zero)
-    max_tokens = TILE_TOKENS_PER_CALL if experts_on_tiles(x, w13, w2) else MAX_TOKENS_PER_CALL
+    max_tokens = BF16_TOKENS_PER_CALL if takes_every_token_count(x, w13, w2) else MAX_TOKENS_PER_CALL
     return FusedMoECall(module, x.dtype, args + rest, max_tokens)
 
 
-def experts_on_tiles(x: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights) -> bool:
-    """Whether the kernel multiplies these experts on AMX tiles once they have a few tokens each
-    (bfloat16 x and weights, a CPU with AMX): then it beats the grouped path at every token count."""
+def takes_every_token_count(x: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights) -> bool:
+    """Whether the kernel beats the grouped path at every token count: bfloat16 x and experts, whose
+    experts with many tokens it multiplies on AMX tiles or through ATen's GEMM (oneDNN) over buffers it
+    keeps, where the grouped path pays a gather, a scatter and fresh intermediates per expert."""
     if x.dtype != torch.bfloat16 or not (w13.kind == w2.kind == "float"):
         return False
     if w13.data.dtype != torch.bfloat16 or w2.data.dtype != torch.bfloat16 or w13.data.dim() != 3:
         return False
     module = kernels_for(x)
-    tiles = getattr(module, "fused_moe_tiles", None)
-    return tiles is not None and bool(tiles(x.shape[-1], w13.data.shape[1] // 2))
+    return module is not None and hasattr(module, "fused_moe")
 
 
 def cpu_fused_moe(

@@ -26,7 +26,12 @@ from torch import nn
 
 from tram.distributed import expert_parallel, get_tp, shard_range, tp_all_reduce
 from tram.model.layers.moe.checkpoint_experts import ExpertSlot, as_expert, stacked_experts
-from tram.model.layers.moe.cpu_kernel import FusedMoECall, bind_fused_moe, experts_on_tiles, takes_int8_activations
+from tram.model.layers.moe.cpu_kernel import (
+    FusedMoECall,
+    bind_fused_moe,
+    takes_every_token_count,
+    takes_int8_activations,
+)
 from tram.model.layers.moe.experts import ExpertWeights, quantize_experts
 from tram.model.layers.moe.reference import grouped_moe
 from tram.model.layers.moe.spec import MoESpec
@@ -264,13 +269,14 @@ class FusedMoE(nn.Module):
     ) -> bool:
         """Whether the C++ kernel runs this step: it streams each active expert's weights once for all
         its tokens, which wins while experts get a few tokens each (decode, small prefills); with many
-        tokens per expert the grouped path's GEMMs (oneDNN, MKL) win, except where the kernel has AMX
-        tiles for bfloat16 experts. GGUF K-quant experts with int8 activations take the kernel at every
-        token count (its integer products are the same whatever the batch, and cheaper than decoding to
-        float); other int8-activation experts the grouped path."""
+        tokens per expert the grouped path's GEMMs (oneDNN, MKL) win, except for bfloat16 experts, whose
+        busy experts the kernel itself gives to AMX tiles or oneDNN's GEMM. GGUF K-quant experts with
+        int8 activations take the kernel at every token count (its integer products are the same
+        whatever the batch, and cheaper than decoding to float); other int8-activation experts the
+        grouped path."""
         if w13.int8_activations or w2.int8_activations:
             return takes_int8_activations(w13, w2)
-        if experts_on_tiles(x, w13, w2):
+        if takes_every_token_count(x, w13, w2):
             return True
         slots_per_expert = topk_ids.numel() / max(1, self.num_local)
         return slots_per_expert <= FUSED_MAX_SLOTS_PER_EXPERT
