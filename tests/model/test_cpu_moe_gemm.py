@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from moe_oracle import reference_moe
+from moe_oracle import bf16_experts, reference_moe, stacked
 
 from tram.model.kernels.cpu_kernels import cpu_kernels_available, load_cpu_kernels
 from tram.model.layers.moe.cpu_kernel import cpu_fused_moe, takes_every_token_count
@@ -32,16 +32,7 @@ def _no_grad_no_tiles():
 
 
 def experts(seed: int, bias: bool) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(seed)
-    w13 = (torch.randn(E, 2 * I, H, generator=g) / H**0.5).bfloat16()
-    w2 = (torch.randn(E, H, I, generator=g) / I**0.5).bfloat16()
-    b13 = (torch.randn(E, 2 * I, generator=g) * 0.1).bfloat16() if bias else None
-    b2 = (torch.randn(E, H, generator=g) * 0.1).bfloat16() if bias else None
-    return w13, w2, b13, b2
-
-
-def stacked(w: torch.Tensor) -> ExpertWeights:
-    return ExpertWeights("float", w.contiguous(), w.shape[1], w.shape[2])
+    return bf16_experts(E, H, I, seed, bias)
 
 
 def routing(T: int, busy: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

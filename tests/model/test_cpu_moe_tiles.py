@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from moe_oracle import reference_moe
+from moe_oracle import bf16_experts, reference_moe, stacked
 
 from tram.model.kernels.cpu_kernels import cpu_kernels_available, load_cpu_kernels
 from tram.model.layers.moe.cpu_kernel import cpu_fused_moe
-from tram.model.layers.moe.experts import ExpertWeights
 
 pytestmark = pytest.mark.skipif(not cpu_kernels_available(), reason="the C++ CPU kernels did not build")
 
@@ -33,16 +32,7 @@ def tiles():
 
 
 def experts(seed: int, bias: bool) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(seed)
-    w13 = (torch.randn(E, 2 * I, H, generator=g) / H**0.5).bfloat16()
-    w2 = (torch.randn(E, H, I, generator=g) / I**0.5).bfloat16()
-    b13 = (torch.randn(E, 2 * I, generator=g) * 0.1).bfloat16() if bias else None
-    b2 = (torch.randn(E, H, generator=g) * 0.1).bfloat16() if bias else None
-    return w13, w2, b13, b2
-
-
-def stacked(w: torch.Tensor) -> ExpertWeights:
-    return ExpertWeights("float", w.contiguous(), w.shape[1], w.shape[2])
+    return bf16_experts(E, H, I, seed, bias)
 
 
 def skewed_routing(T: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
