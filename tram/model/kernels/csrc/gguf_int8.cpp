@@ -360,15 +360,19 @@ constexpr int64_t kQ8KOneRowW = 2;
 constexpr int64_t kQ8KOneRowW = 1;
 #endif
 
+// y[m, n0 .. n0 + count) = out[0 .. count) plus the bias: one row of a tile's outputs, in y's dtype.
+template <typename T>
+TRAM_INLINE void store_row(const Args& a, int64_t m, int64_t n0, int64_t count, const float* out) {
+  const T* bias = static_cast<const T*>(a.bias);
+  T* y = static_cast<T*>(a.y) + m * a.N + n0;
+  for (int64_t j = 0; j < count; ++j) store(out[j] + (bias != nullptr ? load1(bias + n0 + j) : 0.0f), y + j);
+}
+
 template <typename F, typename T, int64_t MB, int64_t NB>
 TRAM_INLINE void q8k_tile(const tram::q8k::Rows& x, const Args& a, int64_t m0, int64_t n0) {
   float s[MB][NB];
   tram::q8k::dot_tile<F, MB, NB>(x, m0, a.w + n0 * a.row_bytes, a.row_bytes, a.K / tram::q8k::kBlock, s);
-  const T* bias = static_cast<const T*>(a.bias);
-  T* y = static_cast<T*>(a.y);
-  for (int64_t m = 0; m < MB; ++m) {
-    for (int64_t j = 0; j < NB; ++j) store(s[m][j] + (bias != nullptr ? load1(bias + n0 + j) : 0.0f), y + (m0 + m) * a.N + n0 + j);
-  }
+  for (int64_t m = 0; m < MB; ++m) store_row<T>(a, m0 + m, n0, NB, s[m]);
 }
 
 #if defined(TRAM_Q8K_GEMM)
@@ -377,17 +381,12 @@ template <typename F, typename T>
 void q8k_gemm(const tram::q8k::Rows& x, int64_t M, const Args& a) {
   using tram::q8k::kPackRows;
   const int64_t tiles = (a.N + kPackRows - 1) / kPackRows, blocks = a.K / tram::q8k::kBlock;
-  const T* bias = static_cast<const T*>(a.bias);
-  T* y = static_cast<T*>(a.y);
   tram::parallel::dynamic_for(tiles, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n0 = t * kPackRows, rows = std::min(kPackRows, a.N - n0);
       const auto* tile = tram::q8k::pack_tile<F>(a.w + n0 * a.row_bytes, a.row_bytes, rows, blocks);
-      tram::q8k::gemm_tile<F>(x, 0, M, tile, blocks, [&](int64_t m, const float* out) {
-        for (int64_t j = 0; j < rows; ++j) {
-          store(out[j] + (bias != nullptr ? load1(bias + n0 + j) : 0.0f), y + m * a.N + n0 + j);
-        }
-      });
+      tram::q8k::gemm_tile<F>(x, 0, M, tile, blocks,
+                              [&](int64_t m, const float* out) { store_row<T>(a, m, n0, rows, out); });
     }
   });
 }
@@ -402,16 +401,11 @@ void q8k_tiles(const tram::q8k::Rows& x, int64_t M, const Args& a) {
   tiles::XTiles& xt = kept;  // the lambda runs on other threads: each would name its own thread_local
   const int64_t count = (a.N + tiles::kRowsW - 1) / tiles::kRowsW;
   tiles::build_x<F>(x, M, a.K / tram::q8k::kBlock, xt);
-  const T* bias = static_cast<const T*>(a.bias);
-  T* y = static_cast<T*>(a.y);
   tram::parallel::dynamic_for(count, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n0 = t * tiles::kRowsW, rows = std::min(tiles::kRowsW, a.N - n0);
-      tiles::gemm_rows<F>(xt, M, a.w + n0 * a.row_bytes, a.row_bytes, rows, [&](int64_t m, const float* out) {
-        for (int64_t j = 0; j < rows; ++j) {
-          store(out[j] + (bias != nullptr ? load1(bias + n0 + j) : 0.0f), y + m * a.N + n0 + j);
-        }
-      });
+      tiles::gemm_rows<F>(xt, M, a.w + n0 * a.row_bytes, a.row_bytes, rows,
+                          [&](int64_t m, const float* out) { store_row<T>(a, m, n0, rows, out); });
     }
   });
 }
