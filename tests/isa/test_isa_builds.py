@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 KERNEL_TESTS = [
     "tests/model/test_cpu_linear_kernel.py",
     "tests/model/test_cpu_packed_linear.py",
+    "tests/model/test_pair_linear.py",
     "tests/model/test_cpu_attention_kernel.py",
     "tests/model/test_cpu_prefill_kernel.py",
     "tests/model/test_fp8_kv_cache.py",

@@ -51,6 +51,7 @@ _SOURCES = [
         "paged_decode.cpp",
         "paged_prefill.cpp",
         "skinny_linear.cpp",
+        "pair_linear.cpp",
         "rms_norm.cpp",
         "rotary.cpp",
         "silu_and_mul.cpp",

@@ -10,6 +10,13 @@ two rows), the embedding (a tied LM head) and everything that reads `weight` kee
 A weight is packed when torch was built with oneDNN and the dtype is float32 or bfloat16.
 TRAM_CPU_PACKED_LINEAR=0 switches packing off.
 
+A bfloat16 weight that is multiplied by few rows per call (an LM head: one row per sequence of a step)
+is packed in pairs of k for csrc/pair_linear.cpp instead, where the kernels prefer that (AVX512-BF16
+without AMX): there oneDNN reaches 70% of the bf16 peak at 16 rows and reads W below the memory's
+speed at 1-8, where pair_linear streams W at it and takes every row count (docs/benchmarks.md, "The
+LM head's decode batch on pairs of k"). It replaces the oneDNN copy, so memory is the same.
+TRAM_CPU_PAIR_LINEAR=0 keeps oneDNN's layout.
+
 bfloat16 on a CPU without bf16 instructions (AVX2 machines such as AMD Zen 3): oneDNN refuses to
 reorder bf16 there, and PyTorch's bf16 `F.linear` converts element by element, several times
 slower than float32. The packed copy is then float32 (the bf16 values exactly), the few
@@ -22,16 +29,27 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 import tram.envs as envs
+from tram.model.kernels.cpu_kernels import load_cpu_kernels
 
 logger = logging.getLogger(__name__)
 
 ENV_SWITCH = "TRAM_CPU_PACKED_LINEAR"
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
+
+
+class PairPacked(NamedTuple):
+    """A bfloat16 weight [N, K] packed in pairs of k for csrc/pair_linear.cpp."""
+
+    data: torch.Tensor  # [ceil(N / 16), ceil(K / 2), 16] int32
+    out_features: int
+
+
 PackFn = Callable[[torch.Tensor], "torch.Tensor | None"]
 # The batch size oneDNN picks the blocked layout for (vLLM's choice too); any row count runs on it.
 _LAYOUT_ROWS = 32
@@ -61,9 +79,30 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [M, K] @ weight.T + bias through oneDNN's inner product on the packed weight; a float32
-    copy of a bf16 weight computes in float32 and rounds the result to x's dtype once."""
+def pack_few_rows(weight: torch.Tensor) -> torch.Tensor | PairPacked | None:
+    """pack_weight for a weight multiplied by few rows of x per call (an LM head): a bfloat16 one in
+    pairs of k where the kernels prefer that, else oneDNN's layout."""
+    few_rows_kernel = envs.TRAM_CPU_PAIR_LINEAR and weight.device.type == "cpu" and weight.dtype == torch.bfloat16
+    if few_rows_kernel and weight.dim() == 2:
+        kernels = load_cpu_kernels()
+        if kernels is not None and kernels.pair_linear_preferred():
+            return PairPacked(kernels.pair_pack(weight.detach()), weight.shape[0])
+    return pack_weight(weight)
+
+
+def packed_bytes(packed: torch.Tensor | PairPacked) -> int:
+    data = packed.data if isinstance(packed, PairPacked) else packed
+    return data.numel() * data.element_size()
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor | PairPacked, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] @ weight.T + bias through oneDNN's inner product on the packed weight (or pair_linear
+    on a PairPacked one); a float32 copy of a bf16 weight computes in float32 and rounds the result to
+    x's dtype once."""
+    if isinstance(packed, PairPacked):
+        kernels = load_cpu_kernels()
+        assert kernels is not None, "a PairPacked weight exists only where the kernels loaded"
+        return kernels.pair_linear(x, packed.data, packed.out_features, bias)
     if packed.dtype == x.dtype:
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     wide_bias = None if bias is None else bias.float()
@@ -76,7 +115,7 @@ def pack_cpu_linears(model: nn.Module) -> int:
     if not packing_enabled():
         return 0
     start = time.perf_counter()
-    packed = extra = 0
+    packed = extra = pairs = 0
     # A module with `pack_stacked` (the gated MLP) packs several of its linears as one weight; those
     # then get no copy of their own (one GEMM runs them all past the skinny kernel's rows).
     stacked: set[int] = set()
@@ -91,14 +130,17 @@ def pack_cpu_linears(model: nn.Module) -> int:
         if not hasattr(module, "packed_weight") or id(module) in stacked:
             continue
         weight = _tied_embedding(model) if getattr(module, "tied", False) else module.weight
-        module.packed_weight = pack_weight(weight) if weight is not None else None
+        pack = pack_few_rows if getattr(module, "few_rows", False) else pack_weight
+        module.packed_weight = pack(weight) if weight is not None else None
         if module.packed_weight is not None:
             packed += 1
-            extra += weight.numel() * module.packed_weight.element_size()
+            pairs += isinstance(module.packed_weight, PairPacked)
+            extra += packed_bytes(module.packed_weight)
     if packed:
         logger.info(
-            "Packed %d linear weights for oneDNN in %.2f s (%.0f MiB beside the plain weights)",
-            packed,
+            "Packed %d linear weights for oneDNN%s in %.2f s (%.0f MiB beside the plain weights)",
+            packed - pairs,
+            f" and {pairs} in pairs of k (the LM head's few rows)" if pairs else "",
             time.perf_counter() - start,
             extra / 2**20,
         )

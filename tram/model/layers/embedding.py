@@ -11,6 +11,7 @@ from torch import nn
 
 from tram.distributed import get_tp, tp_all_gather, tp_all_reduce
 from tram.model.kernels.cpu_kernels import to_float32
+from tram.model.layers.cpu_packed import PairPacked
 from tram.model.layers.linear import linear
 from tram.model.layers.parallel_linear import slice_loader
 from tram.model.weight_utils import set_weight_loader
@@ -91,6 +92,8 @@ class LMHead(nn.Module):
     """
 
     quant: Any = None
+    # One row of x per sequence of a step: cpu_packed packs the weight for few rows (pack_few_rows).
+    few_rows = True
 
     def __init__(
         self,
@@ -112,9 +115,9 @@ class LMHead(nn.Module):
             self.weight = nn.Parameter(torch.empty(rows, hidden_size, dtype=dtype))  # [vocab / tp, hidden]
             if self.sharded:
                 set_weight_loader(self.weight, slice_loader(0, start, rows, vocab_size))
-        # oneDNN-packed copy of the weight multiplied by (the embedding's when tied), set after loading
-        # on CPU by cpu_packed.pack_cpu_linears; no parameter, so loading never sees it.
-        self.packed_weight: torch.Tensor | None = None
+        # packed copy of the weight multiplied by (the embedding's when tied: oneDNN's layout, or pairs of
+        # k), set after loading on CPU by cpu_packed.pack_cpu_linears; no parameter, so loading never sees it.
+        self.packed_weight: torch.Tensor | PairPacked | None = None
 
     def forward(self, hidden: torch.Tensor, embedding: VocabEmbedding) -> torch.Tensor:
         quant = embedding.quant if self.tied else self.quant

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tram.model.kernels.cpu_kernels import kernels_for
-from tram.model.layers.cpu_packed import packed_linear
+from tram.model.layers.cpu_packed import PairPacked, packed_linear
 from tram.model.quant.weights import QuantizedWeight
 
 # Most rows of x the skinny kernel takes, per dtype; dtypes not listed never use it. Without a packed
@@ -46,11 +46,17 @@ def takes_packed(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, packed_weight: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    packed_weight: torch.Tensor | PairPacked | None = None,
 ) -> torch.Tensor:
     """x @ weight.T + bias: the skinny kernel for a 2-D CPU input of a few rows, oneDNN when the
-    weight has a packed copy (cpu_packed.py), else F.linear. Inference only past F.linear."""
+    weight has a packed copy (cpu_packed.py), else F.linear; a weight packed in pairs of k takes
+    pair_linear at every row count. Inference only past F.linear."""
     usable_packed = packed_weight is not None and _packed_usable(x, weight)
+    if usable_packed and isinstance(packed_weight, PairPacked):
+        return packed_linear(x, packed_weight, bias)
     kernels = _skinny_kernels(x, weight, usable_packed)
     if kernels is not None:
         return kernels.skinny_linear(x, weight, bias)

@@ -28,6 +28,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "skinny_linear for several weights sharing x (CPU): (x [M,K], [weight [N_i,K]], [bias [N_i] or None]) "
         "-> [[M,N_i]]",
         py::arg("x"), py::arg("weights"), py::arg("biases"));
+  m.def("pair_linear_built", &tram::pair_linear_built, "whether this build has pair_linear (AVX512-BF16)");
+  m.def("pair_linear_preferred", &tram::pair_linear_preferred,
+        "whether this build multiplies a bfloat16 weight by few rows of x faster packed in pairs of k (pair_pack, "
+        "pair_linear) than oneDNN: AVX512-BF16 without AMX");
+  m.def("pair_pack", &tram::pair_pack,
+        "weight [N,K] bfloat16 -> [N/16,K/2,16] int32: blocks of 16 rows of W, each k pair one int32 (pair_linear's "
+        "layout)", py::arg("weight"));
+  m.def("pair_linear", &tram::pair_linear,
+        "y = x W^T + b on pair_pack's layout (CPU, AVX512-BF16): (x [M,K] bfloat16, packed, N, bias [N] or None) "
+        "-> [M,N] bfloat16, every output the same sum whatever M",
+        py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("bias") = py::none());
   m.def("quant_linear", &tram::quant_linear,
         "y = x W^T + b for a few rows of x, W in int8 or int4 (CPU): (x [M,K], qweight [N,K] int8 or [N,K/2] "
         "uint8, scale [N] or [N,K/group] float32, group (0: int8), bias [N] or None, int4 zero points "

@@ -45,6 +45,13 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight, const c1
 std::vector<at::Tensor> skinny_linear_n(const at::Tensor& x, const std::vector<at::Tensor>& weights,
                                         const std::vector<c10::optional<at::Tensor>>& biases);
 
+// pair_linear.cpp: y = x W^T + b in bfloat16 on W packed in pairs of k (AVX512-BF16 builds only);
+// preferred where the build has AVX512-BF16 and no AMX (whose oneDNN kernels are faster).
+bool pair_linear_built();
+bool pair_linear_preferred();
+at::Tensor pair_pack(const at::Tensor& weight);
+at::Tensor pair_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, const c10::optional<at::Tensor>& bias);
+
 // quant_linear.cpp: y = x W^T + b for few rows of x, W in int8 (group 0: a scale per row) or int4
 // (a scale per `group` k, and optionally a zero point per group; else 8).
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale, int64_t group,
