@@ -218,6 +218,15 @@ TRAM_INLINE void values_segment(const float* __restrict p, const scalar_t* __res
   }
 }
 
+// wide[o * D + d] = row o's element d, widened as the segments load it (load8), for `count` rows
+// row_stride apart: the same floats, so the products with them are the same bits.
+template <typename cache_t>
+TRAM_INLINE void widen_rows(const cache_t* __restrict rows, int64_t row_stride, int64_t count, int64_t D,
+                            float* __restrict wide) {
+  for (int64_t o = 0; o < count; ++o)
+    for (int64_t c = 0; c < D; c += kLanes) vstore(wide + o * D + c, load8(rows + o * row_stride + c));
+}
+
 // Calls f(j, count, rows, next_rows, next_count) for each stretch of the context positions
 // [start, end) that lies in one block: positions start + j .. start + j + count - 1, whose rows
 // start at `rows` (head_offset into the first token's row of `cache`, one half of kv_cache), and
@@ -251,6 +260,9 @@ void paged_decode_impl(const at::Tensor& query, const at::Tensor& kv_cache, cons
   const int64_t D = NV > 0 ? NV * kLanes : query.size(2);
   const int64_t N = kv_cache.size(1), bs = kv_cache.size(2), Hkv = kv_cache.size(3);
   const int64_t G = H / Hkv;
+  // Widening a 16-bit or fp8 row costs more than the products with it; float rows need none, and
+  // a head dim that is no multiple of 8 takes the scalar loops.
+  const bool widen_once = G > 1 && NV >= 0 && !std::is_same_v<cache_t, float>;
   // Vector loads of an fp8 cache return value / read_factor; scaling q and the output by it instead is
   // exact (a power of two), so the result is bit for bit that of a float cache holding the values.
   constexpr float read_factor = std::is_same_v<cache_t, scalar_t> ? 1.f : tram::fp8::kReadFactor<cache_t>;
@@ -281,6 +293,7 @@ void paged_decode_impl(const at::Tensor& query, const at::Tensor& kv_cache, cons
     // Per-thread scratch: scaled queries, output accumulators, scores, 1 / softmax sums.
     const int64_t max_heads = kv_per_item * G;
     std::vector<float> qbuf(max_heads * D), acc(max_heads * D), scores(max_heads * max_ctx), inv(max_heads);
+    std::vector<float> wide(widen_once ? bs * D : 0);  // one block's rows of a kv head, widened
     for (int64_t item = next.fetch_add(1, std::memory_order_relaxed); item < num_items;
          item = next.fetch_add(1, std::memory_order_relaxed)) {
       const int64_t b = item / chunks, h0 = (item % chunks) * kv_per_item;
@@ -303,8 +316,9 @@ void paged_decode_impl(const at::Tensor& query, const at::Tensor& kv_cache, cons
       float* sc = scores.data();
       float* ab = acc.data();
 
-      // op(h, j, count, rows) for every query head of the item and each stretch of the context that
-      // lies in one block; blocks sit anywhere in memory, so the next one's rows are fetched ahead.
+      // op(h, j, count, rows, stride) for every query head of the item and each stretch of the context
+      // that lies in one block; blocks sit anywhere in memory, so the next one's rows are fetched ahead.
+      // Where G query heads share a kv head, its rows are widened once into `wide` for all G of them.
       const auto over_context = [&](const cache_t* cache, const auto& op) {
         for_each_segment(cache, table, ts1, start, len, bs, N, row_stride, h0 * D,
                          [&](int64_t j, int64_t count, const cache_t* rows, const cache_t* next_rows,
@@ -312,13 +326,18 @@ void paged_decode_impl(const at::Tensor& query, const at::Tensor& kv_cache, cons
                            for (int64_t kv = 0; kv < nkv; ++kv) {
                              for (int64_t o = 0; o < next_count; ++o)
                                prefetch(next_rows + o * row_stride + kv * D, head_bytes);
-                             for (int64_t g = 0; g < G; ++g) op(kv * G + g, j, count, rows + kv * D);
+                             if (widen_once) {
+                               widen_rows(rows + kv * D, row_stride, count, D, wide.data());
+                               for (int64_t g = 0; g < G; ++g) op(kv * G + g, j, count, wide.data(), D);
+                             } else {
+                               for (int64_t g = 0; g < G; ++g) op(kv * G + g, j, count, rows + kv * D, row_stride);
+                             }
                            }
                          });
       };
       // Pass 1: sc[h, j] = q_h . k_j (q already scaled).
-      over_context(k_cache, [&](int64_t h, int64_t j, int64_t count, const cache_t* rows) {
-        scores_segment<NV>(qb + h * D, rows, row_stride, count, D, sc + h * n_pad + j);
+      over_context(k_cache, [&](int64_t h, int64_t j, int64_t count, const auto* rows, int64_t stride) {
+        scores_segment<NV>(qb + h * D, rows, stride, count, D, sc + h * n_pad + j);
       });
       for (int64_t h = 0; h < nh; ++h) {
         float* s = sc + h * n_pad;
@@ -328,8 +347,8 @@ void paged_decode_impl(const at::Tensor& query, const at::Tensor& kv_cache, cons
       }
       // Pass 2: acc[h] = sum_j p[h, j] * v_j.
       std::fill(ab, ab + nh * D, 0.f);
-      over_context(v_cache, [&](int64_t h, int64_t j, int64_t count, const cache_t* rows) {
-        values_segment<NV>(sc + h * n_pad + j, rows, row_stride, count, D, ab + h * D);
+      over_context(v_cache, [&](int64_t h, int64_t j, int64_t count, const auto* rows, int64_t stride) {
+        values_segment<NV>(sc + h * n_pad + j, rows, stride, count, D, ab + h * D);
       });
       for (int64_t h = 0; h < nh; ++h)
         for (int64_t d = 0; d < D; ++d) store(ab[h * D + d] * inv[h], o_item + h * D + d);
