@@ -18,7 +18,8 @@
 // request's kv heads), handed out dynamically to torch's intra-op threads: torch.set_num_threads
 // governs it and unequal context lengths still balance. An item walks its context block by block;
 // within a block, for each kv head, the G = H / Hkv query heads sharing it are processed together,
-// so each K/V row comes from memory once. Softmax is exact and two-pass: pass 1 writes the scores
+// so each K/V row comes from memory once, and a 16-bit or fp8 row is widened to float32 once (into a
+// per-thread buffer) for all G of them. Softmax is exact and two-pass: pass 1 writes the scores
 // of the whole context to a per-thread buffer, then max / exp / sum per head, then pass 2 adds the
 // weighted V rows. All arithmetic is float32; 16-bit and fp8 K/V are widened as they are loaded (fp8.h),
 // k_scale folded into the scaled query and v_scale into the final 1 / sum (both 1 unless fp8).
