@@ -168,11 +168,13 @@ TRAM_INLINE void dot_tile_bf16(const c10::BFloat16* xb, int64_t ldx, const c10::
   for (int64_t m = 0; m < MB; ++m) {
     for (int64_t j = 0; j < NB; ++j) even[m][j] = odd[m][j] = _mm512_setzero_ps();
   }
+  // At least the next tile's rows ahead (NB rows): 8 KiB fell inside the tile of four 4 KiB rows.
+  const int64_t ahead = std::max<int64_t>(NB * K, kPrefetchBytes / sizeof(c10::BFloat16)) - kPrefetchBytes / 2;
   int64_t k = 0;
   for (; k + 2 * kStep <= k_full; k += 2 * kStep) {
     __m512bh w0[NB], w1[NB];
     for (int64_t j = 0; j < NB; ++j) {
-      prefetch_ahead(w + j * K + k, 2 * kStep * sizeof(c10::BFloat16));
+      prefetch_ahead(w + j * K + k + ahead, 2 * kStep * sizeof(c10::BFloat16));
       w0[j] = (__m512bh)_mm512_loadu_si512(w + j * K + k);
       w1[j] = (__m512bh)_mm512_loadu_si512(w + j * K + k + kStep);
     }
