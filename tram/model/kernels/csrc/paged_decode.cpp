@@ -220,7 +220,7 @@ TRAM_INLINE void values_segment(const float* __restrict p, const scalar_t* __res
 }
 
 // wide[o * D + d] = row o's element d, widened as the segments load it (load8), for `count` rows
-// row_stride apart: the same floats, so the products with them are the same bits.
+// row_stride apart: the floats the direct loads give.
 template <typename cache_t>
 TRAM_INLINE void widen_rows(const cache_t* __restrict rows, int64_t row_stride, int64_t count, int64_t D,
                             float* __restrict wide) {
