@@ -50,7 +50,7 @@ inline void check_packed(const at::Tensor& packed, int64_t N, int64_t K) {
 }
 
 #if defined(__AVX512BF16__)
-// y[m, 0 .. cols) = the block's outputs for rows m < MB of one group of x (xg: [K2, 16] pairs), + bias.
+// y[m, 0 .. cols) = the block's outputs for rows m < MB of one group of x (xg: [K2, MB] pairs), + bias.
 template <int MB>
 void block_rows(const uint32_t* __restrict w, const uint32_t* __restrict xg, int64_t K2, const float* bias,
                 c10::BFloat16* y, int64_t ldy, int64_t cols) {
