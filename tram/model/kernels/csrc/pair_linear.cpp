@@ -49,6 +49,12 @@ inline void check_packed(const at::Tensor& packed, int64_t N, int64_t K) {
               "pair_linear: packed ", packed.sizes(), " is not a packed [", N, ", ", K, "] weight");
 }
 
+// Elements 2 j and 2 j + 1 of a bfloat16 row (stride apart; zero past K) as one int32, the first low.
+inline uint32_t pair_at(const uint16_t* row, int64_t stride, int64_t j, int64_t K) {
+  const uint32_t lo = row[2 * j * stride], hi = 2 * j + 1 < K ? row[(2 * j + 1) * stride] : 0u;
+  return lo | (hi << 16);
+}
+
 #if defined(__AVX512BF16__)
 // y[m, 0 .. cols) = the block's outputs for rows m < MB of one group of x (xg: [K2, MB] pairs), + bias.
 template <int MB>
@@ -90,10 +96,7 @@ std::vector<uint32_t> pack_x(const at::Tensor& x, int64_t K2) {
     const int64_t g0 = m / kRows * kRows, rows = std::min(kRows, M - g0);
     uint32_t* dst = xp.data() + g0 * K2 + m % kRows;
     const uint16_t* row = src + m * ld;
-    for (int64_t j = 0; j < K2; ++j) {
-      const uint32_t lo = row[2 * j * lk], hi = 2 * j + 1 < K ? row[(2 * j + 1) * lk] : 0u;
-      dst[j * rows] = lo | (hi << 16);
-    }
+    for (int64_t j = 0; j < K2; ++j) dst[j * rows] = pair_at(row, lk, j, K);
   }
   return xp;
 }
@@ -132,10 +135,7 @@ at::Tensor pair_pack(const at::Tensor& weight) {
       for (int64_t c = 0; c < kCols && b * kCols + c < N; ++c) {
         const uint16_t* row = src + (b * kCols + c) * K;
         uint32_t* out = dst + b * K2 * kCols + c;
-        for (int64_t j = 0; j < K2; ++j) {
-          const uint32_t lo = row[2 * j], hi = 2 * j + 1 < K ? row[2 * j + 1] : 0u;
-          out[j * kCols] = lo | (hi << 16);
-        }
+        for (int64_t j = 0; j < K2; ++j) out[j * kCols] = pair_at(row, 1, j, K);
       }
     }
   });
