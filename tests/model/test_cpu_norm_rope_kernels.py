@@ -97,6 +97,25 @@ def test_rotary_16_bit_rounding_across_scales(kernels, dtype) -> None:
         assert torch.equal(got.view(torch.int16)[finite], want.view(torch.int16)[finite])
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rotary_in_place_on_column_slices_of_one_projection(kernels, dtype) -> None:
+    """q and k as column slices of one [T, (H + 2 Hkv) D] q/k/v output (tokens a row apart, each
+    token's heads contiguous): the kernel rotates them in place, bit for bit as on contiguous copies,
+    and leaves v's columns alone."""
+    tokens, heads, kv_heads, head_dim = 5, 4, 2, 16
+    g = torch.Generator().manual_seed(11)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=g).to(dtype)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q, k = q.view(tokens, heads, head_dim), k.view(tokens, kv_heads, head_dim)
+    v_before = v.clone()
+    cos, sin = cos_sin(tokens, head_dim, dtype, seed=3)
+    want_q, want_k = apply_rotary(q.contiguous(), cos, sin), apply_rotary(k.contiguous(), cos, sin)
+    with torch.inference_mode():
+        got_q, got_k = apply_rotary_qk(q, k, cos, sin)
+    assert got_q.data_ptr() == q.data_ptr() and got_k.data_ptr() == k.data_ptr()  # the kernel ran, in place
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k) and torch.equal(v, v_before)
+
+
 def test_rotary_falls_back_for_strided_or_autograd_inputs() -> None:
     q, k = torch.randn(3, 4, 16), torch.randn(3, 2, 16)
     cos, sin = cos_sin(3, 16, torch.float32, seed=0)

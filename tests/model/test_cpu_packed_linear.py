@@ -141,12 +141,16 @@ def test_loaded_cpu_model_is_packed(stories_path: str) -> None:
     from tram.model.loader import load_model
 
     model = load_model(ModelConfig(model=stories_path, dtype="float32"))
+    from tram.model.layers.attention import Attention
     from tram.model.layers.mlp import GatedMLP
 
     mlps = [m for m in model.modules() if isinstance(m, GatedMLP)]
-    stacked = {id(linear) for mlp in mlps for linear in mlp.stacked_linears()}
+    attns = [m for m in model.modules() if isinstance(m, Attention)]
+    stacked = {id(linear) for owner in mlps + attns for linear in owner.stacked_linears()}
     linears = [m for m in model.modules() if isinstance(m, Linear) and id(m) not in stacked]
     assert mlps and all(mlp.packed_gate_up is not None for mlp in mlps)
+    assert attns and all(attn.packed_qkv is not None for attn in attns)
+    assert all(linear.packed_weight is None for attn in attns for linear in attn.stacked_linears())
     assert linears and all(m.packed_weight is not None for m in linears)
     assert model.lm_head.packed_weight is not None
 
@@ -176,6 +180,35 @@ def test_gated_mlp_stacks_gate_and_up(rows: int, act: str) -> None:
     u = xd @ mlp.up_proj.weight.double().T + mlp.up_proj.bias.double()
     ref = (get_activation(act)(g) * u) @ mlp.down_proj.weight.double().T + mlp.down_proj.bias.double()
     assert_close(y, ref, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 40])
+def test_attention_stacks_q_k_v(rows: int, bias: bool, dtype: torch.dtype) -> None:
+    """q, k and v become one packed [(H + 2 Hkv) D, hidden] weight (no copy of their own); past the
+    skinny rows one GEMM runs the three and they come back as its column slices; same result as the
+    three projections."""
+    from tram.model.layers.attention import Attention
+
+    if not packable(dtype):
+        pytest.skip(f"oneDNN cannot run {dtype} on this CPU (no bf16 instructions)")
+    torch.manual_seed(5)
+    attn = Attention(32, 4, 2, 8, backend=None, dtype=dtype, qkv_bias=bias, o_bias=False)  # type: ignore[arg-type]
+    for p in attn.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    attn.eval().requires_grad_(False)
+    holder = torch.nn.Module()
+    holder.attn = attn
+    assert pack_cpu_linears(holder) == 2  # q+k+v stacked, and o
+    assert attn.packed_qkv is not None and all(linear.packed_weight is None for linear in attn.stacked_linears())
+    x = torch.randn(rows, 32).to(dtype)
+    with torch.inference_mode():
+        q, k, v = attn.project_qkv(x)
+    assert (q.shape, k.shape, v.shape) == ((rows, 32), (rows, 16), (rows, 16))
+    for got, proj in zip((q, k, v), attn.stacked_linears()):
+        ref = x.double() @ proj.weight.double().T
+        assert_close(got, ref + proj.bias.double() if bias else ref, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

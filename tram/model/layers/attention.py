@@ -11,7 +11,8 @@ from torch import nn
 from tram.distributed import get_tp, shard_range
 from tram.distributed.parallel_state import kv_head_range
 from tram.model.attention import AttentionBackend, AttentionMetadata
-from tram.model.layers.linear import linear_n
+from tram.model.layers.cpu_packed import PackFn, packed_linear
+from tram.model.layers.linear import Linear, linear_n, takes_packed
 from tram.model.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear, slice_loader
 from tram.model.layers.rope import apply_rotary_qk
 from tram.model.weight_utils import set_weight_loader
@@ -85,17 +86,43 @@ class Attention(nn.Module):
             self.q_norm = head_norm(head_dim)
             self.k_norm = head_norm(head_dim)
         self.has_head_norm = head_norm is not None
+        # On CPU, q's, k's and v's weights stacked [(H + 2 Hkv) D, hidden] and packed for oneDNN
+        # (pack_stacked): one GEMM for the three past the skinny kernel's rows, which at a decode batch
+        # costs less than three narrower ones (docs/benchmarks.md, "q, k and v as one packed weight").
+        self.packed_qkv: torch.Tensor | None = None
+        self.qkv_bias: torch.Tensor | None = None
         self.sinks: nn.Parameter | None = None
         if sinks:
             self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32))
             set_weight_loader(self.sinks, slice_loader(0, q_start, self.num_heads, num_heads))
 
+    def stacked_linears(self) -> tuple[Linear, Linear, Linear]:
+        return self.q_proj, self.k_proj, self.v_proj
+
+    def pack_stacked(self, pack: PackFn) -> torch.Tensor | None:
+        """Packs q, k and v as one weight; returns the packed tensor (None where it cannot be)."""
+        linears = self.stacked_linears()
+        if any(linear.quant is not None for linear in linears):
+            return None
+        self.packed_qkv = pack(torch.cat([linear.weight for linear in linears]))
+        if self.packed_qkv is not None and self.q_proj.bias is not None:
+            self.qkv_bias = torch.cat([linear.bias for linear in linears])
+        return self.packed_qkv
+
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q [T, H * D], k and v [T, Hkv * D]; from the stacked GEMM they are column slices of its
+        output (rows qkv_size apart), which the norms, RoPE and the backends read as they are."""
+        if self.packed_qkv is not None and takes_packed(x, self.q_proj.weight):
+            q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            return packed_linear(x, self.packed_qkv, self.qkv_bias).split([q_size, kv_size, kv_size], dim=-1)
+        return tuple(linear_n(x, self.stacked_linears()))
+
     def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q [T, H * D], k [T, Hkv * D] after the projections, before RoPE; a family whose norm spans
         whole rows (OLMo 2) overrides this."""
         if self.has_head_norm:  # per head; on rows of head_dim (one kernel call on CPU)
-            q = self.q_norm(q.view(-1, self.head_dim))  # [T * H, D]
-            k = self.k_norm(k.view(-1, self.head_dim))  # [T * Hkv, D]
+            q = self.q_norm(q.reshape(-1, self.head_dim))  # [T * H, D]
+            k = self.k_norm(k.reshape(-1, self.head_dim))  # [T * Hkv, D]
         return q, k
 
     def forward(
@@ -107,7 +134,7 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # x [T, hidden] -> [T, hidden]; cos/sin None: a layer without RoPE (SmolLM3's NoPE)
         num_tokens = x.shape[0]
-        q, k, v = linear_n(x, (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = self.project_qkv(x)
         q, k = self.norm_qk(q, k)
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, H, D]
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]

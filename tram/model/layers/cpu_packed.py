@@ -116,8 +116,9 @@ def pack_cpu_linears(model: nn.Module) -> int:
         return 0
     start = time.perf_counter()
     packed = extra = pairs = 0
-    # A module with `pack_stacked` (the gated MLP) packs several of its linears as one weight; those
-    # then get no copy of their own (one GEMM runs them all past the skinny kernel's rows).
+    # A module with `pack_stacked` (the gated MLP's gate and up, attention's q, k and v) packs several of
+    # its linears as one weight; those then get no copy of their own (one GEMM runs them all past the
+    # skinny kernel's rows).
     stacked: set[int] = set()
     for module in model.modules():
         if hasattr(module, "pack_stacked"):

@@ -298,13 +298,19 @@ def apply_rotary_qk(
     """Rotate query [T, H, D] and key [T, Hkv, D] with cos/sin [T, 1, rotary_dim].
 
     On CPU the C++ kernel rotates both in place in one call (bitwise the same as `apply_rotary`),
-    so q and k must be tensors nobody else reads, such as fresh projections.
+    so q and k must be tensors nobody else reads, such as fresh projections (or column slices of one
+    fresh projection: each token's heads contiguous, tokens any stride apart).
     """
     kernels = kernels_for(q)
-    if kernels is not None and q.is_contiguous() and k.is_contiguous() and k.dtype == q.dtype:
+    if kernels is not None and _heads_contiguous(q) and _heads_contiguous(k) and k.dtype == q.dtype:
         kernels.rotary_(q, k, cos.squeeze(1), sin.squeeze(1))
         return q, k
     return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+
+def _heads_contiguous(x: torch.Tensor) -> bool:
+    """x [T, H, D] with each token's H * D values contiguous (tokens may be any stride apart)."""
+    return x.stride(2) == 1 and (x.size(1) == 1 or x.stride(1) == x.size(2))
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
 // Rotary position embedding (the rotate-half form of Llama/Qwen/Mistral), in place on query and key.
 //
-//   rotary_(query [T, H, D], key [T, Hkv, D], cos [T, R], sin [T, R])   R = rotary dim <= D, even
+//   rotary_(query [T, H, D], key [T, Hkv, D], cos [T, R], sin [T, R])   R = rotary dim <= D, even;
+//   each token's heads contiguous, tokens any stride apart (column slices of one q/k/v GEMM)
 //
 // For i < R/2, with x1 = x[i], x2 = x[i + R/2]:
 //   x[i]       = x1 * cos[i]       + (-x2) * sin[i]
@@ -74,15 +75,15 @@ void rotate_heads(c10::BFloat16* x, int64_t heads, int64_t head_dim, const c10::
 template <typename T>
 void rotary_impl(at::Tensor& query, at::Tensor& key, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t tokens = query.size(0), hq = query.size(1), hk = key.size(1), d = query.size(2);
-  const int64_t r = cos.size(1);
+  const int64_t r = cos.size(1), qs = query.stride(0), ks = key.stride(0);
   T* q = query.data_ptr<T>();
   T* k = key.data_ptr<T>();
   const T* c = cos.data_ptr<T>();
   const T* s = sin.data_ptr<T>();
   at::parallel_for(0, tokens, kGrainTokens, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      rotate_heads(q + t * hq * d, hq, d, c + t * r, s + t * r, r);
-      rotate_heads(k + t * hk * d, hk, d, c + t * r, s + t * r, r);
+      rotate_heads(q + t * qs, hq, d, c + t * r, s + t * r, r);
+      rotate_heads(k + t * ks, hk, d, c + t * r, s + t * r, r);
     }
   });
 }
@@ -96,7 +97,12 @@ void rotary_(at::Tensor& query, at::Tensor& key, const at::Tensor& cos, const at
               "rotary_: CPU tensors only");
   TORCH_CHECK(query.dim() == 3 && key.dim() == 3 && query.size(0) == key.size(0) && query.size(2) == key.size(2),
               "rotary_: query must be [T, H, D] and key [T, Hkv, D]");
-  TORCH_CHECK(query.is_contiguous() && key.is_contiguous(), "rotary_: query and key must be contiguous");
+  // Each token's heads contiguous; tokens any stride apart (q, k: column slices of one q/k/v GEMM).
+  const auto heads_contiguous = [](const at::Tensor& t) {
+    return t.stride(2) == 1 && (t.size(1) == 1 || t.stride(1) == t.size(2));
+  };
+  TORCH_CHECK(heads_contiguous(query) && heads_contiguous(key),
+              "rotary_: each token's heads of query and key must be contiguous");
   TORCH_CHECK(cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.size(0) == query.size(0) &&
                   cos.size(1) % 2 == 0 && cos.size(1) <= query.size(2),
               "rotary_: cos and sin must be [T, R] with R even and at most head_dim");
