@@ -127,6 +127,11 @@ def test_rotary_falls_back_for_strided_or_autograd_inputs() -> None:
     out_q, out_k = apply_rotary_qk(q_grad, k, cos, sin)  # autograd on: the PyTorch path, q untouched
     assert out_q.requires_grad and torch.equal(out_q.detach(), apply_rotary(q, cos, sin))
     assert kernels_for(q_grad) is None
+    # tokens sharing memory (an expanded row): rotating in place would rotate it once per token
+    shared = torch.randn(1, 4, 16).expand(3, 4, 16)
+    with torch.inference_mode():
+        out_q, _ = apply_rotary_qk(shared, k.clone(), cos, sin)
+    assert torch.equal(out_q, apply_rotary(shared, cos, sin))
 
 
 def test_rms_norm_module_paths_agree() -> None:

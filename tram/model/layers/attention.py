@@ -12,7 +12,7 @@ from tram.distributed import get_tp, shard_range
 from tram.distributed.parallel_state import kv_head_range
 from tram.model.attention import AttentionBackend, AttentionMetadata
 from tram.model.layers.cpu_packed import PackFn, packed_linear
-from tram.model.layers.linear import Linear, linear_n, takes_packed
+from tram.model.layers.linear import Linear, linear_n, pack_stacked, takes_packed
 from tram.model.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear, slice_loader
 from tram.model.layers.rope import apply_rotary_qk
 from tram.model.weight_utils import set_weight_loader
@@ -90,7 +90,7 @@ class Attention(nn.Module):
         # (pack_stacked): one GEMM for the three past the skinny kernel's rows, which at a decode batch
         # costs less than three narrower ones (docs/benchmarks.md, "q, k and v as one packed weight").
         self.packed_qkv: torch.Tensor | None = None
-        self.qkv_bias: torch.Tensor | None = None
+        self.packed_qkv_bias: torch.Tensor | None = None
         self.sinks: nn.Parameter | None = None
         if sinks:
             self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32))
@@ -101,12 +101,7 @@ class Attention(nn.Module):
 
     def pack_stacked(self, pack: PackFn) -> torch.Tensor | None:
         """Packs q, k and v as one weight; returns the packed tensor (None where it cannot be)."""
-        linears = self.stacked_linears()
-        if any(linear.quant is not None for linear in linears):
-            return None
-        self.packed_qkv = pack(torch.cat([linear.weight for linear in linears]))
-        if self.packed_qkv is not None and self.q_proj.bias is not None:
-            self.qkv_bias = torch.cat([linear.bias for linear in linears])
+        self.packed_qkv, self.packed_qkv_bias = pack_stacked(self.stacked_linears(), pack)
         return self.packed_qkv
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -114,7 +109,7 @@ class Attention(nn.Module):
         output (rows qkv_size apart), which the norms, RoPE and the backends read as they are."""
         if self.packed_qkv is not None and takes_packed(x, self.q_proj.weight):
             q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-            return packed_linear(x, self.packed_qkv, self.qkv_bias).split([q_size, kv_size, kv_size], dim=-1)
+            return packed_linear(x, self.packed_qkv, self.packed_qkv_bias).split([q_size, kv_size, kv_size], dim=-1)
         return tuple(linear_n(x, self.stacked_linears()))
 
     def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tram.model.kernels.cpu_kernels import kernels_for
-from tram.model.layers.cpu_packed import PairPacked, packed_linear
+from tram.model.layers.cpu_packed import PackFn, PairPacked, packed_linear
 from tram.model.quant.weights import QuantizedWeight
 
 # Most rows of x the skinny kernel takes, per dtype; dtypes not listed never use it. Without a packed
@@ -81,6 +81,17 @@ def linear_n(x: torch.Tensor, layers: Sequence[Linear]) -> list[torch.Tensor]:
     if kernels is not None and all(layer.weight.dtype == x.dtype for layer in layers):
         return kernels.skinny_linear_n(x, [layer.weight for layer in layers], [layer.bias for layer in layers])
     return [layer(x) for layer in layers]
+
+
+def pack_stacked(layers: Sequence[Linear], pack: PackFn) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The layers' weights stacked [sum N, K] and packed as one (gate/up, q/k/v: one GEMM runs them
+    all), and their biases stacked; (None, None) where a layer is quantized or `pack` refuses."""
+    if any(layer.quant is not None for layer in layers):
+        return None, None
+    packed = pack(torch.cat([layer.weight for layer in layers]))
+    if packed is None or layers[0].bias is None:
+        return packed, None
+    return packed, torch.cat([layer.bias for layer in layers])
 
 
 class Linear(nn.Linear):

@@ -9,7 +9,7 @@ from tram.distributed import get_tp, shard_range
 from tram.model.kernels.cpu_kernels import kernels_for
 from tram.model.layers.activation import get_activation
 from tram.model.layers.cpu_packed import PackFn, packed_linear
-from tram.model.layers.linear import Linear, linear_n, takes_packed
+from tram.model.layers.linear import Linear, linear_n, pack_stacked, takes_packed
 from tram.model.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear
 
 
@@ -40,11 +40,7 @@ class GatedMLP(nn.Module):
 
     def pack_stacked(self, pack: PackFn) -> torch.Tensor | None:
         """Packs gate and up as one weight; returns the packed tensor (None where it cannot be)."""
-        if self.gate_proj.quant is not None:
-            return None
-        self.packed_gate_up = pack(torch.cat([self.gate_proj.weight, self.up_proj.weight]))
-        if self.packed_gate_up is not None and self.gate_proj.bias is not None:
-            self.gate_up_bias = torch.cat([self.gate_proj.bias, self.up_proj.bias])
+        self.packed_gate_up, self.gate_up_bias = pack_stacked(self.stacked_linears(), pack)
         return self.packed_gate_up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]

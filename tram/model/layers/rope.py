@@ -302,15 +302,17 @@ def apply_rotary_qk(
     fresh projection: each token's heads contiguous, tokens any stride apart).
     """
     kernels = kernels_for(q)
-    if kernels is not None and _heads_contiguous(q) and _heads_contiguous(k) and k.dtype == q.dtype:
+    if kernels is not None and _token_rows(q) and _token_rows(k) and k.dtype == q.dtype:
         kernels.rotary_(q, k, cos.squeeze(1), sin.squeeze(1))
         return q, k
     return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
 
-def _heads_contiguous(x: torch.Tensor) -> bool:
-    """x [T, H, D] with each token's H * D values contiguous (tokens may be any stride apart)."""
-    return x.stride(2) == 1 and (x.size(1) == 1 or x.stride(1) == x.size(2))
+def _token_rows(x: torch.Tensor) -> bool:
+    """x [T, H, D] as rows of tokens: each token's H * D values contiguous, tokens apart (any stride
+    past that, as in column slices of one GEMM's output), so rotating in place touches each once."""
+    heads = x.stride(2) == 1 and (x.size(1) == 1 or x.stride(1) == x.size(2))
+    return heads and (x.size(0) <= 1 or x.stride(0) >= x.size(1) * x.size(2))
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

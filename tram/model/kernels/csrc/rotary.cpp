@@ -97,12 +97,14 @@ void rotary_(at::Tensor& query, at::Tensor& key, const at::Tensor& cos, const at
               "rotary_: CPU tensors only");
   TORCH_CHECK(query.dim() == 3 && key.dim() == 3 && query.size(0) == key.size(0) && query.size(2) == key.size(2),
               "rotary_: query must be [T, H, D] and key [T, Hkv, D]");
-  // Each token's heads contiguous; tokens any stride apart (q, k: column slices of one q/k/v GEMM).
-  const auto heads_contiguous = [](const at::Tensor& t) {
-    return t.stride(2) == 1 && (t.size(1) == 1 || t.stride(1) == t.size(2));
+  // Each token's heads contiguous and tokens apart (q, k: column slices of one q/k/v GEMM); rows that
+  // overlapped (an expanded tensor) would be rotated more than once.
+  const auto token_rows = [](const at::Tensor& t) {
+    return t.stride(2) == 1 && (t.size(1) == 1 || t.stride(1) == t.size(2)) &&
+           (t.size(0) <= 1 || t.stride(0) >= t.size(1) * t.size(2));
   };
-  TORCH_CHECK(heads_contiguous(query) && heads_contiguous(key),
-              "rotary_: each token's heads of query and key must be contiguous");
+  TORCH_CHECK(token_rows(query) && token_rows(key),
+              "rotary_: query and key must be rows of tokens, each token's heads contiguous");
   TORCH_CHECK(cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.size(0) == query.size(0) &&
                   cos.size(1) % 2 == 0 && cos.size(1) <= query.size(2),
               "rotary_: cos and sin must be [T, R] with R even and at most head_dim");
