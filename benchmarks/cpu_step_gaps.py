@@ -36,6 +36,8 @@ from typing import Any
 import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
 from cpu_decode_floor import gguf_file
 
+from tram.model.kernels.families import FAMILIES
+
 # Kernels that run inline at decode's few rows (no parallel region, so no wake-up before them).
 INLINE = {"rms_norm", "add_rms_norm", "rotary_", "moe_route", "write_kv_cache_", "argmax_rows", "gguf_dequantize_"}
 
@@ -63,10 +65,8 @@ def wrap_kernels(module: Any, log: list[tuple[str, float, float]]) -> None:
 
         return timed
 
-    for name in dir(module):
-        fn = getattr(module, name)
-        if callable(fn) and not name.startswith("_"):
-            setattr(module, name, wrap(name, fn))
+    for name in sorted({n for family in FAMILIES.values() for n in family.functions}):
+        setattr(module, name, wrap(name, getattr(module, name)))  # builds a family not built yet
 
 
 def print_step(log: list[tuple[str, float, float]], t0: float, t1: float, threshold_us: float) -> None:

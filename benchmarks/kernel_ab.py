@@ -7,11 +7,17 @@
     python benchmarks/kernel_ab.py SO SO --repack-after [--moe-tokens ...]  # one build: file layout vs repacked
     python benchmarks/kernel_ab.py BEFORE.so AFTER.so --repack-both [--moe-tokens ...]  # both repacked
 
-A build is the `.so` that `tram build-kernels` leaves under torch's extension cache (one folder per
-source hash: build the commit before a change, then the change, and pass both). On a VM whose speed
+A build is a folder that `TORCH_EXTENSIONS_DIR=FOLDER tram build-kernels` filled (every kernel
+family's module), or one family's `.so` from torch's extension cache (one folder per family and
+source hash): build the commit before a change, then the change, and pass both. On a VM whose speed
 drifts between runs minutes apart, two runs compare poorly; here every timing of one build sits
-between two of the other, so a drift slows both alike. The two builds' outputs are checked to agree
-(the kernels are exact in integers; a change of float order would show as a relative difference).
+between two of the other, so a drift slows both alike. Caution: the two builds share one process,
+so they share their GNU-unique symbols (the statics of inline functions and templates, such as a
+table of function pointers filled by the first build): where a kernel has such statics, the second
+build can run the first one's code and the two compare equal when they are not. kernel_ab_suite.py
+runs each build in a process of its own; prefer it, and confirm a result here there or end to end.
+The two builds' outputs are checked to agree (the kernels are exact in integers; a change of float
+order would show as a relative difference).
 
 The weights are random blocks of the shapes of the MoE preset (qwen3-30b-a3b-4l: Q6_K LM head
 151936x2048, Q4_K attention projections), with scales of 1e-3 so that no sum overflows. With
@@ -27,9 +33,11 @@ activations' quantization instead of exactly).
 from __future__ import annotations
 
 import argparse
+import glob
 import importlib.util
+import os
 import time
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import _checkout  # noqa: F401  (this checkout's tram first on sys.path)
@@ -48,7 +56,23 @@ TENSORS = {  # name: (ggml type, N, K)
 }
 
 
-def load_build(path: str) -> ModuleType:
+def load_build(path: str) -> Any:
+    """A build's kernels: one extension module (a `.so`), or every family's module under a folder (a
+    TORCH_EXTENSIONS_DIR that `tram build-kernels` filled) as one namespace."""
+    if not os.path.isdir(path):
+        return _load_module(path)
+    found = sorted(glob.glob(os.path.join(path, "**", "tram_cpu_kernels_*.so"), recursive=True))
+    if not found:
+        raise ValueError(f"no tram_cpu_kernels_*.so under {path}")
+    merged = SimpleNamespace()
+    for module in map(_load_module, found):
+        for name in dir(module):
+            if not name.startswith("_"):
+                setattr(merged, name, getattr(module, name))
+    return merged
+
+
+def _load_module(path: str) -> ModuleType:
     name = path.rstrip("/").split("/")[-1].split(".")[0]
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
@@ -70,7 +94,7 @@ def random_blocks(ggml_type: int, n: int, k: int, seed: int = 0) -> torch.Tensor
 
 
 def time_pair(
-    builds: list[ModuleType], x: torch.Tensor, weights: list[tuple[torch.Tensor, int]], calls: int, repeats: int
+    builds: list[Any], x: torch.Tensor, weights: list[tuple[torch.Tensor, int]], calls: int, repeats: int
 ) -> list[float]:
     best = [float("inf")] * len(builds)
     for _ in range(repeats):
@@ -83,7 +107,7 @@ def time_pair(
     return best
 
 
-def repacked(build: ModuleType, w: torch.Tensor, ggml_type: int, repack: bool) -> tuple[torch.Tensor, int]:
+def repacked(build: Any, w: torch.Tensor, ggml_type: int, repack: bool) -> tuple[torch.Tensor, int]:
     """(weight, type) as this build multiplies it: repacked eight rows at a time with `repack`."""
     if not repack:
         return w, ggml_type
@@ -91,7 +115,7 @@ def repacked(build: ModuleType, w: torch.Tensor, ggml_type: int, repack: bool) -
     return packed.reshape(*w.shape[:-1], -1), build.gguf_x8_type(ggml_type)
 
 
-def moe_weights(ggml_type: int, rows: int, k: int, seed: int, build: ModuleType, repack: bool) -> Any:
+def moe_weights(ggml_type: int, rows: int, k: int, seed: int, build: Any, repack: bool) -> Any:
     from tram.model.layers.moe.experts import ExpertWeights
 
     data = random_blocks(ggml_type, MOE_EXPERTS * rows, k, seed).view(MOE_EXPERTS, rows, -1)
@@ -107,7 +131,7 @@ def bf16_experts(rows: int, k: int, seed: int) -> Any:
     return ExpertWeights("float", data, rows, k)
 
 
-def moe_rows(builds: list[ModuleType], tokens: list[int], repeats: int, repack: list[bool], down: int | None) -> None:
+def moe_rows(builds: list[Any], tokens: list[int], repeats: int, repack: list[bool], down: int | None) -> None:
     """The fused MoE kernel of each build on one layer of the preset, per token count; repack[i]: build i's
     weights repacked eight rows at a time; down None: bfloat16 experts (the same tensors for both)."""
     import tram.model.layers.moe.cpu_kernel as cpu_kernel

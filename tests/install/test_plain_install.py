@@ -3,12 +3,12 @@ another directory and answers, and a command that needs an extra says which one 
 
 The first ten minutes on a fresh machine (an empty TORCH_EXTENSIONS_DIR stands for one): a first
 start that must build the C++ kernels says so, with progress, and says Ready only when it answers;
-after set-up's `tram build-kernels` (as scripts/setup.sh runs it) the first start answers /health
-within FIRST_START_SECONDS.
+after set-up's build of the core kernels (as scripts/setup.sh runs it) the first start answers
+/health within FIRST_START_SECONDS, and a GGUF file's first start builds the GGUF family, saying so.
 
-It builds a whole environment (about a minute with a warm pip cache) and the kernels twice (about
-45 s each on 2 cores), so it carries the `install` marker: the default test run leaves it out and
-`.ci/run` runs it after the suite.
+It builds a whole environment (about a minute with a warm pip cache), the core kernels twice (about
+40 s each on 2 cores) and the GGUF family once (about 60 s), so it carries the `install` marker: the
+default test run leaves it out and `.ci/run` runs it after the suite.
 """
 
 from __future__ import annotations
@@ -110,29 +110,31 @@ def _serve_until_healthy(
 
 def test_a_first_start_that_builds_the_kernels_says_so(venv: Path, tmp_path: Path) -> None:
     _, log = _serve_until_healthy(venv, tmp_path, _env(tmp_path / "no-kernels-yet"), timeout=900)
-    order = ["starting: loading", "Building the C++ CPU kernels", "C++ CPU kernels built in", "Ready: http"]
+    built_core = ["Building the C++ CPU kernels (core)", "C++ CPU kernels (core) built in"]
+    order = ["starting: loading", *built_core, "Ready: http"]
     positions = [log.find(marker) for marker in order]
     assert -1 not in positions and positions == sorted(positions), log
     assert "usually about" in log and "serving on" not in log
-    built = float(log.split("C++ CPU kernels built in ")[1].split(" s")[0])
+    built = float(log.split("C++ CPU kernels (core) built in ")[1].split(" s")[0])
     if built > 16:  # the heartbeat comes every 15 s
         assert "still building the C++ CPU kernels" in log, log
 
 
 @pytest.fixture(scope="module")
 def kernels_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The torch extension cache that set-up's `tram build-kernels` fills (the next test), shared by the
-    tests after it so that the kernels build once."""
+    """The torch extension cache that set-up's build fills (the next test), shared by the tests after
+    it so that the kernels build once."""
     return tmp_path_factory.mktemp("kernels")
 
 
 def test_after_set_up_the_first_start_answers_quickly(venv: Path, tmp_path: Path, kernels_dir: Path) -> None:
-    # scripts/setup.sh ends with `python3 -m tram build-kernels`; here, in the fresh environment.
-    assert "python3 -m tram build-kernels" in (REPO / "scripts" / "setup.sh").read_text()
+    # scripts/setup.sh builds the core family (`tram build-kernels core`); here, in the fresh environment.
+    setup = (REPO / "scripts" / "setup.sh").read_text()
+    assert 'python3 -m tram.model.kernels.build "${families[@]}"' in setup and "families=(core)" in setup
     env = _env(kernels_dir)
-    built = _run([str(venv / "bin" / "tram"), "build-kernels"], tmp_path, timeout=900, env=env)
+    built = _run([str(venv / "bin" / "tram"), "build-kernels", "core"], tmp_path, timeout=900, env=env)
     assert built.returncode == 0, built.stdout + built.stderr
-    assert built.stdout.startswith("C++ CPU kernels built in") and str(kernels_dir) in built.stdout
+    assert built.stdout.startswith("C++ CPU kernels (core) built in") and str(kernels_dir) in built.stdout
     elapsed, log = _serve_until_healthy(venv, tmp_path, env, timeout=FIRST_START_SECONDS)
     assert "Building the C++ CPU kernels" not in log, log
     print(f"first start after set-up: /health 200 after {elapsed:.1f} s")
@@ -144,4 +146,8 @@ def test_a_plain_install_serves_a_gguf_file(venv: Path, tmp_path: Path, kernels_
 
     model = convert(STORIES, tmp_path / "stories260K-q8_0.gguf", "q8_0")
     _, log = _serve_until_healthy(venv, tmp_path, _env(kernels_dir), timeout=900, model=str(model))
-    assert "Ready: http" in log, log
+    # set-up left the GGUF family out: this first start builds it, saying so, before Ready
+    order = ["Building the C++ CPU kernels (gguf)", "C++ CPU kernels (gguf) built in", "Ready: http"]
+    positions = [log.find(marker) for marker in order]
+    assert -1 not in positions and positions == sorted(positions), log
+    assert "Building the C++ CPU kernels (core)" not in log, log

@@ -91,7 +91,7 @@ def _serve(a: argparse.Namespace) -> int:
 def _build_kernels(a: argparse.Namespace) -> int:
     from tram.model.kernels.build import build_kernels_command
 
-    return build_kernels_command()
+    return build_kernels_command(a.families)
 
 
 def _bench(a: argparse.Namespace) -> int:
@@ -128,7 +128,8 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="start the OpenAI-compatible server (vLLM's `vllm serve` flags)")
     EngineArgs.add_cli_args(serve)
     ServerArgs.add_cli_args(serve)
-    sub.add_parser("build-kernels", help="build the C++ CPU kernels now (set-up does), not on the first start")
+    kernels = sub.add_parser("build-kernels", help="build the C++ CPU kernels now, not on first use")
+    kernels.add_argument("families", nargs="*", metavar="FAMILY", help="core, gguf, quant, moe (default: all)")
     _add_bench_parser(sub, argv)
     return parser
 

@@ -1,4 +1,4 @@
-"""The C++ CPU kernels (csrc/), compiled just in time into one extension module.
+"""The C++ CPU kernels (csrc/), compiled just in time into one extension module per family.
 
 Why: on CPU two things dominated a decode step once the batch is small.
   * Decode attention: the pure-PyTorch path gathers every decode's K/V through its block table into
@@ -10,11 +10,12 @@ Why: on CPU two things dominated a decode step once the batch is small.
     (csrc/rotary.cpp, query and key in one call) were some twenty small ops per layer; each is now
     one call with transformers' roundings.
 
-The extension is built with torch.utils.cpp_extension.load on first use (needs g++ and ninja),
-once per process; torch caches the build under its extensions directory (TORCH_EXTENSIONS_DIR,
-default ~/.cache/torch_extensions), keyed by sources and flags, so later processes only load it.
-`tram build-kernels` (run by scripts/setup.sh) builds it ahead of the first start; a build that
-happens at start logs its progress (build.py).
+Each family (families.py: core, gguf, quant, moe) is built with torch.utils.cpp_extension.load on
+first use (needs g++ and ninja), once per process; torch caches the build under its extensions
+directory (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions), so later processes only load
+it. `load_cpu_kernels()` returns one `CpuKernels` whose attributes are every family's functions.
+scripts/setup.sh builds the core family ahead of the first start (`tram build-kernels` builds them
+all); a build that happens at start logs its progress (build.py).
 It is compiled with -march=native, so the module name carries a hash of the CPU's features (and of
 the headers) and a cache shared between different machines never hands one a binary for another.
 TRAM_CPU_MARCH names another target (x86-64-v3: AVX2 + FMA, the kernels' floor; x86-64-v4: AVX-512)
@@ -34,50 +35,33 @@ import os
 import platform
 import re
 import threading
+from collections.abc import Sequence
 from types import ModuleType
+from typing import Any
 
 import torch
 
 import tram.envs as envs
-from tram.model.kernels.build import build_with_progress
+from tram.model.kernels.build import build_in_parallel, build_with_progress
+from tram.model.kernels.families import FAMILIES, family_of
 
 logger = logging.getLogger(__name__)
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
-_SOURCES = [
-    os.path.join(_CSRC, name)
-    for name in (
-        "bindings.cpp",
-        "paged_decode.cpp",
-        "paged_prefill.cpp",
-        "skinny_linear.cpp",
-        "pair_linear.cpp",
-        "rms_norm.cpp",
-        "rotary.cpp",
-        "silu_and_mul.cpp",
-        "argmax.cpp",
-        "widen.cpp",
-        "quant_linear.cpp",
-        "gguf_linear.cpp",
-        "gguf_x8.cpp",
-        "gguf_int8.cpp",
-        "fused_moe.cpp",
-        "moe_route.cpp",
-        "kv_write.cpp",
-    )
-]
 # -fopenmp: at::parallel_for is header code that only runs in parallel when compiled with OpenMP
 # (the extension then shares the libgomp torch already loaded). No -ffast-math: the kernels' loops
 # are written to vectorise without it (vector extensions, omp simd reductions, a polynomial exp).
+# -O3, not -O2 (which compiles in a third less time): -O2 leaves the loops over a tile's accumulators
+# rolled, so they spill to memory, and runs the prefill attention, int4 linear and norms 3-7x slower.
 _CFLAGS = ["-O3", "-fopenmp", "-DNDEBUG"]
 _LDFLAGS = ["-fopenmp"]
 ENV_SWITCH = "TRAM_CPU_KERNELS"
 MARCH_VAR = "TRAM_CPU_MARCH"
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _loaded = False
-_module: ModuleType | None = None
+_module: CpuKernels | None = None
 
 
 def target_arch() -> str:
@@ -110,49 +94,92 @@ def _build_tag() -> str:
     return hashlib.sha1(key.encode()).hexdigest()[:10]
 
 
-def extension_name() -> str:
-    """The module's name, which is also its folder in torch's extension cache."""
-    return f"tram_cpu_kernels_{_build_tag()}"
+def extension_name(family: str = "core") -> str:
+    """A family's module name, which is also its folder in torch's extension cache."""
+    return f"tram_cpu_kernels_{family}_{_build_tag()}"
 
 
-def _build() -> ModuleType:
-    module = _compile()
-    module.cpu_amx(envs.TRAM_CPU_AMX)
-    return module
-
-
-def _compile() -> ModuleType:
+def compile_family(family: str) -> ModuleType:
+    """Build (or load from torch's cache) one family's extension module."""
     from torch.utils.cpp_extension import load
 
-    name = extension_name()
+    name = extension_name(family)
     return build_with_progress(
         name,
         lambda: load(
             name=name,
-            sources=list(_SOURCES),
+            sources=[os.path.join(_CSRC, source) for source in FAMILIES[family].sources],
             extra_include_paths=[_CSRC],
             extra_cflags=[*_CFLAGS, f"-march={target_arch()}"],  # copies: load() appends to the lists in place
             extra_ldflags=list(_LDFLAGS),
             verbose=False,
         ),
+        family,
     )
+
+
+class CpuKernels:
+    """Every family's functions under one name (`kernels.rms_norm`, `kernels.fused_moe`, ...). The
+    core family is loaded with it; another builds (or loads from torch's cache) the first time one
+    of its functions is looked up, and the function is then kept as an attribute of this object."""
+
+    def __init__(self, core: ModuleType) -> None:
+        self._families = {"core": core}
+        self._amx: bool | None = envs.TRAM_CPU_AMX
+        self.__file__ = core.__file__
+
+    def family(self, name: str) -> ModuleType:
+        """The family's extension module, built now if this process has not loaded it yet."""
+        module = self._families.get(name)
+        if module is None:
+            with _lock:
+                module = self._families.get(name)
+                if module is None:
+                    module = compile_family(name)
+                    if hasattr(module, "cpu_amx"):
+                        module.cpu_amx(self._amx)
+                    self._families[name] = module
+        return module
+
+    def cpu_amx(self, enable: bool | None = None) -> bool:
+        """Allow or forbid AMX tiles in every family with tile code (those loaded now and later), then
+        say whether the kernels use them (what the GGUF family's switch says, building it if need be)."""
+        if enable is not None:
+            self._amx = enable
+        holders = [m for m in self._families.values() if hasattr(m, "cpu_amx")] or [self.family("gguf")]
+        return [m.cpu_amx(enable) for m in holders][0]
+
+    def __getattr__(self, name: str) -> Any:  # only for names not yet set on the object
+        family = family_of(name)
+        if family is None or name.startswith("_"):
+            raise AttributeError(f"the CPU kernels have no {name!r}")
+        function = getattr(self.family(family), name)
+        setattr(self, name, function)
+        return function
+
+
+def build_cpu_kernels(families: Sequence[str] = tuple(FAMILIES)) -> CpuKernels:
+    """Build (or load the cached builds of) these families now, raising on failure (`tram build-kernels`)."""
+    global _loaded, _module
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown:
+        raise ValueError(f"no kernel family {unknown}; the families are {sorted(FAMILIES)}")
+    build_in_parallel(families)
+    with _lock:
+        kernels = CpuKernels(compile_family("core"))
+        _module, _loaded = kernels, True
+    for family in families:
+        kernels.family(family)
+    return kernels
 
 
 def kernels_enabled() -> bool:
     return envs.TRAM_CPU_KERNELS
 
 
-def build_cpu_kernels() -> ModuleType:
-    """Build (or load the cached build of) the kernels now, raising on failure (`tram build-kernels`)."""
-    global _loaded, _module
-    with _lock:
-        _module = _build()
-        _loaded = True
-        return _module
-
-
-def load_cpu_kernels() -> ModuleType | None:
-    """The compiled extension, built on the first call of the process; None when disabled or unbuildable."""
+def load_cpu_kernels() -> CpuKernels | None:
+    """The compiled kernels (the core family built on the first call of the process, the others on
+    first use); None when disabled or unbuildable."""
     global _loaded, _module
     if _loaded:
         return _module
@@ -164,7 +191,7 @@ def load_cpu_kernels() -> ModuleType | None:
             _module = None
         else:
             try:
-                _module = _build()
+                _module = CpuKernels(compile_family("core"))
             except Exception as exc:  # compiler missing, build error, bad flags on this CPU...
                 logger.warning("CPU kernels unavailable (%s: %s); using the PyTorch paths", type(exc).__name__, exc)
                 _module = None
@@ -172,7 +199,7 @@ def load_cpu_kernels() -> ModuleType | None:
         return _module
 
 
-def kernels_for(x: torch.Tensor) -> ModuleType | None:
+def kernels_for(x: torch.Tensor) -> CpuKernels | None:
     """The kernels if x may go through them: a CPU tensor of a supported dtype, outside autograd
     (they have no backward); else None."""
     if x.device.type != "cpu" or x.dtype not in SUPPORTED_DTYPES or torch.is_grad_enabled():

@@ -45,3 +45,22 @@ inline void configure(int count) {
 
 }  // namespace tram::amx
 #endif
+
+#include <optional>
+
+namespace tram::amx {
+
+// cpu_amx(enable): allow or forbid the tiles when enable is given, then say whether the kernels use
+// them. Each extension module that has tile code (the GGUF and MoE families) holds its own switch,
+// so each binds this.
+inline bool cpu_amx(std::optional<bool> enable) {
+#if defined(TRAM_AMX)
+  if (enable.has_value()) enabled.store(*enable);
+  return usable();
+#else
+  (void)enable;
+  return false;
+#endif
+}
+
+}  // namespace tram::amx

@@ -633,14 +633,4 @@ std::vector<at::Tensor> quantize_activations_int8(const at::Tensor& x, int64_t b
   return {q, d};
 }
 
-bool cpu_amx(c10::optional<bool> enable) {
-#if defined(TRAM_AMX)
-  if (enable.has_value()) tram::amx::enabled.store(*enable);
-  return tram::amx::usable();
-#else
-  (void)enable;
-  return false;
-#endif
-}
-
 }  // namespace tram

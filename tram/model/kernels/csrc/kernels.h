@@ -1,7 +1,8 @@
-// The C++ CPU kernels one extension module exposes (bindings.cpp); each is documented in its file.
+// The C++ CPU kernels, exposed by one extension module per family (bindings_<family>.cpp,
+// tram/model/kernels/families.py); each is documented in its file.
 //
-// Only ATen's core headers here: <torch/extension.h> (the whole C++ API plus pybind11) adds tens of
-// seconds to the compile of every file that includes it, so only bindings.cpp does. That keeps the first start's build short.
+// Only ATen's core headers here: pybind11 and torch's casters add seconds to the compile of every file
+// that includes them, so only the bindings files do. That keeps the set-up's build short.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -89,9 +90,7 @@ at::Tensor gguf_x8_linear(const at::Tensor& x, const at::Tensor& packed, int64_t
                           const c10::optional<at::Tensor>& bias);
 int64_t gguf_x8_type(int64_t ggml_type);
 bool gguf_x8_preferred(int64_t ggml_type);
-// Whether the kernels use AMX tiles (the K-quant GEMM, bfloat16 experts); enable (TRAM_CPU_AMX) allows or
-// forbids them first.
-bool cpu_amx(c10::optional<bool> enable);
+// cpu_amx (whether the kernels use AMX tiles): amx.h, bound by each family that has tile code.
 // x [M, K] -> (int8 quants [M, K], scales [M, K / block]): the activations gguf_linear_int8 multiplies
 // (block 32; 256 for the K-quants).
 std::vector<at::Tensor> quantize_activations_int8(const at::Tensor& x, int64_t block);

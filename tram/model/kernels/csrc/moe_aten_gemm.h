@@ -19,7 +19,8 @@
 #include "moe_state.h"
 #include "simd.h"
 
-#include <ATen/ATen.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/mm.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 

@@ -50,7 +50,7 @@ using namespace tram::simd;
 constexpr int64_t kChunk = 16;     // keys per score vector
 constexpr int64_t kSegment = 256;  // keys per online-softmax step
 constexpr int64_t kTile = 64;      // query rows per work item
-constexpr int64_t kRows = 4;       // query rows computed together
+constexpr int64_t kQueryRows = 4;       // query rows computed together
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int64_t kMaxHeadDim = 512;  // an fp8 key row is widened on the stack
 
@@ -68,7 +68,7 @@ struct Scratch {
   std::vector<float> q, o, m, l, kt, v, s;
   Scratch(int64_t G, int64_t D)
       : q(G * kTile * D), o(G * kTile * D), m(G * kTile), l(G * kTile), kt(kSegment * D), v(kSegment * D),
-        s(kRows * kSegment) {}
+        s(kQueryRows * kSegment) {}
 };
 
 // The item's key range [lo, hi): what its first row may see from, what its last row sees up to.
@@ -117,25 +117,25 @@ void load_segment(const C* k_cache, const C* v_cache, const Request& rq, int64_t
   }
 }
 
-// Scores of kRows query rows (positions p[r], -1 = padding row) against the chunks [c0, c1) of a
+// Scores of kQueryRows query rows (positions p[r], -1 = padding row) against the chunks [c0, c1) of a
 // segment starting at key k0, soft-capped when kCap, masked, into s ([row][key]); returns each row's
 // maximum. kCap is a template argument so that the uncapped loop stays as it was.
 template <bool kCap>
 TRAM_INLINE void score_rows(const float* q, int64_t D, const float* kt, int64_t k0, int64_t c0, int64_t c1,
                             const int64_t* p, int64_t window, float scale, float cap, float* s, float* row_max) {
   const vi16 iota = iota16();
-  vf16 mx[kRows];
-  for (int r = 0; r < kRows; ++r) mx[r] = splat16(kNegInf);
+  vf16 mx[kQueryRows];
+  for (int r = 0; r < kQueryRows; ++r) mx[r] = splat16(kNegInf);
   for (int64_t c = c0; c < c1; ++c) {
     const float* ktc = kt + c * D * kChunk;
-    vf16 acc[kRows] = {};
+    vf16 acc[kQueryRows] = {};
     for (int64_t d = 0; d < D; ++d) {
       const vf16 k = vload<vf16>(ktc + d * kChunk);
-      for (int r = 0; r < kRows; ++r) acc[r] += q[r * D + d] * k;
+      for (int r = 0; r < kQueryRows; ++r) acc[r] += q[r * D + d] * k;
     }
     const int64_t first = k0 + c * kChunk;
     const vi16 pos = iota + static_cast<int32_t>(first);
-    for (int r = 0; r < kRows; ++r) {
+    for (int r = 0; r < kQueryRows; ++r) {
       vf16 sc = acc[r] * scale;
       if constexpr (kCap) sc = tanh16(sc / cap) * cap;
       const bool partial = first + kChunk - 1 > p[r] || (window > 0 && first <= p[r] - window);
@@ -148,14 +148,14 @@ TRAM_INLINE void score_rows(const float* q, int64_t D, const float* kt, int64_t 
       mx[r] = select(mx[r] < sc, sc, mx[r]);
     }
   }
-  for (int r = 0; r < kRows; ++r) row_max[r] = hmax(mx[r]);
+  for (int r = 0; r < kQueryRows; ++r) row_max[r] = hmax(mx[r]);
 }
 
-// Online softmax over one segment for kRows rows: rescale o/l to the new maxima, turn the scores in s
+// Online softmax over one segment for kQueryRows rows: rescale o/l to the new maxima, turn the scores in s
 // into exp(score - max), add them to l and their weighted V rows to o.
 TRAM_INLINE void accumulate_rows(float* s, const float* v, int64_t D, int64_t c0, int64_t c1, const float* row_max,
                                  float* m, float* l, float* o) {
-  for (int r = 0; r < kRows; ++r) {
+  for (int r = 0; r < kQueryRows; ++r) {
     float* sr = s + r * kSegment;
     if (row_max[r] == kNegInf) {  // the row sees nothing here: it adds exactly nothing
       for (int64_t c = c0; c < c1; ++c) vstore(sr + c * kChunk, vf16{});
@@ -177,13 +177,13 @@ TRAM_INLINE void accumulate_rows(float* s, const float* v, int64_t D, int64_t c0
     l[r] += hsum(sum);
   }
   for (int64_t dv = 0; dv < D; dv += 16) {
-    vf16 acc[kRows];
-    for (int r = 0; r < kRows; ++r) acc[r] = vload<vf16>(o + r * D + dv);
+    vf16 acc[kQueryRows];
+    for (int r = 0; r < kQueryRows; ++r) acc[r] = vload<vf16>(o + r * D + dv);
     for (int64_t j = c0 * kChunk; j < c1 * kChunk; ++j) {
       const vf16 vj = vload<vf16>(v + j * D + dv);
-      for (int r = 0; r < kRows; ++r) acc[r] += s[r * kSegment + j] * vj;
+      for (int r = 0; r < kQueryRows; ++r) acc[r] += s[r * kSegment + j] * vj;
     }
-    for (int r = 0; r < kRows; ++r) vstore(o + r * D + dv, acc[r]);
+    for (int r = 0; r < kQueryRows; ++r) vstore(o + r * D + dv, acc[r]);
   }
 }
 
@@ -205,7 +205,7 @@ void run_item(const Item& it, const Request& rq, const T* q_ptr, int64_t qs0, in
               float v_scale, int64_t window, float cap, const float* sinks, T* out, int64_t H, Scratch& sc) {
   const int64_t i0 = it.tile * kTile, rows = std::min(kTile, rq.q_len - i0);
   const int64_t ctx0 = rq.seq_len - rq.q_len;  // position of the chunk's first query row
-  const int64_t padded = (rows + kRows - 1) / kRows * kRows;
+  const int64_t padded = (rows + kQueryRows - 1) / kQueryRows * kQueryRows;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t h = it.kv_head * G + g;
     for (int64_t i = 0; i < padded; ++i) {
@@ -226,10 +226,10 @@ void run_item(const Item& it, const Request& rq, const T* q_ptr, int64_t qs0, in
     const int64_t c_base = (std::max(k0, lo / kChunk * kChunk) - k0) / kChunk;
     load_segment(k_cache, v_cache, rq, it.kv_head, k0, k0 + c_base * kChunk, k1, bs, row_stride, D, sc.kt.data(),
                  sc.v.data());
-    for (int64_t r0 = 0; r0 < padded; r0 += kRows) {
-      int64_t p[kRows];
-      for (int r = 0; r < kRows; ++r) p[r] = r0 + r < rows ? ctx0 + i0 + r0 + r : -1;
-      const int64_t p_hi = p[0] + std::min<int64_t>(kRows, rows - r0) - 1;
+    for (int64_t r0 = 0; r0 < padded; r0 += kQueryRows) {
+      int64_t p[kQueryRows];
+      for (int r = 0; r < kQueryRows; ++r) p[r] = r0 + r < rows ? ctx0 + i0 + r0 + r : -1;
+      const int64_t p_hi = p[0] + std::min<int64_t>(kQueryRows, rows - r0) - 1;
       // Chunks these rows may see: up to the last row's position, from the first row's window start.
       const int64_t first_key = window > 0 ? std::max<int64_t>(k0, p[0] - window + 1) : k0;
       const int64_t c0 = std::max(c_base, (first_key - k0) / kChunk);
@@ -237,7 +237,7 @@ void run_item(const Item& it, const Request& rq, const T* q_ptr, int64_t qs0, in
       if (p_hi < k0 || c1 <= c0) continue;
       for (int64_t g = 0; g < G; ++g) {
         const int64_t base = g * kTile + r0;
-        float row_max[kRows];
+        float row_max[kQueryRows];
         if (cap > 0.f)
           score_rows<true>(sc.q.data() + base * D, D, sc.kt.data(), k0, c0, c1, p, window, scale, cap, sc.s.data(),
                            row_max);

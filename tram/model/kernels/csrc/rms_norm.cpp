@@ -22,7 +22,7 @@
 
 namespace {
 
-constexpr int64_t kGrainRows = 8;
+constexpr int64_t kNormGrainRows = 8;
 
 template <typename T>
 float sum_of_squares(const T* row, int64_t n) {
@@ -54,7 +54,7 @@ void rms_norm_impl(const at::Tensor& x, const at::Tensor* residual, const at::Te
   T* sp = sum != nullptr ? sum->data_ptr<T>() : nullptr;
   const T* wp = weight.data_ptr<T>();
   T* op = out.data_ptr<T>();
-  at::parallel_for(0, rows, kGrainRows, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, kNormGrainRows, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const T* row = xp + t * n;
       if (rp != nullptr) {

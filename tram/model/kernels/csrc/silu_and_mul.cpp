@@ -25,7 +25,7 @@ namespace {
 
 using namespace tram::simd;
 
-constexpr int64_t kGrainRows = 4;
+constexpr int64_t kSiluGrainRows = 4;
 
 TRAM_INLINE vf16 silu16(vf16 g) {
   const vf16 zero{};
@@ -83,7 +83,7 @@ template <typename T>
 void silu_and_mul_impl(const T* gate, int64_t ldg, const T* up, int64_t ldu, at::Tensor& out) {
   const int64_t rows = out.size(0), n = out.size(1);
   T* op = out.data_ptr<T>();
-  at::parallel_for(0, rows, kGrainRows, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, kSiluGrainRows, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) row(gate + t * ldg, up + t * ldu, op + t * n, n);
   });
 }

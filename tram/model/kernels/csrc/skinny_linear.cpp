@@ -39,8 +39,8 @@ namespace {
 
 using namespace tram::simd;
 
-constexpr int64_t kLanes = 16;      // floats per chunk of K
-constexpr int64_t kGrainRows = 64;  // at least this many rows of W per thread task
+constexpr int64_t kSkinnyLanes = 16;      // floats per chunk of K
+constexpr int64_t kSkinnyGrainRows = 64;  // at least this many rows of W per thread task
 
 // 16 consecutive elements as float32 (bfloat16 -> float32 is exact: the bits move up 16).
 template <typename T>
@@ -59,7 +59,7 @@ TRAM_INLINE vf16 load_widened<c10::BFloat16>(const c10::BFloat16* p) {
 // The last K % 16 weights of a row, zero-padded, without reading past the row.
 template <typename T>
 TRAM_INLINE vf16 load_tail(const T* p, int64_t count) {
-  T buf[kLanes];
+  T buf[kSkinnyLanes];
   std::memset(static_cast<void*>(buf), 0, sizeof(buf));
   std::memcpy(static_cast<void*>(buf), p, count * sizeof(T));
   return load_widened<T>(buf);
@@ -71,22 +71,22 @@ TRAM_INLINE vf16 load_tail(const T* p, int64_t count) {
 template <typename T, int64_t MB>
 TRAM_INLINE void tile(const float* xf, int64_t m0, int64_t k_pad, const T* row, float bias, T* y, int64_t N,
                       int64_t K, int64_t n) {
-  const int64_t k_full = K - K % kLanes;
+  const int64_t k_full = K - K % kSkinnyLanes;
   vf16 even[MB] = {}, odd[MB] = {};
   int64_t k = 0;
-  for (; k + 2 * kLanes <= k_full; k += 2 * kLanes) {
-    prefetch_ahead(row + k, 2 * kLanes * sizeof(T));
-    const vf16 w0 = load_widened<T>(row + k), w1 = load_widened<T>(row + k + kLanes);
+  for (; k + 2 * kSkinnyLanes <= k_full; k += 2 * kSkinnyLanes) {
+    prefetch_ahead(row + k, 2 * kSkinnyLanes * sizeof(T));
+    const vf16 w0 = load_widened<T>(row + k), w1 = load_widened<T>(row + k + kSkinnyLanes);
     for (int64_t m = 0; m < MB; ++m) {
       const float* xm = xf + (m0 + m) * k_pad + k;
       even[m] += w0 * vload<vf16>(xm);
-      odd[m] += w1 * vload<vf16>(xm + kLanes);
+      odd[m] += w1 * vload<vf16>(xm + kSkinnyLanes);
     }
   }
   if (k < k_full) {
     const vf16 w0 = load_widened<T>(row + k);
     for (int64_t m = 0; m < MB; ++m) even[m] += w0 * vload<vf16>(xf + (m0 + m) * k_pad + k);
-    k += kLanes;
+    k += kSkinnyLanes;
   }
   if (k < K) {  // the odd partial sum takes the tail, so a chunk never moves between the two sums
     const vf16 w1 = load_tail<T>(row + k, K - k);
@@ -110,7 +110,7 @@ TRAM_INLINE void tile_bf16(const c10::BFloat16* xb, int64_t m0, int64_t k_pad, c
 // The two inner kernels behind one interface: X is the element type of the padded copy of x.
 struct WidenTile {
   using X = float;
-  static constexpr int64_t kPad = kLanes;
+  static constexpr int64_t kPad = kSkinnyLanes;
   template <typename T, int64_t MB>
   static TRAM_INLINE void run(const X* xs, int64_t m0, int64_t k_pad, const T* row, float bias, T* y, int64_t N,
                               int64_t K, int64_t n) {
@@ -121,7 +121,7 @@ struct WidenTile {
 #if defined(__AVX512BF16__)
 struct DotBf16Tile {
   using X = c10::BFloat16;
-  static constexpr int64_t kPad = 2 * kLanes;
+  static constexpr int64_t kPad = 2 * kSkinnyLanes;
   template <typename T, int64_t MB>
   static TRAM_INLINE void run(const X* xs, int64_t m0, int64_t k_pad, const T* row, float bias, T* y, int64_t N,
                               int64_t K, int64_t n) {
@@ -166,7 +166,7 @@ void skinny_linear_impl(const at::Tensor& x, const std::vector<Part>& parts, int
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t k = 0; k < K; ++k) xs[m * k_pad + k] = static_cast<X>(xp[m * K + k]);
   }
-  tram::parallel::dynamic_for(total_rows, kGrainRows, [&](int64_t begin, int64_t end) {
+  tram::parallel::dynamic_for(total_rows, kSkinnyGrainRows, [&](int64_t begin, int64_t end) {
     for (const Part& part : parts) {
       const int64_t lo = std::max(begin, part.first), hi = std::min(end, part.first + part.n);
       const T* w = static_cast<const T*>(part.w);
