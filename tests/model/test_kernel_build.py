@@ -106,6 +106,10 @@ def test_a_function_comes_from_its_family_and_is_kept() -> None:
 def test_an_unknown_family_is_refused() -> None:
     with pytest.raises(ValueError, match="no kernel family"):
         build_cpu_kernels(["core", "fp4"])
+    result = subprocess.run(
+        [sys.executable, "-m", "tram", "build-kernels", "fp4"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2 and result.stderr.startswith("error: no kernel family ['fp4']"), result.stderr
 
 
 def test_missing_compiler_is_named(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -149,6 +149,10 @@ def build_kernels_command(families: Sequence[str] | None = None) -> int:
         print(f"{cpu_kernels.ENV_SWITCH}=0: the C++ CPU kernels are switched off; nothing to build")
         return 0
     families = list(families or FAMILIES)
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown:
+        print(f"error: no kernel family {unknown}; the families are {list(FAMILIES)}", file=sys.stderr)
+        return 2
     cached = all(is_built(cpu_kernels.extension_name(f)) for f in families)
     start = time.monotonic()
     try:
