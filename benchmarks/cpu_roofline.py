@@ -35,6 +35,12 @@ read rate; Tram's measured step time is printed as a multiple of it, for the flo
 
     python benchmarks/cpu_roofline.py --model qwen3-30b-a3b-4l --dtype bfloat16 --decode-step --batch 16 \\
         --gguf Q4_K_M
+
+--prefill-results puts a `tram bench latency --prefill` run beside its GEMM roofline: each workload's
+FLOPs (every prompt token through the linears, causal attention, one LM-head row per prompt) at the
+packed GEMM peak of the run's model and dtype (float32 for a GGUF file, whose GEMMs dequantize):
+
+    python benchmarks/cpu_roofline.py --prefill-results prefill.json
 """
 
 from __future__ import annotations
@@ -126,6 +132,34 @@ def floor_by_phase(
     return {"prefill": prefill, "decode": decode}
 
 
+def prefill_flops(cfg, batch: int, prompt_len: int) -> float:
+    """FLOPs of prefilling `batch` prompts of `prompt_len` tokens and sampling one token each: every
+    token through the linears, causal attention (QK^T and PV over the positions each query sees) and
+    one LM-head row per prompt."""
+    heads, layers = cfg.num_attention_heads, cfg.num_hidden_layers
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    linears = 2.0 * (prompt_len * token_macs(cfg) + cfg.hidden_size * cfg.vocab_size)
+    attention = 2.0 * 2 * layers * heads * head_dim * prompt_len * (prompt_len + 1) / 2
+    return batch * (linears + attention)
+
+
+def report_prefill(path: str, cfg, peak: float, goal: float) -> None:
+    """Each result of a `tram bench latency --prefill` run as a multiple of its GEMM roofline: all of
+    its FLOPs (the prompts' linears and attention, one LM-head row each) at the packed GEMM peak."""
+    with open(path, encoding="utf-8") as f:
+        results = json.load(f)["results"]
+    print(f"\n| workload | engine | last TTFT ms | floor ms | x floor (goal {goal:g}) | prefill tok/s |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        batch, length = (int(x) for x in r["workload"].split("x"))
+        floor_ms = prefill_flops(cfg, batch, length) / (peak * 1e9) * 1e3
+        ratio = r["last_ms"] / floor_ms
+        print(
+            f"| {r['workload']} | {r['backend']} | {r['last_ms']:.0f} | {floor_ms:.0f} | {ratio:.2f}"
+            f"{'' if ratio <= goal else ' (over)'} | {r['prefill_tokens_per_s']:.0f} |"
+        )
+
+
 def gemm_peak(cfg, dtype: torch.dtype, rows: list[int]) -> float:
     """Best GFLOP/s of the packed path over the model's weight shapes and the given row counts."""
     h, moe = cfg.hidden_size, moe_layout(cfg)
@@ -167,6 +201,11 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--results", help="a `tram bench throughput --output-json` file of the same workload")
+    p.add_argument(
+        "--prefill-results",
+        help="a `tram bench latency --prefill --output-json` file: each result against its GEMM roofline "
+        "(--goal defaults to 1.5 here)",
+    )
     p.add_argument("--decode-step", action="store_true", help="the floor of one decode step, and Tram's against it")
     p.add_argument("--batch", type=int, default=16, help="--decode-step: requests decoding together")
     p.add_argument("--context", type=int, default=256, help="--decode-step: each request's prompt tokens")
@@ -189,12 +228,15 @@ def main() -> None:
         action="store_true",
         help="--decode-step: also each module class's ms per step (further steps, with hooks)",
     )
-    p.add_argument("--goal", type=float, default=1.5, help="--decode-step: the step time goal, x the floor")
+    p.add_argument("--goal", type=float, default=1.5, help="--decode-step, --prefill-results: the goal, x the floor")
     p.add_argument("--output-json", help="--decode-step: write the rows here")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     if args.decode_step:
         run_decode_step(args)
+        return
+    if args.prefill_results:
+        run_prefill_floor(args)
         return
     with torch.inference_mode():
         assert load_cpu_kernels() is not None, "the CPU kernels failed to build"
@@ -226,6 +268,26 @@ def main() -> None:
     )
     if args.results:
         report_results(args.results, {"floor": floor, "floor by phase": phased})
+
+
+def run_prefill_floor(args: argparse.Namespace) -> None:
+    """--prefill-results: the model and dtype are the run's own; the peak is measured at 512 and 2048 rows."""
+    with open(args.prefill_results, encoding="utf-8") as f:
+        run = json.load(f)["args"]
+    model = run["model"]
+    if model.endswith(".gguf"):
+        from tram.model.gguf.file import load_gguf_config
+
+        cfg = load_gguf_config(model)
+    else:
+        cfg = AutoConfig.from_pretrained(resolve_model(model))
+    dtype = getattr(torch, "float32" if model.endswith(".gguf") else run["dtype"])
+    with torch.inference_mode():
+        assert load_cpu_kernels() is not None, "the CPU kernels failed to build"
+        peak = gemm_peak(cfg, dtype, [512, 2048])
+    print(machine_summary())
+    print(f"{model} ({run['dtype']}): packed GEMM peak {peak:.0f} GFLOP/s ({dtype})")
+    report_prefill(args.prefill_results, cfg, peak, args.goal)
 
 
 def report_results(path: str, floors: dict[str, float]) -> None:

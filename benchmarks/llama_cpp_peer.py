@@ -6,6 +6,7 @@ One command does all of it (build and conversion are cached under ~/.cache/tram/
     python3 benchmarks/llama_cpp_peer.py compare --model llama-15m --dtype float32 --concurrency 1,16,64
     python3 benchmarks/llama_cpp_peer.py compare --model qwen2.5-0.5b --gguf-type Q4_K_M   # the same GGUF file
     python3 benchmarks/llama_cpp_peer.py compare --model qwen3-30b-a3b-4l --dtype bfloat16 --gguf-type Q4_K_M
+    python3 benchmarks/llama_cpp_peer.py prefill --model qwen2.5-0.5b --gguf-type Q4_K_M   # time to first token
 
 Steps, each also runnable alone:
     build    pip-download the llama-cpp-python sdist (it vendors llama.cpp) and build llama-server and
@@ -14,6 +15,8 @@ Steps, each also runnable alone:
              (--gguf-type: quantize it too; minutes for a large preset, so it can be done ahead)
     compare  serve the model with `tram serve` and llama-server and run `tram bench serve` against each,
              the two taking turns level by level
+    prefill  serve it with llama-server and run `tram bench latency --prefill` on Tram (offline), on it
+             and on vLLM with --backend tram,llama-server,vllm
 
 TRAM_LLAMA_CPP_MARCH=x86-64-v3 builds and serves a llama.cpp for that target instead of this CPU (its
 own build folder), the peer of Tram built with TRAM_CPU_MARCH=x86-64-v3: both as an AVX2-only CPU
@@ -346,6 +349,33 @@ def compare(args: argparse.Namespace) -> None:
     print(f"wrote {args.output_json} and {args.plot}")
 
 
+def prefill(args: argparse.Namespace) -> None:
+    """Time to first token on llama-server beside Tram (and vLLM) with `tram bench latency --prefill`:
+    llama-server serves the same file with a slot per prompt of the largest batch, at --threads."""
+    from tram.bench.latency import add_latency_args, run_latency
+    from tram.bench.prefill import parse_workloads
+
+    binary = build()
+    checkpoint, gguf = convert(args.model, args.dtype, args.seed)
+    tram_model = checkpoint
+    if args.gguf_type:  # Tram loads the same quantized file
+        gguf = tram_model = quantized(checkpoint, args.dtype, args.seed, args.gguf_type)
+    workloads = parse_workloads(args.workloads)
+    slots, ctx = max(w.batch for w in workloads), max(w.prompt_len for w in workloads) + 16
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    llama = start_llama_server(binary, gguf, slots, ctx, args.port, args.threads, log_dir)
+    latency = argparse.ArgumentParser()
+    add_latency_args(latency)
+    flags = ["--model", str(tram_model), "--dtype", args.dtype, "--threads", str(args.threads), "--prefill"]
+    flags += ["--workloads", args.workloads, "--backend", args.backend, "--llama-server-url", llama.url]
+    flags += ["--output-json", args.output_json, *shlex.split(args.latency_args)]
+    try:
+        run_latency(latency.parse_args(flags))
+    finally:
+        llama.stop(timeout=30, strict=False)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -381,6 +411,20 @@ def main() -> None:
     cmp.add_argument("--log-dir", default=str(CACHE / "logs"))
     cmp.add_argument("--plot", default="llama_cpp_compare.png")
     cmp.add_argument("--output-json", default="llama_cpp_compare.json")
+    pre = sub.add_parser("prefill", help="time to first token: llama-server beside Tram (and vLLM)")
+    pre.add_argument("--model", default="qwen2.5-0.5b", help="a preset name or a model folder")
+    pre.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    pre.add_argument("--seed", type=int, default=0)
+    pre.add_argument("--gguf-type", help="both serve this llama-quantize type (Q4_K_M, ...) from the same file")
+    pre.add_argument("--workloads", default="1x2048,16x512", help="BxL: B prompts of L tokens at once")
+    pre.add_argument(
+        "--backend", default="tram,llama-server", help="`tram bench latency --prefill` backends (add vllm)"
+    )
+    pre.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="every engine's threads")
+    pre.add_argument("--port", type=int, default=8411)
+    pre.add_argument("--latency-args", default="", help="more `tram bench latency` flags, one string")
+    pre.add_argument("--log-dir", default=str(CACHE / "logs"))
+    pre.add_argument("--output-json", default="prefill_compare.json")
     args = parser.parse_args()
     if args.cmd == "build":
         print(build())
@@ -390,6 +434,8 @@ def main() -> None:
             build()  # llama-quantize
             path = quantized(checkpoint, args.dtype, args.seed, args.gguf_type)
         print(path)
+    elif args.cmd == "prefill":
+        prefill(args)
     else:
         compare(args)
 

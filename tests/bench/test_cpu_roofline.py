@@ -146,3 +146,19 @@ def test_floor_by_phase_by_hand() -> None:
     flops = cpu_roofline.workload_counts(cfg, [3, 5], [3, 2])["gemm_flops"] / 1e9
     reads = cpu_roofline.decode_weight_bytes(cfg, 2, [3, 2]) / 1e9
     assert phases["prefill"] + phases["decode"] > max(flops, reads)
+
+
+def test_prefill_flops_and_report_by_hand(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Two prompts of 3 tokens: per token and layer 576 linear MACs (2 layers), one LM-head row; causal
+    # attention over 1+2+3 = 6 positions per head and layer: QK^T and PV, head_dim 4, 2 heads, 2 layers.
+    per_prompt = 2 * (3 * 2 * 576 + 8 * 10) + 2 * 2 * 2 * 2 * 4 * 6
+    assert cpu_roofline.prefill_flops(tiny_config(), 2, 3) == 2 * per_prompt
+    path = tmp_path / "prefill.json"
+    rows = [{"workload": "2x3", "backend": "tram", "last_ms": 2 * per_prompt / 1e3, "prefill_tokens_per_s": 1.0}]
+    path.write_text(json.dumps({"results": rows}))
+    cpu_roofline.report_prefill(str(path), tiny_config(), peak=1e-3, goal=1.5)  # 1 MFLOP/s: the floor is 1x
+    assert "| 1.00 |" in capsys.readouterr().out
+    rows[0]["last_ms"] *= 2
+    path.write_text(json.dumps({"results": rows}))
+    cpu_roofline.report_prefill(str(path), tiny_config(), peak=1e-3, goal=1.5)
+    assert "| 2.00 (over) |" in capsys.readouterr().out

@@ -183,6 +183,31 @@ def test_gated_mlp_stacks_gate_and_up(rows: int, act: str) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gated_mlp_in_row_chunks_is_bit_exact(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long prefill's MLP runs in row chunks (mlp.chunk_rows); every row comes out bit for bit as
+    from one GEMM over all rows, so chunking never changes a request's output."""
+    from tram.model.layers import mlp as mlp_module
+
+    torch.manual_seed(4)
+    mlp = mlp_module.GatedMLP(64, 96, "silu", bias=False, dtype=dtype)
+    for p in mlp.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    mlp.eval().requires_grad_(False)
+    holder = torch.nn.Module()
+    holder.mlp = mlp
+    pack_cpu_linears(holder)
+    x = torch.randn(1000, 64).to(dtype)
+    assert mlp_module.chunk_rows(2 * 96, x.element_size()) >= 1000  # the default: one GEMM here
+    with torch.inference_mode():
+        whole = mlp(x)
+        monkeypatch.setattr(mlp_module, "MLP_CHUNK_BYTES", 64 * 2 * 96 * x.element_size())
+        monkeypatch.setattr(mlp_module, "MIN_CHUNK_ROWS", 64)
+        assert mlp_module.chunk_rows(2 * 96, x.element_size()) == 64
+        chunked = mlp(x)  # 16 chunks, the last of 40 rows
+    assert torch.equal(whole, chunked)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 40])
 def test_attention_stacks_q_k_v(rows: int, bias: bool, dtype: torch.dtype) -> None:

@@ -3,7 +3,8 @@
     tram bench latency --model llama-15m --batch-size 8 --input-len 128 --output-len 128
 
 Each iteration submits the whole batch at once and steps the engine until every request is done.
-Steps that ran prompt tokens are reported as prefill steps, the rest as decode steps.
+Steps that ran prompt tokens are reported as prefill steps, the rest as decode steps. `--prefill`
+times the first token instead, of Tram and its peers side by side (tram/bench/prefill.py).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import numpy as np
 import torch
 
 from tram.bench.datasets import random_requests
+from tram.bench.prefill import add_prefill_flags, run_prefill
 from tram.bench.report import machine_info, machine_summary, write_json
-from tram.bench.throughput import add_engine_flags, model_checkpoint
+from tram.bench.throughput import add_engine_flags, model_checkpoint, tram_llm
 from tram.bench.timing import stats_ms
-from tram.executor.cpu_threads import environment
 
 
 def add_latency_args(p: argparse.ArgumentParser) -> None:
@@ -30,6 +31,7 @@ def add_latency_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-iters-warmup", type=int, default=1)
     p.add_argument("--num-iters", type=int, default=5)
     p.add_argument("--output-json")
+    add_prefill_flags(p)
 
 
 def _one_batch(
@@ -68,22 +70,10 @@ def _stats(values: list[float]) -> dict[str, float]:
 
 
 def run_latency(args: argparse.Namespace) -> dict:
-    from tram import LLM
-
+    if args.prefill:
+        return run_prefill(args)
     torch.set_num_threads(args.threads)
-    model = model_checkpoint(args)
-    with environment({"TRAM_CPU_THREADS": str(args.threads)}):  # --threads decides, not the LLM's default
-        llm = LLM(
-            model,
-            dtype=args.dtype,
-            seed=args.seed,
-            max_num_seqs=max(args.max_num_seqs, args.batch_size),
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_model_len=args.max_model_len,
-            kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-            enable_prefix_caching=False,
-            kv_cache_dtype=args.kv_cache_dtype,
-        )
+    llm = tram_llm(model_checkpoint(args), args, max(args.max_num_seqs, args.batch_size), enable_prefix_caching=False)
     engine = llm.llm_engine
     vocab = engine.engine_core.config.model_config.vocab_size
     e2e, prefill, decode = [], [], []

@@ -95,6 +95,12 @@ def add_throughput_args(p: argparse.ArgumentParser) -> None:
         help="KV cache blocks of hf-cb (default: transformers sizes its cache from free memory)",
     )
     p.add_argument("--rounds", type=int, default=1, help="the backends take turns this many times; best run counts")
+    add_vllm_flags(p)
+    p.add_argument("--output-json")
+
+
+def add_vllm_flags(p: argparse.ArgumentParser) -> None:
+    """How the vLLM peer runs (tram/bench/vllm_peer.py): shared by `throughput` and `latency --prefill`."""
     p.add_argument(
         "--vllm-python",
         default=None,
@@ -108,7 +114,6 @@ def add_throughput_args(p: argparse.ArgumentParser) -> None:
         help="dummy: random weights from the same config; auto: the same weights as Tram",
     )
     p.add_argument("--vllm-kvcache-gb", type=float, default=4, help="VLLM_CPU_KVCACHE_SPACE")
-    p.add_argument("--output-json")
 
 
 def model_checkpoint(args: argparse.Namespace) -> str:
@@ -129,21 +134,28 @@ def timed_greedy(llm: Any, requests: list[BenchRequest]) -> tuple[float, list[li
     return time.perf_counter() - start, [list(o.outputs[0].token_ids) for o in outs]
 
 
-def tram_backend(model: str, args: argparse.Namespace) -> GenerateFn:
-    from tram import LLM, SamplingParams
+def tram_llm(model: str, args: argparse.Namespace, max_num_seqs: int, enable_prefix_caching: bool) -> Any:
+    """Tram's offline `LLM` with the engine flags of `add_engine_flags`."""
+    from tram import LLM
 
     with environment({"TRAM_CPU_THREADS": str(args.threads)}):  # --threads decides, not the LLM's default
-        llm = LLM(
+        return LLM(
             model,
             dtype=args.dtype,
             seed=args.seed,
-            max_num_seqs=args.max_num_seqs,
+            max_num_seqs=max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_model_len=args.max_model_len,
             kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-            enable_prefix_caching=args.enable_prefix_caching,
+            enable_prefix_caching=enable_prefix_caching,
             kv_cache_dtype=args.kv_cache_dtype,
         )
+
+
+def tram_backend(model: str, args: argparse.Namespace) -> GenerateFn:
+    from tram import SamplingParams
+
+    llm = tram_llm(model, args, args.max_num_seqs, args.enable_prefix_caching)
 
     def generate(requests: list[BenchRequest]) -> list[list[int]]:
         params = [
@@ -169,12 +181,11 @@ def warmup_requests(requests: list[BenchRequest]) -> list[BenchRequest]:
     return [BenchRequest(r.prompt_token_ids[:16], 4) for r in requests[:2]]
 
 
-def run_vllm_backend(
-    name: str, model: str, args: argparse.Namespace, requests: list[BenchRequest]
-) -> tuple[ThroughputResult, list[list[int]]]:
+def vllm_llm_kwargs(name: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
+    """vLLM's LLM(**kwargs) for backend `name`, with the engine settings Tram runs with."""
     from tram.bench import vllm_peer
 
-    kwargs = vllm_peer.llm_kwargs(
+    return vllm_peer.llm_kwargs(
         model,
         args.dtype,
         vllm_peer.MODES[name],
@@ -185,10 +196,17 @@ def run_vllm_backend(
         args.max_model_len,
         args.enable_prefix_caching,
     )
+
+
+def run_vllm_backend(
+    name: str, model: str, args: argparse.Namespace, requests: list[BenchRequest]
+) -> tuple[ThroughputResult, list[list[int]]]:
+    from tram.bench import vllm_peer
+
     out = vllm_peer.run_vllm(
         name,
         args.vllm_python or vllm_peer.default_python(),
-        kwargs,
+        vllm_llm_kwargs(name, model, args),
         [(r.prompt_token_ids, r.output_len) for r in requests],
         [(r.prompt_token_ids, r.output_len) for r in warmup_requests(requests)],
         args.threads,

@@ -181,15 +181,31 @@ def run_vllm(
 ) -> dict[str, Any]:
     """One timed run of `requests` through vLLM in `mode` (a MODES key); the runner's result plus the
     environment vLLM ran with and the wall time including its start-up."""
+    job = {"requests": requests, "warmup": warmup, "ignore_eos": ignore_eos, "fake": fake}
+    return _run_mode(mode, python, kwargs, job, threads, kvcache_gb, timeout)
+
+
+def run_vllm_ttft(
+    mode: str,
+    python: str,
+    kwargs: dict[str, Any],
+    batches: list[list[list[int]]],
+    threads: int,
+    kvcache_gb: float,
+    timeout: float = 3600,
+    fake: bool = False,
+) -> dict[str, Any]:
+    """Time to first token through vLLM in `mode`: each batch of prompts submitted at once, one output
+    token each; the result's "ttft" holds the seconds per prompt, per batch."""
+    return _run_mode(mode, python, kwargs, {"batches": batches, "fake": fake}, threads, kvcache_gb, timeout)
+
+
+def _run_mode(
+    mode: str, python: str, kwargs: dict[str, Any], job: dict[str, Any], threads: int, kvcache_gb: float, timeout: float
+) -> dict[str, Any]:
     check_python(python)
     env = vllm_env(python, threads, kvcache_gb)
-    job = {
-        "llm_kwargs": {**kwargs, "enforce_eager": MODES[mode]},
-        "requests": requests,
-        "warmup": warmup,
-        "ignore_eos": ignore_eos,
-        "fake": fake,
-    }
+    job = {"llm_kwargs": {**kwargs, "enforce_eager": MODES[mode]}, **job}
     start = time.perf_counter()
     print(
         f"[{mode}] starting vLLM in {python} ({' '.join(f'{k}={v}' for k, v in env.items())})",

@@ -10,6 +10,10 @@ JOB.json: {"llm_kwargs": {...LLM(**kwargs)}, "requests": [[prompt token ids, out
 RESULT.json: {"seconds", "output_tokens", "outputs" (token ids per request), "setup_seconds",
               "vllm_version", "torch_version", "torch_threads", "config" (what vLLM settled on)}
 
+A job with "batches": [[prompt token ids, ...], ...] instead of "requests" times the first token: each
+batch is submitted at once, one output token per prompt, and the engine is stepped until all are done;
+RESULT.json then has "ttft": [[seconds from submission to each prompt's token, ...], ...] per batch.
+
 With "fake": true nothing is imported and each request "generates" its output length of zeros, so
 the protocol can be tested where vLLM is not installed.
 """
@@ -24,6 +28,8 @@ import time
 
 def _fake(job: dict) -> dict:
     start = time.perf_counter()
+    if "batches" in job:
+        return {"ttft": [[0.0] * len(b) for b in job["batches"]], "setup_seconds": 0.0, "config": {"fake": True}}
     outputs = [[0] * n for _, n in job["requests"]]
     return {
         "seconds": time.perf_counter() - start,
@@ -60,10 +66,47 @@ def _plain(value):
     return value if isinstance(value, (int, float, str, bool, type(None))) else str(value)
 
 
+def _first_token_times(llm, batch: list[list[int]], tag: str) -> list[float]:
+    """Seconds from submitting `batch` to each prompt's one output token, stepping vLLM's engine."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=1, detokenize=False)
+    engine, times = llm.llm_engine, [0.0] * len(batch)
+    start = time.perf_counter()
+    for i, ids in enumerate(batch):
+        engine.add_request(f"{tag}-{i}", {"prompt_token_ids": ids}, params)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                times[int(out.request_id.rsplit("-", 1)[1])] = time.perf_counter() - start
+    return times
+
+
+def _run_ttft(job: dict) -> dict:
+    import torch
+    import vllm
+    from vllm import LLM
+
+    start = time.perf_counter()
+    llm = LLM(**job["llm_kwargs"])
+    setup = time.perf_counter() - start
+    return {
+        "ttft": [_first_token_times(llm, batch, f"b{n}") for n, batch in enumerate(job["batches"])],
+        "setup_seconds": setup,
+        "vllm_version": vllm.__version__,
+        "torch_version": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "config": _settled_config(llm),
+    }
+
+
 def _run(job: dict) -> dict:
     import torch
     import vllm
     from vllm import LLM, SamplingParams
+
+    if "batches" in job:
+        return _run_ttft(job)
 
     def generate(llm, requests):
         prompts = [{"prompt_token_ids": ids} for ids, _ in requests]

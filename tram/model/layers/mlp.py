@@ -13,6 +13,19 @@ from tram.model.layers.linear import Linear, linear_n, pack_stacked, takes_packe
 from tram.model.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear
 
 
+# A long prefill runs the packed MLP in row chunks whose [rows, 2I] gate/up output stays under this
+# size: glibc hands out bigger blocks as fresh mmap'd pages (and never from a thread's arena), so
+# every step paid for faulting in the gate/up output and the activation anew; chunks reuse freed
+# heap memory that is still mapped. A row's result does not depend on the chunk it is in.
+MLP_CHUNK_BYTES = 16 << 20
+MIN_CHUNK_ROWS = 256
+
+
+def chunk_rows(width: int, element_size: int) -> int:
+    """Rows per chunk of a packed MLP whose gate/up output is `width` elements wide."""
+    return max(MIN_CHUNK_ROWS, MLP_CHUNK_BYTES // (width * element_size) // 64 * 64)
+
+
 class GatedMLP(nn.Module):
     """SwiGLU with silu (Llama, Qwen), GeGLU with gelu_pytorch_tanh (Gemma).
 
@@ -35,6 +48,14 @@ class GatedMLP(nn.Module):
         self.packed_gate_up: torch.Tensor | None = None
         self.gate_up_bias: torch.Tensor | None = None
 
+    def _packed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = packed_linear(x, self.packed_gate_up, self.gate_up_bias)  # [T, 2I]
+        kernels = kernels_for(x) if self.fused_silu else None
+        if kernels is not None:
+            return self.down_proj(kernels.silu_and_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.down_proj(self.act(gate) * up)
+
     def stacked_linears(self) -> tuple[Linear, Linear]:
         return self.gate_proj, self.up_proj
 
@@ -45,12 +66,10 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
         if self.packed_gate_up is not None and takes_packed(x, self.gate_proj.weight):
-            gate_up = packed_linear(x, self.packed_gate_up, self.gate_up_bias)  # [T, 2I]
-            kernels = kernels_for(x) if self.fused_silu else None
-            if kernels is not None:
-                return self.down_proj(kernels.silu_and_mul(gate_up))
-            gate, up = gate_up.chunk(2, dim=-1)
-            return self.down_proj(self.act(gate) * up)
+            rows = chunk_rows(2 * self.gate_proj.out_features, x.element_size())
+            if x.shape[0] <= rows:
+                return self._packed_forward(x)
+            return torch.cat([self._packed_forward(part) for part in x.split(rows)])
         gate, up = linear_n(x, (self.gate_proj, self.up_proj))  # one skinny-kernel call for both on CPU
         kernels = kernels_for(gate) if self.fused_silu else None
         if kernels is not None:
