@@ -29,6 +29,7 @@
 // context: not on how the prompt was chunked, on a cached prefix, on the batch or on the thread count.
 #include "fp8.h"
 #include "kernels.h"
+#include "prefill_bf16.h"
 #include "simd.h"
 
 #include <ATen/Parallel.h>
@@ -50,7 +51,9 @@ using namespace tram::simd;
 constexpr int64_t kChunk = 16;     // keys per score vector
 constexpr int64_t kSegment = 256;  // keys per online-softmax step
 constexpr int64_t kTile = 64;      // query rows per work item
-constexpr int64_t kQueryRows = 4;       // query rows computed together
+// Query rows computed together: eight score vectors stay in registers with AVX-512's 32 (and reuse each
+// key and value load twice as often as four did); AVX2's 16 hold four.
+constexpr int64_t kQueryRows = TRAM_VF16_NATIVE ? 8 : 4;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int64_t kMaxHeadDim = 512;  // an fp8 key row is widened on the stack
 
@@ -63,13 +66,21 @@ struct Item {
   int64_t req, kv_head, tile;
 };
 
-// Per-thread scratch of one work item.
+// Per-thread scratch of one work item; the bf16 path (prefill_bf16.h) keeps its queries, keys, values
+// and probabilities as bfloat16 pairs in qw, kw, vw and p instead of q, kt and v.
 struct Scratch {
   std::vector<float> q, o, m, l, kt, v, s;
-  Scratch(int64_t G, int64_t D)
-      : q(G * kTile * D), o(G * kTile * D), m(G * kTile), l(G * kTile), kt(kSegment * D), v(kSegment * D),
-        s(kQueryRows * kSegment) {}
+  std::vector<uint32_t> qw, kw;
+  std::vector<uint16_t> vw, p;
+  Scratch(int64_t G, int64_t D, bool bf16)
+      : q(bf16 ? 0 : G * kTile * D), o(G * kTile * D), m(G * kTile), l(G * kTile), kt(bf16 ? 0 : kSegment * D),
+        v(bf16 ? 0 : kSegment * D), s(kQueryRows * kSegment), qw(bf16 ? G * kTile * D / 2 : 0),
+        kw(bf16 ? kSegment * D / 2 : 0), vw(bf16 ? kSegment * D : 0), p(bf16 ? kQueryRows * kSegment : 0) {}
 };
+
+// Whether (T, C) runs the bf16-pair path: a bfloat16 query and cache on a CPU with AVX512_BF16.
+template <typename T, typename C>
+constexpr bool kPairs = TRAM_PREFILL_BF16_DOT && std::is_same_v<T, c10::BFloat16> && std::is_same_v<C, T>;
 
 // The item's key range [lo, hi): what its first row may see from, what its last row sees up to.
 TRAM_INLINE void key_range(int64_t p_first, int64_t p_last, int64_t window, int64_t* lo, int64_t* hi) {
@@ -120,18 +131,29 @@ void load_segment(const C* k_cache, const C* v_cache, const Request& rq, int64_t
 // Scores of kQueryRows query rows (positions p[r], -1 = padding row) against the chunks [c0, c1) of a
 // segment starting at key k0, soft-capped when kCap, masked, into s ([row][key]); returns each row's
 // maximum. kCap is a template argument so that the uncapped loop stays as it was.
-template <bool kCap>
-TRAM_INLINE void score_rows(const float* q, int64_t D, const float* kt, int64_t k0, int64_t c0, int64_t c1,
+// kPairs: q and kt are the bf16 path's words (Scratch::qw, kw), else float32.
+template <bool kCap, bool kPairs>
+TRAM_INLINE void score_rows(const void* q, int64_t D, const void* kt, int64_t k0, int64_t c0, int64_t c1,
                             const int64_t* p, int64_t window, float scale, float cap, float* s, float* row_max) {
   const vi16 iota = iota16();
   vf16 mx[kQueryRows];
   for (int r = 0; r < kQueryRows; ++r) mx[r] = splat16(kNegInf);
   for (int64_t c = c0; c < c1; ++c) {
-    const float* ktc = kt + c * D * kChunk;
     vf16 acc[kQueryRows] = {};
-    for (int64_t d = 0; d < D; ++d) {
-      const vf16 k = vload<vf16>(ktc + d * kChunk);
-      for (int r = 0; r < kQueryRows; ++r) acc[r] += q[r * D + d] * k;
+    if constexpr (kPairs) {
+#if TRAM_PREFILL_BF16_DOT
+      __m512 dots[kQueryRows];
+      const uint32_t* ktc = static_cast<const uint32_t*>(kt) + c * (D / 2) * kChunk;
+      tram::prefill_bf16::score_chunk<kQueryRows>(static_cast<const uint32_t*>(q), D / 2, ktc, kChunk, dots);
+      for (int r = 0; r < kQueryRows; ++r) acc[r] = (vf16)dots[r];
+#endif
+    } else {
+      const float* qf = static_cast<const float*>(q);
+      const float* ktc = static_cast<const float*>(kt) + c * D * kChunk;
+      for (int64_t d = 0; d < D; ++d) {
+        const vf16 k = vload<vf16>(ktc + d * kChunk);
+        for (int r = 0; r < kQueryRows; ++r) acc[r] += qf[r * D + d] * k;
+      }
     }
     const int64_t first = k0 + c * kChunk;
     const vi16 pos = iota + static_cast<int32_t>(first);
@@ -152,9 +174,11 @@ TRAM_INLINE void score_rows(const float* q, int64_t D, const float* kt, int64_t 
 }
 
 // Online softmax over one segment for kQueryRows rows: rescale o/l to the new maxima, turn the scores in s
-// into exp(score - max), add them to l and their weighted V rows to o.
-TRAM_INLINE void accumulate_rows(float* s, const float* v, int64_t D, int64_t c0, int64_t c1, const float* row_max,
-                                 float* m, float* l, float* o) {
+// into exp(score - max), add them to l and their weighted V rows to o (kPairs: v is the bf16 path's
+// value words and p its scratch for the rounded probabilities).
+template <bool kPairs>
+TRAM_INLINE void accumulate_rows(float* s, const void* v, uint16_t* p, int64_t D, int64_t c0, int64_t c1,
+                                 const float* row_max, float* m, float* l, float* o) {
   for (int r = 0; r < kQueryRows; ++r) {
     float* sr = s + r * kSegment;
     if (row_max[r] == kNegInf) {  // the row sees nothing here: it adds exactly nothing
@@ -176,11 +200,22 @@ TRAM_INLINE void accumulate_rows(float* s, const float* v, int64_t D, int64_t c0
     }
     l[r] += hsum(sum);
   }
+  if constexpr (kPairs) {
+#if TRAM_PREFILL_BF16_DOT
+    for (int r = 0; r < kQueryRows; ++r)
+      for (int64_t c = c0; c < c1; ++c)
+        tram::prefill_bf16::round_to_bf16(s + r * kSegment + c * kChunk, p + r * kSegment + c * kChunk);
+    tram::prefill_bf16::weighted_values<kQueryRows>(p, kSegment, static_cast<const uint16_t*>(v), D, c0, c1, kChunk,
+                                                    o);
+#endif
+    return;
+  }
+  const float* vf = static_cast<const float*>(v);
   for (int64_t dv = 0; dv < D; dv += 16) {
     vf16 acc[kQueryRows];
     for (int r = 0; r < kQueryRows; ++r) acc[r] = vload<vf16>(o + r * D + dv);
     for (int64_t j = c0 * kChunk; j < c1 * kChunk; ++j) {
-      const vf16 vj = vload<vf16>(v + j * D + dv);
+      const vf16 vj = vload<vf16>(vf + j * D + dv);
       for (int r = 0; r < kQueryRows; ++r) acc[r] += s[r * kSegment + j] * vj;
     }
     for (int r = 0; r < kQueryRows; ++r) vstore(o + r * D + dv, acc[r]);
@@ -206,12 +241,19 @@ void run_item(const Item& it, const Request& rq, const T* q_ptr, int64_t qs0, in
   const int64_t i0 = it.tile * kTile, rows = std::min(kTile, rq.q_len - i0);
   const int64_t ctx0 = rq.seq_len - rq.q_len;  // position of the chunk's first query row
   const int64_t padded = (rows + kQueryRows - 1) / kQueryRows * kQueryRows;
+  constexpr bool pairs = kPairs<T, C>;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t h = it.kv_head * G + g;
     for (int64_t i = 0; i < padded; ++i) {
-      float* qd = sc.q.data() + (g * kTile + i) * D;
       const T* qs = q_ptr + (rq.q_start + i0 + i) * qs0 + h * qs1;
-      for (int64_t d = 0; d < D; ++d) qd[d] = i < rows ? load1(qs + d * qs2) : 0.f;
+      if constexpr (pairs) {
+        uint32_t* qw = sc.qw.data() + (g * kTile + i) * (D / 2);
+        for (int64_t d = 0; d < D; d += 2)
+          qw[d / 2] = i < rows ? (static_cast<uint32_t>(qs[(d + 1) * qs2].x) << 16) | qs[d * qs2].x : 0u;
+      } else {
+        float* qd = sc.q.data() + (g * kTile + i) * D;
+        for (int64_t d = 0; d < D; ++d) qd[d] = i < rows ? load1(qs + d * qs2) : 0.f;
+      }
     }
   }
   std::fill(sc.o.begin(), sc.o.end(), 0.f);
@@ -224,8 +266,15 @@ void run_item(const Item& it, const Request& rq, const T* q_ptr, int64_t qs0, in
     const int64_t k1 = std::min(k0 + kSegment, hi);
     // The first chunk any row of the item sees; chunk indices below count from k0.
     const int64_t c_base = (std::max(k0, lo / kChunk * kChunk) - k0) / kChunk;
-    load_segment(k_cache, v_cache, rq, it.kv_head, k0, k0 + c_base * kChunk, k1, bs, row_stride, D, sc.kt.data(),
-                 sc.v.data());
+    if constexpr (pairs) {
+#if TRAM_PREFILL_BF16_DOT
+      tram::prefill_bf16::load_segment(k_cache, v_cache, rq, it.kv_head, k0, k0 + c_base * kChunk, k1, bs,
+                                       row_stride, D, kChunk, sc.kw.data(), sc.vw.data());
+#endif
+    } else {
+      load_segment(k_cache, v_cache, rq, it.kv_head, k0, k0 + c_base * kChunk, k1, bs, row_stride, D, sc.kt.data(),
+                   sc.v.data());
+    }
     for (int64_t r0 = 0; r0 < padded; r0 += kQueryRows) {
       int64_t p[kQueryRows];
       for (int r = 0; r < kQueryRows; ++r) p[r] = r0 + r < rows ? ctx0 + i0 + r0 + r : -1;
@@ -235,17 +284,18 @@ void run_item(const Item& it, const Request& rq, const T* q_ptr, int64_t qs0, in
       const int64_t c0 = std::max(c_base, (first_key - k0) / kChunk);
       const int64_t c1 = std::min((k1 - k0 + kChunk - 1) / kChunk, (p_hi - k0) / kChunk + 1);
       if (p_hi < k0 || c1 <= c0) continue;
+      const void* kt = pairs ? static_cast<const void*>(sc.kw.data()) : sc.kt.data();
+      const void* v = pairs ? static_cast<const void*>(sc.vw.data()) : sc.v.data();
       for (int64_t g = 0; g < G; ++g) {
         const int64_t base = g * kTile + r0;
+        const void* q = pairs ? static_cast<const void*>(sc.qw.data() + base * (D / 2)) : sc.q.data() + base * D;
         float row_max[kQueryRows];
         if (cap > 0.f)
-          score_rows<true>(sc.q.data() + base * D, D, sc.kt.data(), k0, c0, c1, p, window, scale, cap, sc.s.data(),
-                           row_max);
+          score_rows<true, pairs>(q, D, kt, k0, c0, c1, p, window, scale, cap, sc.s.data(), row_max);
         else
-          score_rows<false>(sc.q.data() + base * D, D, sc.kt.data(), k0, c0, c1, p, window, scale, cap, sc.s.data(),
-                            row_max);
-        accumulate_rows(sc.s.data(), sc.v.data(), D, c0, c1, row_max, sc.m.data() + base, sc.l.data() + base,
-                        sc.o.data() + base * D);
+          score_rows<false, pairs>(q, D, kt, k0, c0, c1, p, window, scale, cap, sc.s.data(), row_max);
+        accumulate_rows<pairs>(sc.s.data(), v, sc.p.data(), D, c0, c1, row_max, sc.m.data() + base,
+                               sc.l.data() + base, sc.o.data() + base * D);
       }
     }
   }
@@ -282,7 +332,7 @@ void prefill_impl(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv
   std::atomic<int64_t> next{0};
   const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_items));
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    Scratch sc(G, D);
+    Scratch sc(G, D, kPairs<T, C>);
     for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < num_items;
          i = next.fetch_add(1, std::memory_order_relaxed)) {
       run_item<T, C>(items[i], reqs[items[i].req], query.data_ptr<T>(), query.stride(0), query.stride(1),
