@@ -12,7 +12,6 @@ from tram.model.layers.cpu_packed import PackFn, packed_linear
 from tram.model.layers.linear import Linear, linear_n, pack_stacked, takes_packed
 from tram.model.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear
 
-
 # A long prefill runs the packed MLP in row chunks whose [rows, 2I] gate/up output stays under this
 # size: glibc hands out bigger blocks as fresh mmap'd pages (and never from a thread's arena), so
 # every step paid for faulting in the gate/up output and the activation anew; chunks reuse freed
