@@ -38,7 +38,8 @@ read rate; Tram's measured step time is printed as a multiple of it, for the flo
 
 --prefill-results puts a `tram bench latency --prefill` run beside its GEMM roofline: each workload's
 FLOPs (every prompt token through the linears, causal attention, one LM-head row per prompt) at the
-packed GEMM peak of the run's model and dtype (float32 for a GGUF file, whose GEMMs dequantize):
+packed GEMM peak of the run's model and dtype (a GGUF file's prefill decodes its weights into slabs
+of the activations' dtype for the same GEMM):
 
     python benchmarks/cpu_roofline.py --prefill-results prefill.json
 """
@@ -281,7 +282,7 @@ def run_prefill_floor(args: argparse.Namespace) -> None:
         cfg = load_gguf_config(model)
     else:
         cfg = AutoConfig.from_pretrained(resolve_model(model))
-    dtype = getattr(torch, "float32" if model.endswith(".gguf") else run["dtype"])
+    dtype = getattr(torch, run["dtype"])  # a GGUF file's weights are decoded into GEMMs of this dtype
     with torch.inference_mode():
         assert load_cpu_kernels() is not None, "the CPU kernels failed to build"
         peak = gemm_peak(cfg, dtype, [512, 2048])

@@ -16,6 +16,7 @@ from conftest import assert_no_leak
 from tram.bench import prefill, vllm_peer
 from tram.bench.latency import add_latency_args, run_latency
 from tram.bench.prefill import PrefillResult, Workload
+from tram.bench.throughput import backend_names
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
@@ -29,9 +30,10 @@ def test_parse_workloads_and_backends() -> None:
     for bad in ("16", "0x512", "4x", "ax8", ""):
         with pytest.raises(ValueError, match="workload"):
             prefill.parse_workloads(bad)
-    assert prefill.backend_names("tram,vllm,llama-server") == ["tram", "vllm-eager", "vllm-compile", "llama-server"]
+    names = backend_names("tram,vllm,llama-server", prefill.BACKENDS, prefill.ALIASES)
+    assert names == ["tram", "vllm-eager", "vllm-compile", "llama-server"]
     with pytest.raises(ValueError, match="unknown backend"):
-        prefill.backend_names("tram,sglang")
+        backend_names("tram,sglang", prefill.BACKENDS, prefill.ALIASES)
 
 
 def test_batches_are_seeded_and_shaped() -> None:
@@ -105,6 +107,7 @@ def test_llama_server_client_sends_a_batch_at_once() -> None:
         (result,) = prefill.run_llama_server(args, plan)
     finally:
         server.shutdown()
+        server.server_close()
     assert result.backend == "llama-server" and len(result.ttft) == 1 and len(result.ttft[0]) == 3
     assert result.info["server_prompt_ms"] == [5.0]
     sent = _FakeLlamaServer.bodies

@@ -32,7 +32,7 @@ import torch
 
 from tram.bench.datasets import random_requests
 from tram.bench.report import machine_info, machine_summary, thread_settings, write_json
-from tram.bench.throughput import add_vllm_flags, model_checkpoint, tram_llm, vllm_llm_kwargs
+from tram.bench.throughput import add_vllm_flags, backend_names, model_checkpoint, tram_llm, vllm_llm_kwargs
 
 BACKENDS = ("tram", "vllm-eager", "vllm-compile", "llama-server")
 ALIASES = {"vllm": ("vllm-eager", "vllm-compile")}
@@ -98,16 +98,6 @@ def parse_workloads(text: str) -> list[Workload]:
     return out
 
 
-def backend_names(spec: str) -> list[str]:
-    names = []
-    for name in (b.strip() for b in spec.split(",") if b.strip()):
-        for n in ALIASES.get(name, (name,)):
-            if n not in BACKENDS:
-                raise ValueError(f"unknown backend {n!r}; choose from {', '.join(BACKENDS + tuple(ALIASES))}")
-            names.append(n)
-    return names
-
-
 def workload_batches(w: Workload, count: int, vocab_size: int, seed: int) -> list[list[list[int]]]:
     """`count` batches of `w`'s prompts: the same token ids for every backend."""
     batches = []
@@ -148,6 +138,7 @@ def run_tram(model: str, args: argparse.Namespace, plan: dict[Workload, list]) -
 def run_vllm(name: str, model: str, args: argparse.Namespace, plan: dict[Workload, list]) -> list[PrefillResult]:
     from tram.bench import vllm_peer
 
+    args = argparse.Namespace(**vars(args))
     args.max_num_seqs = max(args.max_num_seqs, *(w.batch for w in plan))
     batches = [b for bs in plan.values() for b in bs]
     out = vllm_peer.run_vllm_ttft(
@@ -222,7 +213,7 @@ def run_prefill(args: argparse.Namespace) -> dict:
     from transformers import AutoConfig
 
     torch.set_num_threads(args.threads)
-    names = backend_names(args.backend)
+    names = backend_names(args.backend, BACKENDS, ALIASES)
     workloads = parse_workloads(args.workloads)
     if any(n in ALIASES["vllm"] for n in names):  # a missing vLLM environment fails now, not after Tram's run
         from tram.bench.vllm_peer import check_python, default_python

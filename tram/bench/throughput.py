@@ -289,12 +289,15 @@ def print_report(results: list[ThroughputResult], outputs: dict[str, list[list[i
     return ratios
 
 
-def backend_names(spec: str) -> list[str]:
+def backend_names(
+    spec: str, backends: tuple[str, ...] = BACKENDS, aliases: dict[str, tuple[str, ...]] = ALIASES
+) -> list[str]:
+    """'tram,vllm' -> the backends it names, aliases expanded; an unknown one is a ValueError."""
     names = []
     for name in (b.strip() for b in spec.split(",") if b.strip()):
-        for n in ALIASES.get(name, (name,)):
-            if n not in BACKENDS:
-                raise ValueError(f"unknown backend {n!r}; choose from {', '.join(BACKENDS + tuple(ALIASES))}")
+        for n in aliases.get(name, (name,)):
+            if n not in backends:
+                raise ValueError(f"unknown backend {n!r}; choose from {', '.join(backends + tuple(aliases))}")
             names.append(n)
     return names
 
