@@ -19,9 +19,10 @@
 // bfloat16; docs/benchmarks.md has the timings), and a prompt with a cached prefix went through a gather of
 // the context and a masked SDPA. Here a work item is (request, kv head, tile of 64 query rows) with
 // the G query heads that share the kv head. For each segment of 256 keys the item widens K (transposed,
-// so a score row is a run of 16-lane FMAs over D) and V to float32 once, then for 4 query rows at a
+// so a score row is a run of 16-lane FMAs over D) and V to float32 once, then for kQueryRows rows at a
 // time computes the scores, an online-softmax update (a max and a rescale per segment, not per key)
-// and the weighted V sum. All arithmetic is float32; k_scale is folded into the score scale and v_scale
+// and the weighted V sum. All arithmetic is float32 (a bfloat16 query and cache on a CPU with AVX512_BF16
+// multiply in bf16 pairs instead: prefill_bf16.h); k_scale is folded into the score scale and v_scale
 // into the final 1 / sum (both exactly 1 unless the cache is fp8).
 //
 // Keys are visited in segments and chunks of 16 at fixed absolute positions, and a chunk or segment a
