@@ -180,3 +180,10 @@ def test_latency_counts_prefill_and_decode_steps(stories_path: str) -> None:
     assert report["end_to_end"]["mean_ms"] > report["decode_step"]["mean_ms"] * 4
     assert report["num_prefill_steps"] == 2 and report["num_decode_steps"] == 8
     assert report["machine"]["threads"]["torch_threads"] == 1  # --threads 1, in force when it ran
+
+
+def test_latency_refuses_a_prompt_past_the_model_length(stories_path: str) -> None:
+    argv = ["--model", stories_path, "--batch-size", "1", "--input-len", "5000", "--output-len", "4"]
+    args = _args(add_latency_args, [*argv, "--threads", "1", "--kv-cache-memory-bytes", str(8 << 20)])
+    with pytest.raises(ValueError, match="maximum context length"):
+        run_latency(args)

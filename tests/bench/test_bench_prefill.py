@@ -50,6 +50,14 @@ def test_tram_first_token_times(llm) -> None:
     assert_no_leak(llm.llm_engine)
 
 
+def test_a_prompt_past_the_model_length_is_a_clear_error(llm) -> None:
+    limit = llm.llm_engine.input_processor.max_model_len
+    batch = prefill.workload_batches(Workload(2, limit + 1), 1, 500, seed=0)[0]
+    with pytest.raises(ValueError, match="maximum context length"):
+        prefill.tram_first_token_times(llm.llm_engine, batch, "long")
+    assert not llm.llm_engine.has_unfinished_requests()
+
+
 def test_prefill_report_on_tram(stories_path: str, tmp_path: Path) -> None:
     out = tmp_path / "p.json"
     argv = ["--model", stories_path, "--prefill", "--workloads", "1x40,3x20", "--num-iters", "2"]

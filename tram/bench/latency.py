@@ -43,6 +43,8 @@ def _one_batch(
     params = SamplingParams(
         temperature=0.0, max_tokens=output_len, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY
     )
+    for ids in prompts:  # as LLM.generate would: a clear error, not a failed step, when one cannot fit
+        engine.input_processor.check_prompt_length(len(ids), output_len)
     prefill, decode = [], []
     start = time.perf_counter()
     for i, ids in enumerate(prompts):

@@ -112,6 +112,8 @@ def tram_first_token_times(engine: Any, batch: list[list[int]], tag: str) -> lis
     from tram.sampling_params import RequestOutputKind, SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+    for ids in batch:  # as LLM.generate would: a clear error, not a failed step, when one cannot fit
+        engine.input_processor.check_prompt_length(len(ids), 1)
     times = [0.0] * len(batch)
     start = time.perf_counter()
     for i, ids in enumerate(batch):
