@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tram.model.kernels.cpu_kernels import kernels_for, load_cpu_kernels
-from tram.model.layers.norm import RMSNorm
+from tram.model.layers.norm import Float32WeightRMSNorm, GemmaRMSNorm, RMSNorm
 from tram.model.layers.rope import apply_rotary, apply_rotary_qk
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -50,6 +50,24 @@ def test_rms_norm_matches_pytorch(kernels, shape: tuple[int, int], dtype: torch.
     normed, summed = kernels.add_rms_norm(x, residual, weight, 1e-5)
     assert torch.equal(summed, residual + x)
     assert torch.allclose(normed.float(), reference_norm(residual + x, weight, 1e-5).float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rms_norm_float_weight_rounds_once(kernels, dtype: torch.dtype) -> None:
+    """A float32 weight multiplies the float32 normalised row, rounded once (Gemma's, OLMo 2's)."""
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(6, 640, generator=g) * 3).to(dtype)
+    weight = torch.randn(640, generator=g)
+    x32 = x.float()
+    ref = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6) * weight).to(dtype)
+    out = kernels.rms_norm(x, weight, 1e-6)
+    tol = 2e-6 if dtype == torch.float32 else 1e-2
+    assert out.dtype == dtype and torch.allclose(out.float(), ref.float(), rtol=tol, atol=tol)
+    if dtype != torch.float32:  # rounding the normalised row first (Llama's) is another function
+        llama = kernels.rms_norm(x, weight.to(dtype), 1e-6)
+        assert (out != llama).any() and (out.float() - ref.float()).abs().max() < (
+            llama.float() - ref.float()
+        ).abs().max()
 
 
 def test_rms_norm_rows_independent_of_batch(kernels) -> None:
@@ -149,9 +167,28 @@ def test_rms_norm_module_paths_agree() -> None:
     assert torch.allclose(fast_normed.float(), slow_normed.float(), atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cls", [GemmaRMSNorm, Float32WeightRMSNorm], ids=lambda c: c.__name__)
+def test_float_weight_norm_modules_paths_agree(cls: type[torch.nn.Module], dtype: torch.dtype) -> None:
+    """Gemma's (1 + w) and OLMo 2's float32-weight norms: the kernel against their PyTorch ops, on rows
+    of 3-D input (Gemma's per-head q/k norms); a weight loaded again is picked up."""
+    norm = cls(64, 1e-6, dtype)
+    x = (torch.randn(3, 4, 64) * 2).to(dtype)
+    for _ in range(2):
+        with torch.no_grad():
+            norm.weight.copy_(torch.randn(64))
+        with torch.inference_mode():
+            fast = norm(x if cls is GemmaRMSNorm else x.view(12, 64))
+        slow = norm(x if cls is GemmaRMSNorm else x.view(12, 64))  # autograd enabled: PyTorch ops
+        tol = 2e-6 if dtype == torch.float32 else 1e-2
+        assert fast.shape == slow.shape and torch.allclose(fast.float(), slow.float(), atol=tol, rtol=tol)
+
+
 def test_bad_arguments_raise(kernels) -> None:
     with pytest.raises(RuntimeError, match="weight"):
         kernels.rms_norm(torch.randn(2, 8), torch.randn(7), 1e-5)
+    with pytest.raises(RuntimeError, match="x's dtype or float32"):
+        kernels.rms_norm(torch.randn(2, 8).bfloat16(), torch.randn(8).half(), 1e-5)
     with pytest.raises(RuntimeError, match="residual"):
         kernels.add_rms_norm(torch.randn(2, 8), torch.randn(3, 8), torch.randn(8), 1e-5)
     cos, sin = torch.randn(2, 8), torch.randn(2, 8)

@@ -4,6 +4,8 @@ float32 before the cast back), and OLMo 2's norm over a row that tensor-parallel
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -38,19 +40,39 @@ class RMSNorm(nn.Module):
         return self.forward(h), h
 
 
+class FloatScale:
+    """A float32 tensor derived from a parameter, made again only when the parameter changes (a load
+    writes it in place, which bumps its version): the norms' float32 weight, made once, not per call."""
+
+    def __init__(self, make: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.make = make
+        self.key: tuple[int, int] | None = None
+        self.value: torch.Tensor | None = None
+
+    def __call__(self, weight: torch.Tensor) -> torch.Tensor:
+        key = (weight.data_ptr(), weight._version)
+        if key != self.key or self.value is None:
+            self.value, self.key = self.make(weight.detach()).contiguous(), key
+        return self.value
+
+
 class GemmaRMSNorm(nn.Module):
     """Gemma's RMSNorm: the checkpoint stores w and the row is scaled by (1 + w), all in float32.
 
     Unlike Llama's, the normalised row is not rounded to the activation dtype before the weight
-    multiplies it, so the C++ kernel (Llama's roundings) does not apply; these are PyTorch ops.
+    multiplies it: on CPU the C++ kernel takes 1 + w as a float32 weight for that rounding.
     """
 
     def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(hidden_size, dtype=dtype))
         self.eps = eps
+        self.scale = FloatScale(lambda w: 1.0 + w.float())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., hidden] -> [..., hidden]
+        kernels = kernels_for(x)
+        if kernels is not None:  # one call instead of ten ops: six norms a layer in Gemma 3
+            return kernels.rms_norm(x.reshape(-1, x.shape[-1]), self.scale(self.weight), self.eps).view(x.shape)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (x32 * (1.0 + self.weight.float())).to(x.dtype)
@@ -59,12 +81,17 @@ class GemmaRMSNorm(nn.Module):
 class Float32WeightRMSNorm(RMSNorm):
     """OLMo 2's RMSNorm: the weight multiplies the normalised row in float32, rounded once after.
 
-    In float32 that is Llama's rounding, so the C++ kernel runs; in bfloat16 these are PyTorch ops.
+    In float32 that is Llama's rounding; in 16-bit dtypes the C++ kernel takes the weight as float32.
     """
 
+    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__(hidden_size, eps, dtype)
+        self.scale = FloatScale(lambda w: w.float())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
-        if x.dtype == torch.float32:
-            return super().forward(x)
+        kernels = kernels_for(x)
+        if kernels is not None:
+            return kernels.rms_norm(x, self.scale(self.weight), self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.weight.float() * x32).to(x.dtype)

@@ -52,7 +52,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "key/value [T,Hkv,D] into their slots of kv_cache [2,N,bs,Hkv,D] (CPU; the cache's dtype): (kv_cache, "
         "key, value, slot_mapping [T] int64, < 0: skipped)",
         py::arg("kv_cache"), py::arg("key"), py::arg("value"), py::arg("slot_mapping"));
-  m.def("rms_norm", &tram::rms_norm, "transformers' RMSNorm (CPU): (x [T,N], weight [N], eps) -> [T,N]",
+  m.def("rms_norm", &tram::rms_norm, "transformers' RMSNorm (CPU): (x [T,N], weight [N], eps) -> [T,N]; a float32 weight for 16-bit x "
+        "multiplies the unrounded normalised row (Gemma's, OLMo 2's)",
         py::arg("x"), py::arg("weight"), py::arg("eps"));
   m.def("add_rms_norm", &tram::add_rms_norm,
         "(rms_norm(x + residual), x + residual) (CPU): (x [T,N], residual [T,N], weight [N], eps)",

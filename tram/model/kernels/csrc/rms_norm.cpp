@@ -4,10 +4,12 @@
 //   add_rms_norm(x [T, N], residual [T, N], weight, eps) -> (rms_norm(s), s) with s = to_dtype(x + residual)
 //
 // Why: in a decode step of a small model each op costs a few microseconds of dispatch whatever its
-// size, and the norms were 7 of them, twice per layer. Roundings follow transformers' LlamaRMSNorm:
-// statistics in float32, the normalised row rounded to the dtype, then multiplied by the weight and
-// rounded again. Only the order of the sum of squares differs from PyTorch's (fixed here for a build:
-// it never depends on T or on the thread count).
+// size, and the norms were 7 of them, twice per layer. Roundings follow transformers: with a weight of
+// x's dtype, LlamaRMSNorm's (statistics in float32, the normalised row rounded to the dtype, then
+// multiplied by the weight and rounded again); with a float32 weight for a 16-bit x, Gemma's and OLMo
+// 2's (the weight multiplies the float32 normalised row, rounded once; Gemma's caller passes 1 + w).
+// For float32 x the two coincide. Only the order of the sum of squares differs from PyTorch's (fixed
+// here for a build: it never depends on T or on the thread count).
 #include "kernels.h"
 
 #include <ATen/Parallel.h>
@@ -35,24 +37,25 @@ float sum_of_squares(const T* row, int64_t n) {
   return acc;
 }
 
-template <typename T>
-void normalize_row(const T* row, const T* weight, T* out, int64_t n, double eps) {
+// W = T: the normalised row rounds to T before the weight multiplies it; W = float: it does not.
+template <typename T, typename W>
+void normalize_row(const T* row, const W* weight, T* out, int64_t n, double eps) {
   const float mean = sum_of_squares(row, n) / static_cast<float>(n);
   const float r = 1.0f / std::sqrt(mean + static_cast<float>(eps));
   for (int64_t i = 0; i < n; ++i) {
-    const T normed = static_cast<T>(static_cast<float>(row[i]) * r);
+    const W normed = static_cast<W>(static_cast<float>(row[i]) * r);
     out[i] = static_cast<T>(static_cast<float>(weight[i]) * static_cast<float>(normed));
   }
 }
 
-template <typename T>
+template <typename T, typename W>
 void rms_norm_impl(const at::Tensor& x, const at::Tensor* residual, const at::Tensor& weight, double eps,
                    at::Tensor& out, at::Tensor* sum) {
   const int64_t rows = x.size(0), n = x.size(1);
   const T* xp = x.data_ptr<T>();
   const T* rp = residual != nullptr ? residual->data_ptr<T>() : nullptr;
   T* sp = sum != nullptr ? sum->data_ptr<T>() : nullptr;
-  const T* wp = weight.data_ptr<T>();
+  const W* wp = weight.data_ptr<W>();
   T* op = out.data_ptr<T>();
   at::parallel_for(0, rows, kNormGrainRows, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
@@ -65,7 +68,7 @@ void rms_norm_impl(const at::Tensor& x, const at::Tensor* residual, const at::Te
         }
         row = srow;
       }
-      normalize_row<T>(row, wp, op + t * n, n, eps);
+      normalize_row<T, W>(row, wp, op + t * n, n, eps);
     }
   });
 }
@@ -74,20 +77,30 @@ void check_args(const at::Tensor& x, const at::Tensor& weight) {
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "rms_norm: CPU tensors only");
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 1 && weight.size(0) == x.size(1),
               "rms_norm: x must be [T, N] and weight [N]");
-  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "rms_norm: x and weight dtypes differ");
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type() || weight.scalar_type() == at::kFloat,
+              "rms_norm: the weight must be x's dtype or float32");
 }
 
 void dispatch(const at::Tensor& x, const at::Tensor* residual, const at::Tensor& weight, double eps,
               at::Tensor& out, at::Tensor* sum) {
+  const bool float_weight = weight.scalar_type() == at::kFloat;
   switch (x.scalar_type()) {
     case at::kFloat:
-      rms_norm_impl<float>(x, residual, weight, eps, out, sum);
+      rms_norm_impl<float, float>(x, residual, weight, eps, out, sum);
       break;
     case at::kBFloat16:
-      rms_norm_impl<c10::BFloat16>(x, residual, weight, eps, out, sum);
+      if (float_weight) {
+        rms_norm_impl<c10::BFloat16, float>(x, residual, weight, eps, out, sum);
+      } else {
+        rms_norm_impl<c10::BFloat16, c10::BFloat16>(x, residual, weight, eps, out, sum);
+      }
       break;
     case at::kHalf:
-      rms_norm_impl<c10::Half>(x, residual, weight, eps, out, sum);
+      if (float_weight) {
+        rms_norm_impl<c10::Half, float>(x, residual, weight, eps, out, sum);
+      } else {
+        rms_norm_impl<c10::Half, c10::Half>(x, residual, weight, eps, out, sum);
+      }
       break;
     default:
       TORCH_CHECK(false, "rms_norm: unsupported dtype ", x.scalar_type());
