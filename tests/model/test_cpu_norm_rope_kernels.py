@@ -184,9 +184,43 @@ def test_float_weight_norm_modules_paths_agree(cls: type[torch.nn.Module], dtype
         assert fast.shape == slow.shape and torch.allclose(fast.float(), slow.float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rms_norm_add_is_the_three_calls_it_replaces(kernels, dtype: torch.dtype) -> None:
+    """Gemma's sandwich: residual + norm(x), then the next norm of the sum, bit for bit as the
+    separate kernel calls and PyTorch's add; without a next weight only the sum."""
+    g = torch.Generator().manual_seed(11)
+    x, residual = (torch.randn(5, 640, generator=g) * 4).to(dtype), torch.randn(5, 640, generator=g).to(dtype)
+    w1, w2 = torch.randn(640, generator=g), torch.randn(640, generator=g)
+    s, normed = kernels.rms_norm_add(x, residual, w1, 1e-6, w2)
+    expected = residual + kernels.rms_norm(x, w1, 1e-6)
+    assert torch.equal(s, expected) and torch.equal(normed, kernels.rms_norm(expected, w2, 1e-6))
+    s_only, empty = kernels.rms_norm_add(x, residual, w1, 1e-6)
+    assert torch.equal(s_only, expected) and empty.numel() == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gemma_norm_add_paths_agree(dtype: torch.dtype) -> None:
+    first, second = GemmaRMSNorm(64, 1e-6, dtype), GemmaRMSNorm(64, 1e-6, dtype)
+    with torch.no_grad():
+        first.weight.copy_(torch.randn(64))
+        second.weight.copy_(torch.randn(64))
+    x, residual = (torch.randn(7, 64) * 3).to(dtype), torch.randn(7, 64).to(dtype)
+    with torch.inference_mode():
+        fast_sum, fast_next = first.norm_add(x, residual, second)
+        alone, none = first.norm_add(x, residual)
+    slow_sum, slow_next = first.norm_add(x, residual, second)  # autograd enabled: PyTorch ops
+    tol = 2e-6 if dtype == torch.float32 else 2e-2
+    assert none is None and torch.equal(alone, fast_sum)
+    assert torch.allclose(fast_sum.float(), slow_sum.float(), atol=tol, rtol=tol)
+    assert fast_next is not None and slow_next is not None
+    assert torch.allclose(fast_next.float(), slow_next.float(), atol=tol, rtol=tol)
+
+
 def test_bad_arguments_raise(kernels) -> None:
     with pytest.raises(RuntimeError, match="weight"):
         kernels.rms_norm(torch.randn(2, 8), torch.randn(7), 1e-5)
+    with pytest.raises(RuntimeError, match="next_weight must match"):
+        kernels.rms_norm_add(torch.randn(2, 8), torch.randn(2, 8), torch.randn(8), 1e-5, torch.randn(7))
     with pytest.raises(RuntimeError, match="x's dtype or float32"):
         kernels.rms_norm(torch.randn(2, 8).bfloat16(), torch.randn(8).half(), 1e-5)
     with pytest.raises(RuntimeError, match="residual"):

@@ -37,6 +37,7 @@ FAMILIES: dict[str, KernelFamily] = {
             "write_kv_cache_",
             "rms_norm",
             "add_rms_norm",
+            "rms_norm_add",
             "silu_and_mul",
             "silu_and_mul_pair",
             "argmax_rows",

@@ -77,6 +77,19 @@ class GemmaRMSNorm(nn.Module):
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (x32 * (1.0 + self.weight.float())).to(x.dtype)
 
+    def norm_add(
+        self, x: torch.Tensor, residual: torch.Tensor, next_norm: GemmaRMSNorm | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(s, next_norm(s)) with s = residual + self(x): Gemma's sandwich, one C++ call on CPU
+        (the same roundings as the separate norms and add). [T, hidden] each."""
+        kernels = kernels_for(x)
+        if kernels is not None and x.dim() == 2 and (next_norm is None or next_norm.eps == self.eps):
+            nxt = None if next_norm is None else next_norm.scale(next_norm.weight)
+            s, normed = kernels.rms_norm_add(x, residual, self.scale(self.weight), self.eps, nxt)
+            return s, None if next_norm is None else normed
+        s = residual + self(x)
+        return s, None if next_norm is None else next_norm(s)
+
 
 class Float32WeightRMSNorm(RMSNorm):
     """OLMo 2's RMSNorm: the weight multiplies the normalised row in float32, rounded once after.

@@ -92,8 +92,10 @@ class Gemma3DecoderLayer(nn.Module):
     ) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
         cos, sin = ropes[self.layer_type]
         attn = self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta)
-        h = h + self.post_attention_layernorm(attn)
-        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        h, x = self.post_attention_layernorm.norm_add(attn, h, self.pre_feedforward_layernorm)
+        assert x is not None
+        h, _ = self.post_feedforward_layernorm.norm_add(self.mlp(x), h)
+        return h
 
 
 class Gemma3TextModel(DecoderModel):

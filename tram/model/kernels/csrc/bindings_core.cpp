@@ -55,6 +55,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &tram::rms_norm, "transformers' RMSNorm (CPU): (x [T,N], weight [N], eps) -> [T,N]; a float32 weight for 16-bit x "
         "multiplies the unrounded normalised row (Gemma's, OLMo 2's)",
         py::arg("x"), py::arg("weight"), py::arg("eps"));
+  m.def("rms_norm_add", &tram::rms_norm_add,
+        "(s, rms_norm(s, next_weight) or empty) with s = residual + rms_norm(x, weight) (CPU; Gemma's "
+        "sandwich norms): (x [T,N], residual [T,N], weight [N], eps, next_weight [N] or None)",
+        py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("eps"), py::arg("next_weight") = py::none());
   m.def("add_rms_norm", &tram::add_rms_norm,
         "(rms_norm(x + residual), x + residual) (CPU): (x [T,N], residual [T,N], weight [N], eps)",
         py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("eps"));

@@ -118,6 +118,9 @@ void write_kv_cache_(at::Tensor& kv_cache, const at::Tensor& key, const at::Tens
 
 // rms_norm.cpp: transformers' RMSNorm, optionally after adding the residual.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+std::tuple<at::Tensor, at::Tensor> rms_norm_add(const at::Tensor& x, const at::Tensor& residual,
+                                                const at::Tensor& weight, double eps,
+                                                const c10::optional<at::Tensor>& next_weight);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
                                                 const at::Tensor& weight, double eps);
 

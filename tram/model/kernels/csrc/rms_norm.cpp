@@ -2,6 +2,11 @@
 //
 //   rms_norm(x [T, N], weight [N], eps)                -> weight * to_dtype(x32 * rsqrt(mean(x32^2) + eps))
 //   add_rms_norm(x [T, N], residual [T, N], weight, eps) -> (rms_norm(s), s) with s = to_dtype(x + residual)
+//   rms_norm_add(x, residual, weight, eps, next_weight)   -> (s, rms_norm(s, next_weight) or an empty tensor)
+//                                                            with s = to_dtype(residual + rms_norm(x, weight))
+//
+// rms_norm_add is Gemma's sandwich (a norm on the branch's output before the residual add, then the
+// next norm of the sum): three calls in one, the same roundings as the three.
 //
 // Why: in a decode step of a small model each op costs a few microseconds of dispatch whatever its
 // size, and the norms were 7 of them, twice per layer. Roundings follow transformers: with a weight of
@@ -73,6 +78,32 @@ void rms_norm_impl(const at::Tensor& x, const at::Tensor* residual, const at::Te
   });
 }
 
+// s = residual + norm(x, w) per row (rounded as PyTorch's add), then norm(s, next_w) where given.
+template <typename T, typename W>
+void norm_add_impl(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps,
+                   const at::Tensor* next_weight, at::Tensor& sum, at::Tensor* next) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  const T* xp = x.data_ptr<T>();
+  const T* rp = residual.data_ptr<T>();
+  const W* wp = weight.data_ptr<W>();
+  const W* np = next_weight != nullptr ? next_weight->data_ptr<W>() : nullptr;
+  T* sp = sum.data_ptr<T>();
+  T* op = next != nullptr ? next->data_ptr<T>() : nullptr;
+  at::parallel_for(0, rows, kNormGrainRows, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      T* srow = sp + t * n;
+      normalize_row<T, W>(xp + t * n, wp, srow, n, eps);
+      const T* rrow = rp + t * n;
+      for (int64_t i = 0; i < n; ++i) {
+        srow[i] = static_cast<T>(static_cast<float>(rrow[i]) + static_cast<float>(srow[i]));
+      }
+      if (np != nullptr) {
+        normalize_row<T, W>(srow, np, op + t * n, n, eps);
+      }
+    }
+  });
+}
+
 void check_args(const at::Tensor& x, const at::Tensor& weight) {
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "rms_norm: CPU tensors only");
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 1 && weight.size(0) == x.size(1),
@@ -117,6 +148,48 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   at::Tensor out = at::empty_like(xc);
   dispatch(xc, nullptr, wc, eps, out, nullptr);
   return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_add(const at::Tensor& x, const at::Tensor& residual,
+                                                const at::Tensor& weight, double eps,
+                                                const c10::optional<at::Tensor>& next_weight) {
+  check_args(x, weight);
+  TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type(),
+              "rms_norm_add: residual must match x");
+  const at::Tensor xc = x.contiguous(), rc = residual.contiguous(), wc = weight.contiguous();
+  at::Tensor nw;
+  if (next_weight.has_value()) {
+    nw = next_weight->contiguous();
+    TORCH_CHECK(nw.scalar_type() == wc.scalar_type() && nw.sizes() == wc.sizes(),
+                "rms_norm_add: next_weight must match weight");
+  }
+  at::Tensor sum = at::empty_like(xc);
+  at::Tensor next = nw.defined() ? at::empty_like(xc) : at::empty({0}, xc.options());
+  const at::Tensor* nwp = nw.defined() ? &nw : nullptr;
+  at::Tensor* nextp = nw.defined() ? &next : nullptr;
+  const bool float_weight = wc.scalar_type() == at::kFloat;
+  switch (xc.scalar_type()) {
+    case at::kFloat:
+      norm_add_impl<float, float>(xc, rc, wc, eps, nwp, sum, nextp);
+      break;
+    case at::kBFloat16:
+      if (float_weight) {
+        norm_add_impl<c10::BFloat16, float>(xc, rc, wc, eps, nwp, sum, nextp);
+      } else {
+        norm_add_impl<c10::BFloat16, c10::BFloat16>(xc, rc, wc, eps, nwp, sum, nextp);
+      }
+      break;
+    case at::kHalf:
+      if (float_weight) {
+        norm_add_impl<c10::Half, float>(xc, rc, wc, eps, nwp, sum, nextp);
+      } else {
+        norm_add_impl<c10::Half, c10::Half>(xc, rc, wc, eps, nwp, sum, nextp);
+      }
+      break;
+    default:
+      TORCH_CHECK(false, "rms_norm_add: unsupported dtype ", xc.scalar_type());
+  }
+  return {sum, next};
 }
 
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
