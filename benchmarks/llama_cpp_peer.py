@@ -251,7 +251,7 @@ def start_llama_server(
 
 def start_tram(
     model: str,
-    dtype: str,
+    dtype: str | None,
     port: int,
     max_model_len: int,
     log_dir: Path,
@@ -261,7 +261,9 @@ def start_tram(
 ) -> TramServer:
     """Tram's server; `threads` sets the engine core's model threads (TRAM_CPU_THREADS), which
     default to all cores but one, where llama-server takes them all. `extra`: more serve flags."""
-    args = ["--dtype", dtype, "--max-model-len", str(max_model_len), "--served-model-name", "tram", *shlex.split(extra)]
+    args = ["--max-model-len", str(max_model_len), "--served-model-name", "tram", *shlex.split(extra)]
+    if dtype:  # None: Tram's own choice for the file, as a user starts it
+        args += ["--dtype", dtype]
     if tokenizer:
         args += ["--tokenizer", tokenizer]
     env = {"TRAM_CPU_THREADS": str(threads)} if threads else None
@@ -282,21 +284,39 @@ def bench(server: ServerProcess, model: str, requests: list, concurrency: int, l
     return result
 
 
+def gguf_vocab_size(path: Path) -> int:
+    """The vocabulary of a GGUF file (its token list's length), read from the metadata alone."""
+    from gguf import GGUFReader
+
+    return len(GGUFReader(str(path)).fields["tokenizer.ggml.tokens"].data)
+
+
+def served_files(args: argparse.Namespace) -> tuple[str, str | None, Path, int]:
+    """(what Tram serves, its tokenizer or None, the file llama-server serves, the vocabulary size).
+
+    --gguf: a GGUF file a user holds, served as it is by both (Tram reads its tokenizer from it).
+    --gguf-type: both engines serve the same quantized file made from the preset (Tram with the
+    checkpoint's tokenizer). Otherwise Tram serves the checkpoint and llama-server its conversion."""
+    if args.gguf:
+        path = Path(args.gguf).resolve()
+        return str(path), None, path, gguf_vocab_size(path)
+    from transformers import AutoConfig
+
+    checkpoint, gguf = convert(args.model, args.dtype, args.seed)
+    vocab = AutoConfig.from_pretrained(checkpoint).vocab_size
+    if args.gguf_type:
+        gguf = quantized(checkpoint, args.dtype, args.seed, args.gguf_type)
+        return str(gguf), checkpoint, gguf, vocab
+    return checkpoint, None, gguf, vocab
+
+
 def compare(args: argparse.Namespace) -> None:
     from tram.bench.datasets import make_requests, parse_range
     from tram.bench.report import machine_info, write_json
     from tram.bench.sweep_plot import plot_sweep
 
     binary = build()
-    checkpoint, gguf = convert(args.model, args.dtype, args.seed)
-    # --gguf-type: both engines serve the same quantized file (Tram with the checkpoint's tokenizer).
-    tram_model, tram_tokenizer = checkpoint, None
-    if args.gguf_type:
-        gguf = quantized(checkpoint, args.dtype, args.seed, args.gguf_type)
-        tram_model, tram_tokenizer = str(gguf), checkpoint
-    from transformers import AutoConfig
-
-    vocab = AutoConfig.from_pretrained(checkpoint).vocab_size
+    tram_model, tram_tokenizer, gguf, vocab = served_files(args)
     levels = [int(c) for c in args.concurrency.split(",")]
     ctx = parse_range(args.input_len)[1] + parse_range(args.output_len)[1] + 16
     log_dir = Path(args.log_dir)
@@ -306,7 +326,14 @@ def compare(args: argparse.Namespace) -> None:
     # idle meanwhile, stays up), so each pair is measured minutes apart at most: this shared VM's
     # speed drifts by 10-20% over minutes, which made the engines measured at different times differ.
     tram = start_tram(
-        tram_model, args.dtype, args.port + 1, ctx, log_dir, tram_tokenizer, args.tram_threads, args.tram_args
+        tram_model,
+        None if args.gguf else args.dtype,
+        args.port + 1,
+        ctx,
+        log_dir,
+        tram_tokenizer,
+        args.tram_threads,
+        args.tram_args,
     )
     memory = {"tram_idle_mib": resident_mib(tram.proc.pid), "file_mib": gguf.stat().st_size / 2**20}
     try:
@@ -331,12 +358,13 @@ def compare(args: argparse.Namespace) -> None:
     finally:
         tram.stop(timeout=30, strict=False)
     ratios = print_serve_comparison(runs, ("tram", "llama.cpp"), lambda by, conc: by.get(("llama.cpp", conc)))
-    plot_sweep(runs, args.plot, title=f"{args.model} {args.dtype}: tram vs llama.cpp")
+    title = Path(args.gguf).name if args.gguf else f"{args.model} {args.dtype}"
+    plot_sweep(runs, args.plot, title=f"{title}: tram vs llama.cpp")
     print("resident set (MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in memory.items()))
     write_json(
         args.output_json,
         {
-            "model": args.model,
+            "model": args.gguf or args.model,
             "dtype": args.dtype,
             "gguf_type": args.gguf_type,
             "tram_args": args.tram_args,
@@ -392,6 +420,9 @@ def main() -> None:
         "Tram loads the same GGUF file as llama-server",
     )
     sub.choices["convert"].add_argument("--gguf-type", help="also quantize to this llama-quantize type")
+    cmp.add_argument(
+        "--gguf", help="a GGUF file both serve as it is (e.g. a downloaded model; --model and --dtype then unused)"
+    )
     cmp.add_argument("--concurrency", default="1,16,64")
     cmp.add_argument("--num-prompts", type=int, help=f"per level (default: 4 x concurrency, at least {MIN_PROMPTS})")
     cmp.add_argument("--input-len", default="32:512")
