@@ -260,7 +260,8 @@ def start_tram(
     extra: str = "",
 ) -> TramServer:
     """Tram's server; `threads` sets the engine core's model threads (TRAM_CPU_THREADS), which
-    default to all cores but one, where llama-server takes them all. `extra`: more serve flags."""
+    default to every core while the machine is otherwise free (one fewer while another process is
+    busy), as llama-server takes them all. `extra`: more serve flags."""
     args = ["--max-model-len", str(max_model_len), "--served-model-name", "tram", *shlex.split(extra)]
     if dtype:  # None: Tram's own choice for the file, as a user starts it
         args += ["--dtype", dtype]
@@ -434,7 +435,7 @@ def main() -> None:
         "--tram-threads",
         type=int,
         help="the engine core's model threads (default: Tram's own "
-        "choice, all cores but one; pass the core count to match llama-server's default)",
+        "choice: every core while no other process is busy, one fewer while one is)",
     )
     cmp.add_argument(
         "--tram-args", default="", help="more `tram serve` flags, one string (e.g. '--gguf-activations int8')"

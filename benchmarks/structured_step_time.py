@@ -33,7 +33,7 @@ The extra cost is split by wrapping the methods that do it with timers (in this 
   (in `StructuredOutputManager.advance`).
 The wrappers add ~0.3 us a call (64 accept calls a step: ~20 us). Each is timed in wall time and in
 the engine thread's CPU time, the step in wall time and the process's CPU time: with one torch
-thread (the default: every usable core but one, as the engine core's) the CPU times leave out what
+thread (the default: every usable core but one, as the engine core's beside a busy process) the CPU times leave out what
 other processes on a shared machine took.
 
 --prototype then times, on the live matchers and a bitmask of the last step, candidate
@@ -454,7 +454,7 @@ def main() -> None:
         "--threads",
         type=int,
         default=max(1, len(os.sched_getaffinity(0)) - 1),
-        help="torch threads (default: every usable core but one, as the engine core's default)",
+        help="torch threads (default: every usable core but one, as the engine core's beside a busy process)",
     )
     p.add_argument(
         "--tokenizer",

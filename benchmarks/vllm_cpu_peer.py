@@ -8,8 +8,8 @@ it: benchmarks/README.md) as `python -m vllm.entrypoints.openai.api_server` (the
 console script fails on a missing package name), in both configurations: `vllm-eager`
 (`--enforce-eager`) and `vllm-compile` (its default, torch.compile); the better one is the peer.
 Each level restarts vLLM's servers (so an idle one never shares the CPU with a measured one); Tram
-stays up. Both engines get the same CPU threads (`--threads`, default Tram's own server default:
-all cores but one): TRAM_CPU_THREADS for Tram, VLLM_CPU_OMP_THREADS_BIND for vLLM.
+stays up. Both engines get the same CPU threads (`--threads`, default all cores but one, Tram's server
+default beside a busy process): TRAM_CPU_THREADS for Tram, VLLM_CPU_OMP_THREADS_BIND for vLLM.
 
 The presets' tokenizer has 512 tokens for a 32,000-token model, and a server must detokenize what
 random weights sample; both engines therefore load a copy of the checkpoint whose tokenizer has one
@@ -211,7 +211,7 @@ def main() -> None:
         "--threads",
         type=int,
         default=max(1, (os.cpu_count() or 2) - 1),
-        help="CPU threads of each engine (default: all cores but one, Tram's server default)",
+        help="CPU threads of each engine (default: all cores but one, Tram's server default beside a busy process)",
     )
     cmp.add_argument("--warmup", type=int, default=2)
     cmp.add_argument("--port", type=int, default=8421)

@@ -53,7 +53,8 @@ _DECLARED = (
         "TRAM_CPU_THREADS",
         None,
         "the model's CPU threads, per engine core (so per data-parallel replica), per rank and for the "
-        "offline LLM; unset: the usable cores but one, shared out among replicas and ranks",
+        "offline LLM; unset: every usable core while no other process is busy, one fewer while one is "
+        "(tram/executor/cpu_share.py), and shares of the cores but one among replicas and ranks",
     ),
     EnvVar("OMP_NUM_THREADS", None, "OpenMP's thread count; Tram takes it for TRAM_CPU_THREADS when that is unset"),
     EnvVar("OMP_WAIT_POLICY", None, "OpenMP's wait policy (ACTIVE / PASSIVE); when set, Tram sets no spin count"),

@@ -11,15 +11,17 @@ from types import SimpleNamespace
 import pytest
 
 from tram.config import ParallelConfig
+from tram.executor import cpu_share
 from tram.executor.cpu_threads import DEFAULT_SPIN_COUNT, choose_cpu_threads, environment
 
 TRAM_DEFAULT_ENV = {"GOMP_SPINCOUNT": str(DEFAULT_SPIN_COUNT)}
 
 
-@pytest.mark.parametrize("cores, threads", [(1, 1), (2, 1), (3, 2), (16, 15)])
-def test_defaults_all_cores_but_one_and_a_short_spin(cores: int, threads: int) -> None:
+@pytest.mark.parametrize("cores, threads, shared", [(1, 1, None), (2, 2, 1), (3, 3, 2), (16, 16, 15)])
+def test_defaults_follow_the_machine_with_a_short_spin(cores: int, threads: int, shared: int | None) -> None:
+    """Every core while other processes leave them free, one fewer while one is busy (cpu_share.py)."""
     policy = choose_cpu_threads({"PATH": "/bin"}, cores)
-    assert policy.threads == threads and policy.env == TRAM_DEFAULT_ENV
+    assert policy.threads == threads and policy.shared_threads == shared and policy.env == TRAM_DEFAULT_ENV
     assert "Tram's default" in policy.describe() and "default:" in policy.describe()
 
 
@@ -35,7 +37,7 @@ def test_defaults_all_cores_but_one_and_a_short_spin(cores: int, threads: int) -
 )
 def test_user_thread_count_wins(environ: dict[str, str], threads: int) -> None:
     policy = choose_cpu_threads(environ, cores=2)
-    assert policy.threads == threads
+    assert policy.threads == threads and policy.shared_threads is None  # the user's count is fixed
     assert policy.env == TRAM_DEFAULT_ENV  # a thread count alone does not say how threads wait
 
 
@@ -90,8 +92,30 @@ def test_engine_core_applies_and_logs_the_policy(
     threads = torch.get_num_threads()
     try:
         with caplog.at_level(logging.INFO, logger="tram.engine.core_proc"):
-            _set_cpu_threads(config, added)  # type: ignore[arg-type]
-        assert torch.get_num_threads() == 2  # 3 cores but one
+            _set_cpu_threads(config, added, os.getppid())  # type: ignore[arg-type]
+        assert torch.get_num_threads() == 3  # every core, until another process is busy
+        watch = cpu_share.installed()
+        assert watch is not None and (watch.full, watch.shared) == (3, 2)
+        assert watch.own_pids == (os.getpid(), os.getppid())  # the engine core and its API server
+    finally:
+        cpu_share.uninstall()
+        torch.set_num_threads(threads)
+    assert expected in caplog.text and "3 CPU thread(s)" in caplog.text
+
+
+def test_a_replica_share_is_fixed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from tram.engine.core_proc import _set_cpu_threads
+
+    for name in ("TRAM_CPU_THREADS", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    config = SimpleNamespace(
+        model_config=SimpleNamespace(device_type="cpu"), parallel_config=ParallelConfig(cpu_threads=1)
+    )
+    threads = torch.get_num_threads()
+    try:
+        _set_cpu_threads(config, {}, os.getppid())  # type: ignore[arg-type]
+        assert torch.get_num_threads() == 1 and cpu_share.installed() is None
     finally:
         torch.set_num_threads(threads)
-    assert expected in caplog.text and "2 CPU thread(s)" in caplog.text

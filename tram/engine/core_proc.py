@@ -23,6 +23,7 @@ from tram.core.request import RequestStatus
 from tram.engine import messages
 from tram.engine.core import EngineCore
 from tram.engine.messages import EngineCoreOutputs
+from tram.executor import cpu_share
 from tram.executor.cpu_threads import engine_core_policy, usable_cores
 
 logger = logging.getLogger(__name__)
@@ -103,17 +104,22 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(0)
 
 
-def _set_cpu_threads(config: EngineConfig, cpu_env: dict[str, str]) -> None:
+def _set_cpu_threads(config: EngineConfig, cpu_env: dict[str, str], parent_pid: int) -> None:
     """On CPU, set the model's thread count and log the threads and wait policy once (the rules and
     the measurements behind them: tram/executor/cpu_threads.py). `cpu_env` is what the API server added
-    to this process's environment; without it, the rest is the environment the user started with."""
+    to this process's environment; without it, the rest is the environment the user started with.
+    The default count follows what other processes than this one and the API server (`parent_pid`)
+    use of the cores, where the model runs in this process (cpu_share.py)."""
     if config.model_config.device_type != "cpu":
         return
     import torch
 
     user_env = {k: v for k, v in os.environ.items() if k not in cpu_env}
     policy = engine_core_policy(user_env, usable_cores(), config.parallel_config.cpu_threads)
-    torch.set_num_threads(policy.threads)
+    if policy.shared_threads is not None and config.parallel_config.world_size == 1:
+        cpu_share.install(policy.threads, policy.shared_threads, (os.getpid(), parent_pid), torch.set_num_threads)
+    else:
+        torch.set_num_threads(policy.threads)
     logger.info("engine core: %s", policy.describe())
 
 
@@ -122,7 +128,7 @@ def run_engine_core(
 ) -> None:
     """Process entry point (spawned by the API server)."""
     config.model_config.resolve()
-    _set_cpu_threads(config, cpu_env or {})
+    _set_cpu_threads(config, cpu_env or {}, parent_pid)
     # Ctrl-C reaches the whole process group; the API server decides when the engine stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)

@@ -31,10 +31,11 @@ class LLM:
     kv_cache_memory_bytes, dtype, seed, load_format, attention_backend, tokenizer, revision.
 
     On the CPU the model runs in this process, with the threads and the OpenMP wait policy that
-    `tram serve` gives its engine core (tram/executor/cpu_threads.py): every usable core but one,
-    unless TRAM_CPU_THREADS or OMP_NUM_THREADS says otherwise or the program called
-    torch.set_num_threads after importing Tram. Building an LLM sets this process's torch thread
-    count (`cpu_thread_policy` says what and why; entrypoints/offline_threads.py).
+    `tram serve` gives its engine core (tram/executor/cpu_threads.py): every usable core while no
+    other process is busy and one fewer while one is (tram/executor/cpu_share.py watches), unless
+    TRAM_CPU_THREADS or OMP_NUM_THREADS says otherwise or the program called torch.set_num_threads
+    after importing Tram. Building an LLM sets this process's torch thread count
+    (`cpu_thread_policy` says what and why; entrypoints/offline_threads.py).
     """
 
     def __init__(self, model: str, **kwargs: Any) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tram.executor import cpu_share
 from tram.executor.cpu_threads import (
     THREADS_VARS,
     CpuThreadPolicy,
@@ -90,6 +91,7 @@ def plan(
             policy,
             threads=programs_threads,
             threads_source=f"torch.set_num_threads({programs_threads}) by this program",
+            shared_threads=None,
         )
     if policy.env and not loaded_here:
         return late_wait_policy(policy)
@@ -107,7 +109,11 @@ def apply(config: EngineConfig) -> CpuThreadPolicy | None:
 
     programs = TORCH_THREADS.programs_choice(torch.get_num_threads())
     policy = plan(os.environ, usable_cores(), LOADED_HERE, programs)
-    torch.set_num_threads(policy.threads)
+    if policy.shared_threads is not None:
+        cpu_share.install(policy.threads, policy.shared_threads, (os.getpid(),), torch.set_num_threads)
+    else:
+        cpu_share.uninstall()
+        torch.set_num_threads(policy.threads)
     TORCH_THREADS.ours = policy.threads
     logger.info("LLM: %s", policy.describe())
     warning = late_wait_warning(policy)

@@ -9,12 +9,13 @@ when it loads with torch, and the spawned engine imports torch while it unpickle
 computes the thread count from the same environment with the same function.
 
 The rules (docs/benchmarks.md, "Sharing the machine", has the measurements behind them):
-- Threads: TRAM_CPU_THREADS, else OMP_NUM_THREADS, else every usable core but one. The API server
-  (and often the client, and whatever else runs there) needs a core too. An OpenMP parallel region
-  ends only when its slowest thread does, so when any other process takes a core from one of the
-  engine's threads, every region waits for that thread to be scheduled again. With one busy
-  process beside the server, a thread on every core makes the time between tokens many times worse
-  at its tail and lowers throughput, where alone it gains little on small models.
+- Threads: TRAM_CPU_THREADS, else OMP_NUM_THREADS, else every usable core while other processes
+  leave them free and one core less while one is busy (tram/executor/cpu_share.py watches). An
+  OpenMP parallel region ends only when its slowest thread does, so when any other process takes a
+  core from one of the engine's threads, every region waits for that thread to be scheduled again:
+  with one busy process beside the server, a thread on every core makes the time between tokens
+  many times worse at its tail and lowers throughput, where on a free machine the last core is
+  worth 1.3-1.6x on a 2-core one.
 - Waiting (for teams of 2+ threads): libgomp's default spins 300,000 times at the end of every
   parallel region before it sleeps; a spin is a PAUSE instruction, tens of nanoseconds on recent
   CPUs, so that is milliseconds, longer than a scheduler time slice, burnt on a core that another process (often the
@@ -63,6 +64,9 @@ class CpuThreadPolicy:
     threads_source: str
     env: dict[str, str] = field(default_factory=dict)
     wait: str = ""
+    # The default's count while another process is busy (`threads` is the count while none is);
+    # None where the count is fixed (the user's, a replica's share, a single core).
+    shared_threads: int | None = None
 
     def describe(self) -> str:
         return (
@@ -82,17 +86,23 @@ def _user_set_threads(environ: Mapping[str, str]) -> bool:
     return any(envs.read(name, environ) is not None for name in THREADS_VARS)
 
 
-def _thread_count(environ: Mapping[str, str], cores: int, spare_for: str) -> tuple[int, str]:
+def _thread_count(environ: Mapping[str, str], cores: int, spare_for: str) -> tuple[int, str, int | None]:
+    """(threads, why, threads while another process is busy: None where fixed)."""
     for name in THREADS_VARS:
         value = envs.read(name, environ)  # stripped; None where unset or empty
         if value is not None:
             try:
-                return max(1, int(value)), f"{name}={value}"
+                return max(1, int(value)), f"{name}={value}", None
             except ValueError:
                 raise ValueError(f"{name} must be a whole number of threads, got {value!r}") from None
     if cores <= 1:
-        return 1, "default: the one usable core"
-    return cores - 1, f"default: {cores} usable cores but one, left to {spare_for}"
+        return 1, "default: the one usable core", None
+    return (
+        cores,
+        f"default: all {cores} usable cores while other processes leave them free, "
+        f"{cores - 1} while one is busy, leaving a core to {spare_for}",
+        cores - 1,
+    )
 
 
 def _user_wait(environ: Mapping[str, str]) -> dict[str, str]:
@@ -107,16 +117,17 @@ def wait_env(environ: Mapping[str, str]) -> dict[str, str]:
 def choose_cpu_threads(environ: Mapping[str, str], cores: int, spare_for: str = "the API server") -> CpuThreadPolicy:
     """The policy for an engine core started with `environ` on a machine with `cores` usable cores;
     `spare_for` says who the core left over is for (in the log line)."""
-    threads, source = _thread_count(environ, cores, spare_for)
+    threads, source, shared = _thread_count(environ, cores, spare_for)
     user_wait = _user_wait(environ)
     if user_wait:
         wait = ", ".join(f"{k}={v}" for k, v in user_wait.items()) + " (set by the user)"
-        return CpuThreadPolicy(threads, source, {}, wait)
+        return CpuThreadPolicy(threads, source, {}, wait, shared)
     return CpuThreadPolicy(
         threads,
         source,
         wait_env(environ),
         f"GOMP_SPINCOUNT={DEFAULT_SPIN_COUNT} (Tram's default; set OMP_WAIT_POLICY or GOMP_SPINCOUNT to change)",
+        shared,
     )
 
 
@@ -126,7 +137,10 @@ def engine_core_policy(environ: Mapping[str, str], cores: int, replica_threads: 
     if replica_threads is None:
         return policy
     return dataclasses.replace(
-        policy, threads=replica_threads, threads_source=f"this replica's share: {replica_threads}"
+        policy,
+        threads=replica_threads,
+        threads_source=f"this replica's share: {replica_threads}",
+        shared_threads=None,
     )
 
 
@@ -185,7 +199,10 @@ def late_wait_warning(policy: CpuThreadPolicy) -> str | None:
     """The warning, with the fix, for a team of 2+ threads that spins at libgomp's default because
     torch loaded before Tram (None when there is nothing to fix: one thread waits for nobody, and a
     user's OMP_WAIT_POLICY or GOMP_SPINCOUNT is the user's choice)."""
-    if policy.threads < 2 or not policy.wait.startswith("libgomp's default"):
+    # The default gives a core up while another process is busy: only a team that stays 2+ then spins
+    # beside it.
+    team = policy.threads if policy.shared_threads is None else policy.shared_threads
+    if team < 2 or not policy.wait.startswith("libgomp's default"):
         return None
     return (
         f"torch was imported before Tram, so its OpenMP threads ({policy.threads}) spin "

@@ -6,6 +6,7 @@ from typing import Any
 
 from tram.config import EngineConfig
 from tram.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from tram.executor import cpu_share
 from tram.executor.base import Executor
 from tram.worker.model_runner import ModelRunner
 from tram.worker.worker import Worker
@@ -25,7 +26,11 @@ class UniProcExecutor(Executor):
         return [getattr(self.worker, method)(*args)]
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        return self.worker.execute_model(sched)
+        cpu_share.before_step()  # the default thread count follows the machine (no-op where fixed)
+        try:
+            return self.worker.execute_model(sched)
+        finally:
+            cpu_share.after_step()
 
     def shutdown(self) -> None:
         pass
