@@ -112,30 +112,37 @@ void check_args(const at::Tensor& x, const at::Tensor& weight) {
               "rms_norm: the weight must be x's dtype or float32");
 }
 
-void dispatch(const at::Tensor& x, const at::Tensor* residual, const at::Tensor& weight, double eps,
-              at::Tensor& out, at::Tensor* sum) {
+template <typename T, typename W>
+struct NormTypes {
+  using X = T;       // x's element
+  using Weight = W;  // the weight's: X (Llama's roundings) or float (Gemma's and OLMo 2's)
+};
+
+// fn(NormTypes<T, W>{}) for x's dtype and the weight's.
+template <typename F>
+void with_norm_types(const at::Tensor& x, const at::Tensor& weight, const char* name, F&& fn) {
   const bool float_weight = weight.scalar_type() == at::kFloat;
   switch (x.scalar_type()) {
     case at::kFloat:
-      rms_norm_impl<float, float>(x, residual, weight, eps, out, sum);
+      fn(NormTypes<float, float>{});
       break;
     case at::kBFloat16:
-      if (float_weight) {
-        rms_norm_impl<c10::BFloat16, float>(x, residual, weight, eps, out, sum);
-      } else {
-        rms_norm_impl<c10::BFloat16, c10::BFloat16>(x, residual, weight, eps, out, sum);
-      }
+      float_weight ? fn(NormTypes<c10::BFloat16, float>{}) : fn(NormTypes<c10::BFloat16, c10::BFloat16>{});
       break;
     case at::kHalf:
-      if (float_weight) {
-        rms_norm_impl<c10::Half, float>(x, residual, weight, eps, out, sum);
-      } else {
-        rms_norm_impl<c10::Half, c10::Half>(x, residual, weight, eps, out, sum);
-      }
+      float_weight ? fn(NormTypes<c10::Half, float>{}) : fn(NormTypes<c10::Half, c10::Half>{});
       break;
     default:
-      TORCH_CHECK(false, "rms_norm: unsupported dtype ", x.scalar_type());
+      TORCH_CHECK(false, name, ": unsupported dtype ", x.scalar_type());
   }
+}
+
+void dispatch(const at::Tensor& x, const at::Tensor* residual, const at::Tensor& weight, double eps,
+              at::Tensor& out, at::Tensor* sum) {
+  with_norm_types(x, weight, "rms_norm", [&](auto types) {
+    using Types = decltype(types);
+    rms_norm_impl<typename Types::X, typename Types::Weight>(x, residual, weight, eps, out, sum);
+  });
 }
 
 }  // namespace
@@ -167,28 +174,10 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_add(const at::Tensor& x, const at::T
   at::Tensor next = nw.defined() ? at::empty_like(xc) : at::empty({0}, xc.options());
   const at::Tensor* nwp = nw.defined() ? &nw : nullptr;
   at::Tensor* nextp = nw.defined() ? &next : nullptr;
-  const bool float_weight = wc.scalar_type() == at::kFloat;
-  switch (xc.scalar_type()) {
-    case at::kFloat:
-      norm_add_impl<float, float>(xc, rc, wc, eps, nwp, sum, nextp);
-      break;
-    case at::kBFloat16:
-      if (float_weight) {
-        norm_add_impl<c10::BFloat16, float>(xc, rc, wc, eps, nwp, sum, nextp);
-      } else {
-        norm_add_impl<c10::BFloat16, c10::BFloat16>(xc, rc, wc, eps, nwp, sum, nextp);
-      }
-      break;
-    case at::kHalf:
-      if (float_weight) {
-        norm_add_impl<c10::Half, float>(xc, rc, wc, eps, nwp, sum, nextp);
-      } else {
-        norm_add_impl<c10::Half, c10::Half>(xc, rc, wc, eps, nwp, sum, nextp);
-      }
-      break;
-    default:
-      TORCH_CHECK(false, "rms_norm_add: unsupported dtype ", xc.scalar_type());
-  }
+  with_norm_types(xc, wc, "rms_norm_add", [&](auto types) {
+    using Types = decltype(types);
+    norm_add_impl<typename Types::X, typename Types::Weight>(xc, rc, wc, eps, nwp, sum, nextp);
+  });
   return {sum, next};
 }
 
