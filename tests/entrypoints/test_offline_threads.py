@@ -121,3 +121,19 @@ def test_omp_runtime_loaded_ignores_a_wheels_own_copy(tmp_path: Path) -> None:
     maps.write_text(maps.read_text() + "7f02-7f03 r-xp 0 08:01 2 /site-packages/torch/lib/libgomp.so.1\n\n")
     assert omp_runtime_loaded(str(maps))
     assert not omp_runtime_loaded(str(tmp_path / "missing"))
+
+
+def test_a_gpu_llm_drops_an_earlier_cpu_llms_watch() -> None:
+    """Threads are the process's: a later LLM whose model is not this process's CPU work must not keep
+    an earlier CPU LLM's watch setting torch's threads at its steps."""
+    from types import SimpleNamespace
+
+    from tram.entrypoints.offline_threads import apply
+    from tram.executor import cpu_share
+
+    cpu_share.install(2, 1, (os.getpid(),), lambda n: None)
+    gpu = SimpleNamespace(
+        model_config=SimpleNamespace(device_type="cuda"), parallel_config=SimpleNamespace(world_size=1)
+    )
+    assert apply(gpu) is None  # type: ignore[arg-type]
+    assert cpu_share.installed() is None

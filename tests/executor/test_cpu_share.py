@@ -143,3 +143,18 @@ def test_sees_a_busy_process_on_the_real_machine() -> None:
     finally:
         spinner.kill()
         spinner.wait()
+
+
+def test_without_proc_the_count_stays_at_the_shared_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where /proc cannot be read (not Linux) nothing is watched: the safe count, beside a busy process."""
+
+    def unreadable(*args: object) -> CpuShareWatch:
+        return CpuShareWatch(*args, read_busy=lambda cpus: busy_ticks(cpus, "/nonexistent/stat"))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cpu_share, "CpuShareWatch", unreadable)
+    calls: list[int] = []
+    try:
+        assert cpu_share.install(4, 3, (os.getpid(),), calls.append) is None
+        assert calls == [3] and cpu_share.installed() is None
+    finally:
+        cpu_share.uninstall()

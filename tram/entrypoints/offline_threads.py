@@ -104,6 +104,7 @@ def apply(config: EngineConfig) -> CpuThreadPolicy | None:
     None where the model's threads are not this process's: on a GPU, or in ranks of their own (the
     executor plans theirs)."""
     if config.model_config.device_type != "cpu" or config.parallel_config.world_size > 1:
+        cpu_share.uninstall()  # an earlier CPU LLM's watch must not set this one's threads
         return None
     import torch
 

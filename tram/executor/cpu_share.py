@@ -13,9 +13,11 @@ A window spans steps only: the first step after the engine idled starts a new on
 while it idled, or while the model loaded, says little about the steps to come, and a window over a
 server's start once took the core away from a free machine).
 
-Torch-free and cheap: one clock read per step; a sample (three small /proc reads) twice a second
-while the engine steps, nothing while it idles. Threads are the process's (torch.set_num_threads), so
-is the watch: `install` it once where the model runs in this process, `before_step` every step.
+Torch-free and cheap: two clock reads per step; a sample (three small /proc reads) twice a second
+while the engine steps, nothing while it idles. Where /proc cannot be read (not Linux) nothing is
+watched and the count stays at the one beside a busy process, the safe side. Threads are the
+process's (torch.set_num_threads), so is the watch: `install` it once where the model runs in this
+process, `before_step` and `after_step` around every step.
 """
 
 from __future__ import annotations
@@ -115,12 +117,21 @@ LOG_EVERY_S = 30.0
 _last_info = -LOG_EVERY_S
 
 
-def install(full: int, shared: int, own_pids: tuple[int, ...], set_threads: Callable[[int], None]) -> CpuShareWatch:
+def install(
+    full: int, shared: int, own_pids: tuple[int, ...], set_threads: Callable[[int], None]
+) -> CpuShareWatch | None:
     """Start following the machine in this process: `set_threads` (torch.set_num_threads) is called
-    with the new count whenever it changes, before the step that uses it."""
+    with the new count whenever it changes, before the step that uses it. None, with `shared`
+    threads set, where /proc cannot be read."""
     global _watch, _set_threads
     cpus = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else tuple(range(full))
-    _watch = CpuShareWatch(full, shared, own_pids, cpus)
+    try:
+        _watch = CpuShareWatch(full, shared, own_pids, cpus)
+    except OSError as e:
+        uninstall()
+        set_threads(shared)
+        logger.info("CPU threads for the model fixed at %d: what other processes use cannot be read (%s)", shared, e)
+        return None
     _set_threads = set_threads
     set_threads(_watch.threads)
     return _watch
@@ -142,12 +153,12 @@ def after_step() -> None:
 
 def before_step() -> None:
     """Apply the watch's count for this step (nothing where no watch is installed)."""
+    global _last_info
     if _watch is None or _set_threads is None:
         return
     current = _watch.threads
     threads = _watch.poll()
     if threads != current:
-        global _last_info
         _set_threads(threads)
         now = time.monotonic()
         level = logging.INFO if now - _last_info >= LOG_EVERY_S else logging.DEBUG
