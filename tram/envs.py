@@ -70,6 +70,12 @@ _DECLARED = (
     EnvVar("TRAM_CPU_AMX", True, "0 keeps the K-quant GEMM and bf16 experts off AMX tiles", _on_unless_0),
     EnvVar("TRAM_CPU_PACKED_LINEAR", True, "0 keeps linear weights unpacked (no oneDNN blocked layout)", _on_unless_0),
     EnvVar(
+        "TRAM_CPU_DECODE_PROGRAM",
+        True,
+        "0 runs decode steps through the modules instead of each layer's kernels chosen once (layers/cpu_decode.py)",
+        _on_unless_0,
+    ),
+    EnvVar(
         "TRAM_CPU_PAIR_LINEAR",
         True,
         "0 keeps a bf16 LM head in oneDNN's layout where it would be packed in pairs of k (AVX512-BF16 without AMX)",
@@ -180,6 +186,7 @@ if TYPE_CHECKING:  # what attribute access returns, for type checkers
     TRAM_CPU_MARCH: str
     TRAM_CPU_AMX: bool
     TRAM_CPU_PACKED_LINEAR: bool
+    TRAM_CPU_DECODE_PROGRAM: bool
     TRAM_CPU_PAIR_LINEAR: bool
     TRAM_GGUF_REPACK: bool
     TRAM_CPU_MALLOC_TUNING: bool

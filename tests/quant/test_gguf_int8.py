@@ -166,10 +166,12 @@ def test_the_setting_is_for_gguf_files_only():
 
 
 @needs_kernels
+@pytest.mark.parametrize("int8", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_qkv_in_one_call_are_the_separate_calls_bit_for_bit(dtype: torch.dtype):
-    """linear_n's q/k/v (gguf_linear_int8_n): x quantized once and every K-quant's rows in one parallel
-    region, each output as its own call gives it; other types, and the GEMM's row counts, call each."""
+def test_qkv_in_one_call_are_the_separate_calls_bit_for_bit(dtype: torch.dtype, int8: bool):
+    """linear_n's q/k/v (gguf_linear_int8_n, gguf_linear_n for float activations): every weight's rows in
+    one parallel region (with int8, x quantized once), each output as its own call gives it; with int8
+    other types and the GEMM's row counts call each, with float activations more rows than the row kernel's."""
     from tram.model.layers.linear import Linear, linear_n
 
     k = 512
@@ -177,7 +179,7 @@ def test_qkv_in_one_call_are_the_separate_calls_bit_for_bit(dtype: torch.dtype):
         layers = []
         for i, (t, n) in enumerate(zip(types, (96, 40, 33), strict=True)):
             layer = Linear(k, n, bias=i == 1, dtype=dtype)
-            layer.quant = GGUFWeight(_blocks(t, n, k, 10 + i), t, k, int8_activations=True)
+            layer.quant = GGUFWeight(_blocks(t, n, k, 10 + i), t, k, int8_activations=int8)
             if layer.bias is not None:
                 layer.bias.data = torch.randn(n, generator=torch.Generator().manual_seed(i)).to(dtype)
             layers.append(layer)
@@ -199,3 +201,9 @@ def test_qkv_in_one_call_refuses_what_one_call_refuses():
         kernels.gguf_linear_int8_n(torch.randn(1, 256), [data, data[:, :-1].contiguous()], [Q4_K, Q4_K], [None, None])
     with pytest.raises(RuntimeError, match="as many"):
         kernels.gguf_linear_int8_n(torch.randn(1, 256), [data], [Q4_K, Q4_K], [None])
+    with pytest.raises(RuntimeError, match="rows of"):
+        kernels.gguf_linear_n(torch.randn(1, 256), [data, data[:, :-1].contiguous()], [Q4_K, Q4_K], [None, None])
+    with pytest.raises(RuntimeError, match="as many"):
+        kernels.gguf_linear_n(torch.randn(1, 256), [data], [Q4_K, Q4_K], [None])
+    with pytest.raises(RuntimeError, match="bias must be"):
+        kernels.gguf_linear_n(torch.randn(1, 256), [data], [Q4_K], [torch.zeros(3)])

@@ -238,6 +238,36 @@ class TorchAttentionBackend:
             )
         return out
 
+    def decode_only_plan(self, meta: AttentionMetadata, kv_cache: torch.Tensor, num_tokens: int) -> _StepPlan | None:
+        """The step's plan where all num_tokens rows are decodes with no padding (None otherwise): what
+        `decode_only` takes, decided before a layer starts (layers/cpu_decode.py)."""
+        plan = self._get_plan(meta, kv_cache.shape[2], kv_cache.device)
+        if plan.prefills or plan.decode_tokens is None or plan.num_real_tokens != num_tokens:
+            return None
+        return plan if meta.slot_mapping.shape[0] == num_tokens else None
+
+    def decode_only(
+        self,
+        q: torch.Tensor,  # [T, H, D], T == plan's decodes
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        plan: _StepPlan,
+        args: tuple[float, int, float, float, float],  # scale, sliding window (0: none), k/v scales, cap (0: none)
+        sinks: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """`forward` of a decode-only step on the CPU kernels, its arguments converted once per layer; the
+        same calls and so the same bits."""
+        if kv_cache.dtype == k.dtype:
+            load_cpu_kernels().write_kv_cache_(kv_cache, k, v, meta.slot_mapping)
+        else:
+            write_kv_cache(k, v, kv_cache, meta.slot_mapping, (args[2], args[3]))
+        sinks = None if sinks is None else sinks.detach().to(torch.float32).contiguous()
+        return load_cpu_kernels().paged_decode_attention(
+            q, kv_cache, plan.decode_block_tables, plan.decode_seq_lens, *args, sinks
+        )
+
     @staticmethod
     def _cpu_prefills(
         out: torch.Tensor,

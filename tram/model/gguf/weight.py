@@ -306,15 +306,21 @@ class GGUFWeight(QuantizedWeight):
     def apply_n(
         self, x: torch.Tensor, others: Sequence[QuantizedWeight], biases: Sequence[torch.Tensor | None]
     ) -> list[torch.Tensor] | None:
-        """q/k/v of int8 activations: x quantized once, the K-quants' rows in one parallel region."""
+        """q/k/v, gate/up: the weights' rows in one parallel region (with int8 activations, x quantized
+        once); None where this takes the weights one by one (a mix of numerics, many rows, no kernels)."""
         weights = (self, *others)
-        if not all(isinstance(w, GGUFWeight) and w.int8_activations and w.data.device == x.device for w in weights):
+        int8 = self.int8_activations
+        if not all(
+            isinstance(w, GGUFWeight) and w.int8_activations == int8 and w.data.device == x.device for w in weights
+        ):
             return None
         kernels = _kernels(x)
-        if kernels is None or x.dim() != 2:
+        if kernels is None or x.dim() != 2 or (not int8 and x.shape[0] > SKINNY_MAX_ROWS):
             return None
+        data = [w.data for w in weights]  # type: ignore[attr-defined]
         types = [w.ggml_type for w in weights]  # type: ignore[attr-defined]
-        return kernels.gguf_linear_int8_n(x, [w.data for w in weights], types, list(biases))  # type: ignore[attr-defined]
+        run = kernels.gguf_linear_int8_n if int8 else kernels.gguf_linear_n
+        return run(x, data, types, list(biases))
 
     def decoded_rows(self, kernels: ModuleType) -> Decode:
         """Rows n0 .. n1 - 1 of the blocks decoded into a float32 or bfloat16 slab (gguf_dequantize_)."""

@@ -50,6 +50,7 @@ FAMILIES: dict[str, KernelFamily] = {
         ("gguf_linear.cpp", "gguf_int8.cpp", "gguf_x8.cpp", "bindings_gguf.cpp"),
         (
             "gguf_linear",
+            "gguf_linear_n",
             "gguf_gemm",
             "gguf_dequantize_",
             "gguf_linear_int8",

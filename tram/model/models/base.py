@@ -72,8 +72,21 @@ class DecoderModel(nn.Module):
         # input_ids, positions [T] -> [T, hidden]; `hidden` is the previous pipeline stage's output
         h = self.embed(input_ids) if self.pp_first else hidden  # [T, hidden]
         args = self.position_args(positions, h.dtype)
+        # A layer with forward_residual leaves its residual add to the next norm's call (add_rms_norm):
+        # the stream is then residual + h, one op and its dispatch fewer per layer.
+        residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.local_layers, kv_caches, strict=True):
+            if hasattr(layer, "forward_residual") and not __import__("os").environ.get("AB_OFF"):
+                h, residual = layer.forward_residual(h, residual, *args, kv_cache, meta)
+                continue
+            if residual is not None:
+                h, residual = residual + h, None
             h = layer(h, *args, kv_cache, meta)
+        if residual is None:
+            return self.norm(h) if self.pp_last else h
+        if self.pp_last and hasattr(self.norm, "add_forward"):
+            return self.norm.add_forward(h, residual)[0]
+        h = residual + h
         return self.norm(h) if self.pp_last else h
 
 

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from tram.model.attention import AttentionBackend, AttentionMetadata
+from tram.model.layers.cpu_decode import GemmaDecodeLayer, gemma_decode_layer
 from tram.model.layers.embedding import LMHead, VocabEmbedding
 from tram.model.layers.mlp import GatedMLP
 from tram.model.layers.norm import GemmaRMSNorm
@@ -86,10 +87,18 @@ class Gemma3DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = norm(spec.hidden_size)
         self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size, spec.hidden_act, False, dtype)
         self.post_feedforward_layernorm = norm(spec.hidden_size)
+        # The decode step with its kernels chosen once (layers/cpu_decode.py), as Llama's layer.
+        self.cpu_decode: GemmaDecodeLayer | bool | None = None
 
     def forward(
         self, h: torch.Tensor, ropes: RopeByLayerType, kv_cache: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        if self.cpu_decode is None:
+            self.cpu_decode = gemma_decode_layer(self, h) or False
+        if self.cpu_decode:
+            out = self.cpu_decode(h, ropes, kv_cache, meta)
+            if out is not None:
+                return out
         cos, sin = ropes[self.layer_type]
         attn = self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta)
         h, x = self.post_attention_layernorm.norm_add(attn, h, self.pre_feedforward_layernorm)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from tram.model.attention import AttentionBackend, AttentionMetadata
+from tram.model.layers.cpu_decode import CpuDecodeLayer, cpu_decode_layer
 from tram.model.layers.embedding import LMHead, VocabEmbedding
 from tram.model.layers.mlp import GatedMLP
 from tram.model.layers.norm import RMSNorm
@@ -46,16 +47,43 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = norm(spec.hidden_size)
         # A family's own MLP (a mixture of experts) or the dense gated one.
         self.mlp = mlp or GatedMLP(spec.hidden_size, spec.intermediate_size, spec.hidden_act, spec.mlp_bias, dtype)
+        # The decode step with its kernels chosen once (layers/cpu_decode.py): built at the first forward,
+        # False where it cannot run (another device, no kernels).
+        self.cpu_decode: CpuDecodeLayer | bool | None = None
 
     def forward(
         self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        out, residual = self.forward_residual(h, None, cos, sin, kv_cache, meta)
+        return residual + out
+
+    def forward_residual(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer on h = residual + x (x alone where residual is None), returned as (the MLP's output,
+        the residual it adds to): the add joins the next norm's call (DecoderModel.forward)."""
+        if self.cpu_decode is None:
+            self.cpu_decode = cpu_decode_layer(self, x) or False
+        if self.cpu_decode:
+            out = self.cpu_decode(x, residual, cos, sin, kv_cache, meta)
+            if out is not None:
+                return out
         if not self.use_rope:
             cos = sin = None
-        normed, h = self.post_attention_layernorm.add_forward(
-            self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta), h
+        if residual is None:
+            normed, residual = self.input_layernorm(x), x
+        else:
+            normed, residual = self.input_layernorm.add_forward(x, residual)
+        normed, residual = self.post_attention_layernorm.add_forward(
+            self.self_attn(normed, cos, sin, kv_cache, meta), residual
         )
-        return h + self.mlp(normed)
+        return self.mlp(normed), residual
 
 
 class LlamaModel(DecoderModel):

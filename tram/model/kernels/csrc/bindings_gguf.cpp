@@ -13,6 +13,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "y = x W^T + b for a few rows of x, W in a GGUF block layout (CPU): (x [M,K] float32 or bfloat16, "
         "data [N,row_bytes] uint8, ggml_type (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K), bias [N] or None) -> [M,N]",
         py::arg("x"), py::arg("data"), py::arg("ggml_type"), py::arg("bias") = py::none());
+  m.def("gguf_linear_n", &tram::gguf_linear_n,
+        "gguf_linear for several weights sharing x (CPU): (x [M,K], [data [N_i,row_bytes]], [ggml_type], "
+        "[bias [N_i] or None]) -> [[M,N_i]]; one parallel region, each output as gguf_linear gives it",
+        py::arg("x"), py::arg("data"), py::arg("ggml_types"), py::arg("biases"));
   m.def("gguf_gemm", &tram::gguf_gemm,
         "gguf_linear for many rows of x (CPU): W decoded a tile at a time, not into an [N,K] copy; the same "
         "arguments and bit for bit the same result",

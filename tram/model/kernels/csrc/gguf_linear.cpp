@@ -185,15 +185,35 @@ void walk_many_rows(const Args& a, int64_t begin, int64_t end) {
   }
 }
 
+// Outputs begin .. end - 1 of one weight: the walk M calls for.
+template <typename F, typename T>
+void linear_rows(const Args& a, int64_t begin, int64_t end) {
+  if (a.M == 1) {
+    walk_rows<F, T, kWideRows>(a, begin, end);
+  } else if (a.M >= 8 || (kManyRows == 8 && a.M >= 5)) {
+    walk_many_rows<F, T>(a, begin, end);
+  } else {
+    walk_rows<F, T, kNarrowRows>(a, begin, end);
+  }
+}
+
 template <typename F, typename T>
 void linear_impl(const Args& a) {
-  tram::parallel::dynamic_for(a.N, kGrainRows, [&](int64_t begin, int64_t end) {
-    if (a.M == 1) {
-      walk_rows<F, T, kWideRows>(a, begin, end);
-    } else if (a.M >= 8 || (kManyRows == 8 && a.M >= 5)) {
-      walk_many_rows<F, T>(a, begin, end);
-    } else {
-      walk_rows<F, T, kNarrowRows>(a, begin, end);
+  tram::parallel::dynamic_for(a.N, kGrainRows, [&](int64_t begin, int64_t end) { linear_rows<F, T>(a, begin, end); });
+}
+
+// Several weights that read one x (q/k/v, gate/up): one parallel region over all their outputs, where
+// a region each paid its wake-up and its tail three and two times a layer; each output's arithmetic is
+// the one linear_impl gives it.
+template <typename T>
+void linear_n_impl(const std::vector<Args>& args, const std::vector<int64_t>& types) {
+  std::vector<int64_t> first(args.size() + 1, 0);
+  for (size_t i = 0; i < args.size(); ++i) first[i + 1] = first[i] + args[i].N;
+  tram::parallel::dynamic_for(first.back(), kGrainRows, [&](int64_t begin, int64_t end) {
+    for (size_t i = 0; i < args.size(); ++i) {
+      const int64_t b = std::max(begin, first[i]), e = std::min(end, first[i + 1]);
+      if (b >= e) continue;
+      with_format(types[i], [&](auto fmt) { linear_rows<decltype(fmt), T>(args[i], b - first[i], e - first[i]); });
     }
   });
 }
@@ -258,36 +278,43 @@ void gguf_dequantize_(at::Tensor& out, const at::Tensor& data, int64_t ggml_type
 
 namespace {
 
-// gguf_linear and gguf_gemm: the same checks and the same float32 x; `many` picks the tiled GEMM.
-at::Tensor gguf_linear_or_gemm(const at::Tensor& x, const at::Tensor& data, int64_t ggml_type,
-                               const c10::optional<at::Tensor>& bias, bool many) {
+void check_x(const at::Tensor& x) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "gguf_linear: x must be a [M, K] CPU tensor");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "gguf_linear: x must be float32 or bfloat16");
+}
+
+// The bias's data (nullptr: none), kept alive by `keep`.
+const void* checked_bias(const at::Tensor& x, int64_t N, const c10::optional<at::Tensor>& bias, at::Tensor& keep) {
+  if (!bias.has_value() || !bias->defined()) return nullptr;
+  TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == x.scalar_type(),
+              "gguf_linear: bias must be [N] in x's dtype");
+  keep = bias->contiguous();
+  return keep.data_ptr();
+}
+
+// x as float32 rows: its own data, or widened into `buf` (K is a multiple of 32: no padding).
+const float* float_rows(const at::Tensor& xc, std::vector<float>& buf) {
+  if (xc.scalar_type() == at::kFloat) return xc.data_ptr<float>();
+  buf.resize(static_cast<size_t>(xc.numel()));
+  const c10::BFloat16* xb = xc.data_ptr<c10::BFloat16>();
+  for (int64_t i = 0; i < xc.numel(); ++i) buf[i] = static_cast<float>(xb[i]);
+  return buf.data();
+}
+
+// gguf_linear and gguf_gemm: the same checks and the same float32 x; `many` picks the tiled GEMM.
+at::Tensor gguf_linear_or_gemm(const at::Tensor& x, const at::Tensor& data, int64_t ggml_type,
+                               const c10::optional<at::Tensor>& bias, bool many) {
+  check_x(x);
   const int64_t M = x.size(0), K = x.size(1), N = data.size(0);
   const int64_t row_bytes = check_data(data, ggml_type, K, "gguf_linear");
-  const void* b = nullptr;
   at::Tensor bias_c;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == x.scalar_type(),
-                "gguf_linear: bias must be [N] in x's dtype");
-    bias_c = bias->contiguous();
-    b = bias_c.data_ptr();
-  }
+  const void* b = checked_bias(x, N, bias, bias_c);
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y;
   const at::Tensor xc = x.contiguous();
-  std::vector<float> xf;  // K is a multiple of 32: no padding
-  const float* xp = nullptr;
-  if (x.scalar_type() == at::kFloat) {
-    xp = xc.data_ptr<float>();
-  } else {
-    xf.resize(static_cast<size_t>(M * K));
-    const c10::BFloat16* xb = xc.data_ptr<c10::BFloat16>();
-    for (int64_t i = 0; i < M * K; ++i) xf[i] = static_cast<float>(xb[i]);
-    xp = xf.data();
-  }
-  const Args a{xp, M, K, N, row_bytes, data.data_ptr<uint8_t>(), b, y.data_ptr()};
+  std::vector<float> xf;
+  const Args a{float_rows(xc, xf), M, K, N, row_bytes, data.data_ptr<uint8_t>(), b, y.data_ptr()};
   with_format(ggml_type, [&](auto fmt) {
     using F = decltype(fmt);
     if (x.scalar_type() == at::kFloat) {
@@ -309,6 +336,33 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& data, int64_t ggml
 at::Tensor gguf_gemm(const at::Tensor& x, const at::Tensor& data, int64_t ggml_type,
                      const c10::optional<at::Tensor>& bias) {
   return gguf_linear_or_gemm(x, data, ggml_type, bias, true);
+}
+
+std::vector<at::Tensor> gguf_linear_n(const at::Tensor& x, const std::vector<at::Tensor>& data,
+                                      const std::vector<int64_t>& ggml_types,
+                                      const std::vector<c10::optional<at::Tensor>>& biases) {
+  TORCH_CHECK(data.size() == ggml_types.size() && data.size() == biases.size(),
+              "gguf_linear_n: as many types and biases as weights");
+  check_x(x);
+  const int64_t M = x.size(0), K = x.size(1);
+  std::vector<at::Tensor> ys, kept(data.size());
+  std::vector<Args> args;
+  const at::Tensor xc = x.contiguous();
+  std::vector<float> xf;
+  const float* xp = float_rows(xc, xf);
+  for (size_t i = 0; i < data.size(); ++i) {
+    const int64_t N = data[i].size(0), row_bytes = check_data(data[i], ggml_types[i], K, "gguf_linear_n");
+    const void* b = checked_bias(x, N, biases[i], kept[i]);
+    ys.push_back(at::empty({M, N}, x.options()));
+    args.push_back(Args{xp, M, K, N, row_bytes, data[i].data_ptr<uint8_t>(), b, ys.back().data_ptr()});
+  }
+  if (M == 0) return ys;
+  if (x.scalar_type() == at::kFloat) {
+    linear_n_impl<float>(args, ggml_types);
+  } else {
+    linear_n_impl<c10::BFloat16>(args, ggml_types);
+  }
+  return ys;
 }
 
 }  // namespace tram

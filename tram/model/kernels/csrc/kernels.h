@@ -71,6 +71,11 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& data, int64_t ggml
                        const c10::optional<at::Tensor>& bias);
 // The same W dequantized into out ([N, K], float32 or bfloat16), for GEMMs of many rows.
 void gguf_dequantize_(at::Tensor& out, const at::Tensor& data, int64_t ggml_type);
+// gguf_linear for several weights sharing x (q/k/v, gate/up): one parallel region; each output as
+// gguf_linear gives it.
+std::vector<at::Tensor> gguf_linear_n(const at::Tensor& x, const std::vector<at::Tensor>& data,
+                                      const std::vector<int64_t>& ggml_types,
+                                      const std::vector<c10::optional<at::Tensor>>& biases);
 // gguf_linear for many rows, tiled as quant_gemm; bit for bit gguf_linear's outputs.
 at::Tensor gguf_gemm(const at::Tensor& x, const at::Tensor& data, int64_t ggml_type,
                      const c10::optional<at::Tensor>& bias);

@@ -1,0 +1,277 @@
+"""A Llama-style layer's decode step on CPU with its dispatch decided once.
+
+The module path decides at every call of every layer what the C++ kernels take (rows, dtypes, packed
+or GGUF weights, the attention backend's plan): some 60 Python calls and 40 module attribute lookups a
+layer, where a decode row's kernels on a small model take less time than that. `CpuDecodeLayer` makes
+those decisions at a layer's first decode step and keeps the kernels and tensors they chose; a step
+then costs about one Python call per kernel (docs/benchmarks.md, "A decode layer's host time").
+
+The same kernels with the same arguments as the module path at those row counts, so the same bits.
+What it does not cover goes the module path, whole or in part: another device or dtype, autograd, a
+step with prefills or padding, rows past a linear's row kernel (oneDNN's packed GEMM, the tiled GEMMs),
+quantized weights other than GGUF's, a row-parallel linear's all-reduce, an MLP other than the dense
+SwiGLU (a mixture of experts), an attention backend without `decode_only`.
+
+A program holds the layer's Parameter objects and GGUF blocks as they are at the layer's first forward
+(after loading, quantizing and packing): loads in place show through; a weight rebound afterwards is
+not seen, so whatever rebinds one sets the layer's `cpu_decode` back to None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+import tram.envs as envs
+from tram.model.kernels.cpu_kernels import load_cpu_kernels
+from tram.model.layers.cpu_packed import PairPacked
+from tram.model.layers.linear import SKINNY_MAX_ROWS, SKINNY_MAX_ROWS_BESIDE_PACKED, Linear
+from tram.model.layers.mlp import GatedMLP
+from tram.model.layers.norm import GemmaRMSNorm, RMSNorm
+from tram.model.layers.parallel_linear import RowParallelLinear
+from tram.model.quant.weights import SKINNY_MAX_ROWS as GGUF_FLOAT_MAX_ROWS
+
+Outputs = Callable[[torch.Tensor], Sequence[torch.Tensor]]
+NO_LIMIT = 1 << 62
+
+
+class LinearGroup:
+    """Linears that read one x (q/k/v, gate/up, or one alone) on their row kernel, in one call: up to
+    `limit` rows, the row count past which the module path takes another kernel."""
+
+    def __init__(self, limit: int, run: Outputs) -> None:
+        self.limit = limit
+        self.run = run
+
+
+def _gguf_group(kernels: ModuleType, layers: Sequence[Linear]) -> LinearGroup | None:
+    from tram.model.gguf.weight import GGUFWeight  # the GGUF package is optional to this layer
+
+    quants = [layer.quant for layer in layers]
+    if not all(isinstance(q, GGUFWeight) and q.data.is_cpu for q in quants):
+        return None
+    int8 = quants[0].int8_activations
+    if any(q.int8_activations != int8 for q in quants):
+        return None
+    limit = NO_LIMIT if int8 else GGUF_FLOAT_MAX_ROWS
+    data, types, biases = [q.data for q in quants], [q.ggml_type for q in quants], [la.bias for la in layers]
+    # Looked up at each call, as the module path does (benchmarks/cpu_step_gaps.py wraps the kernels).
+    if len(layers) > 1:
+        many = "gguf_linear_int8_n" if int8 else "gguf_linear_n"
+        return LinearGroup(limit, lambda x: getattr(kernels, many)(x, data, types, biases))
+    one = "gguf_linear_int8" if int8 else "gguf_linear"
+    return LinearGroup(limit, lambda x: (getattr(kernels, one)(x, data[0], types[0], biases[0]),))
+
+
+def _dense_group(
+    kernels: ModuleType, layers: Sequence[Linear], dtype: torch.dtype, stacked_packed: bool
+) -> LinearGroup | None:
+    """The skinny kernel's rows as `linear` / `linear_n` choose them; stacked_packed: the group's weights
+    also packed as one (q/k/v, gate/up), which takes rows past SKINNY_MAX_ROWS_BESIDE_PACKED."""
+    if dtype not in SKINNY_MAX_ROWS or any(la.quant is not None or la.weight.dtype != dtype for la in layers):
+        return None
+    packed = [la.packed_weight is not None for la in layers]
+    if len(layers) == 1 and isinstance(layers[0].packed_weight, PairPacked):
+        return None  # pair_linear at every row count
+    beside = stacked_packed or (all(packed) if len(layers) > 1 else packed[0])
+    limit = (SKINNY_MAX_ROWS_BESIDE_PACKED if beside else SKINNY_MAX_ROWS)[dtype]
+    weights, biases = [la.weight for la in layers], [la.bias for la in layers]
+    if len(layers) > 1:
+        return LinearGroup(limit, lambda x: kernels.skinny_linear_n(x, weights, biases))
+    return LinearGroup(limit, lambda x: (kernels.skinny_linear(x, weights[0], biases[0]),))
+
+
+def linear_group(
+    kernels: ModuleType, layers: Sequence[Linear], dtype: torch.dtype, stacked_packed: bool = False
+) -> LinearGroup | None:
+    """The group's row kernel where the module path has one for it (None: a row-parallel linear's
+    all-reduce, other quantized weights, a weight packed in pairs of k)."""
+    if any(isinstance(la, RowParallelLinear) and la.tp_size != 1 for la in layers):
+        return None
+    group = _gguf_group(kernels, layers) or _dense_group(kernels, layers, dtype, stacked_packed)
+    if group is not None and stacked_packed:  # the stacked GEMM takes the rows past these
+        group.limit = min(group.limit, SKINNY_MAX_ROWS_BESIDE_PACKED.get(dtype, 0))
+    return group
+
+
+class DecodeAttention:
+    """An Attention module's decode step: q/k/v, the head norms, RoPE, the backend's decode-only path, o."""
+
+    def __init__(self, attn: nn.Module, dtype: torch.dtype, kernels: ModuleType) -> None:
+        self.attn, self.kernels = attn, kernels
+        self.backend, self.kv_group = attn.backend, attn.kv_group
+        self.heads = (attn.num_heads, attn.num_kv_heads, attn.head_dim)
+        self.args = (
+            float(attn.scale),
+            int(attn.sliding_window or 0),
+            float(attn.k_scale),
+            float(attn.v_scale),
+            float(attn.logits_soft_cap or 0.0),
+        )
+        qkv = linear_group(kernels, attn.stacked_linears(), dtype, attn.packed_qkv is not None)
+        o = linear_group(kernels, (attn.o_proj,), dtype)
+        self.qkv = qkv.run if qkv is not None else attn.project_qkv
+        self.o = o.run if o is not None else lambda x: (attn.o_proj(x),)
+        self.limit = min([group.limit for group in (qkv, o) if group is not None], default=NO_LIMIT)
+
+    def plan(self, meta: Any, kv_cache: torch.Tensor, rows: int) -> tuple[Any, Any] | None:
+        """(this layer's metadata, the backend's plan) where the step is decodes only, else None."""
+        meta = meta.for_group(self.kv_group)
+        plan = self.backend.decode_only_plan(meta, kv_cache, rows)
+        return None if plan is None else (meta, plan)
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
+        kv_cache: torch.Tensor,
+        planned: tuple[Any, Any],
+    ) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        rows = x.shape[0]
+        q, k, v = self.qkv(x)
+        attn = self.attn
+        if attn.has_head_norm:
+            q, k = attn.norm_qk(q, k)
+        heads, kv_heads, head_dim = self.heads
+        q, k, v = q.view(rows, heads, head_dim), k.view(rows, kv_heads, head_dim), v.view(rows, kv_heads, head_dim)
+        if cos is not None:
+            self.kernels.rotary_(q, k, cos.squeeze(1), sin.squeeze(1))  # fresh q and k: rotated in place
+        out = self.backend.decode_only(q, k, v, kv_cache, *planned, self.args, attn.sinks)
+        (o,) = self.o(out.view(rows, heads * head_dim))
+        return o
+
+
+class DecodeMLP:
+    """A dense gated MLP's decode step (gate/up, the activation, down); any other MLP through its module."""
+
+    def __init__(self, mlp: nn.Module, dtype: torch.dtype, kernels: ModuleType) -> None:
+        self.mlp, self.kernels = mlp, kernels
+        self.gate_up = self.down = None
+        self.limit = NO_LIMIT
+        if type(mlp) is GatedMLP:
+            gate_up = linear_group(kernels, mlp.stacked_linears(), dtype, mlp.packed_gate_up is not None)
+            down = linear_group(kernels, (mlp.down_proj,), dtype)
+            if gate_up is not None and down is not None:
+                self.gate_up, self.down = gate_up.run, down.run
+                self.limit = min(gate_up.limit, down.limit)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up is None:
+            return self.mlp(x)
+        gate, up = self.gate_up(x)
+        if self.mlp.fused_silu:
+            (down,) = self.down(self.kernels.silu_and_mul_pair(gate, up))
+        else:
+            (down,) = self.down(self.mlp.act(gate) * up)
+        return down
+
+
+class CpuDecodeLayer:
+    """One LlamaDecoderLayer's decode step: `__call__` returns what its forward_residual would, or None
+    where the step is not one it covers (checked before anything runs)."""
+
+    def __init__(self, layer: nn.Module, dtype: torch.dtype, kernels: ModuleType) -> None:
+        self.dtype, self.kernels = dtype, kernels
+        self.norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+        self.eps = (layer.input_layernorm.eps, layer.post_attention_layernorm.eps)
+        self.use_rope = layer.use_rope
+        self.attn = DecodeAttention(layer.self_attn, dtype, kernels)
+        self.mlp = DecodeMLP(layer.mlp, dtype, kernels)
+        self.max_rows = min(self.attn.limit, self.mlp.limit)  # past it some part's module takes another kernel
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
+        kv_cache: torch.Tensor,
+        meta: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        rows = x.shape[0]
+        if rows > self.max_rows or x.dtype != self.dtype or torch.is_grad_enabled():
+            return None
+        planned = self.attn.plan(meta, kv_cache, rows)
+        if planned is None:
+            return None
+        kernels = self.kernels
+        if residual is None:
+            normed, residual = kernels.rms_norm(x, self.norms[0], self.eps[0]), x
+        else:
+            normed, residual = kernels.add_rms_norm(x, residual, self.norms[0], self.eps[0])
+        if not self.use_rope:
+            cos = sin = None
+        o = self.attn(normed, cos, sin, kv_cache, planned)
+        normed, residual = kernels.add_rms_norm(o, residual, self.norms[1], self.eps[1])
+        return self.mlp(normed), residual
+
+
+class GemmaDecodeLayer:
+    """One Gemma3DecoderLayer's decode step (its four norms around attention and the MLP, each scaling by
+    1 + w in float32): `__call__` returns what its forward would, or None where the step is not covered."""
+
+    def __init__(self, layer: nn.Module, dtype: torch.dtype, kernels: ModuleType) -> None:
+        self.dtype, self.kernels = dtype, kernels
+        self.layer_type = layer.layer_type
+        self.norms = (
+            layer.input_layernorm,
+            layer.post_attention_layernorm,
+            layer.pre_feedforward_layernorm,
+            layer.post_feedforward_layernorm,
+        )
+        self.attn = DecodeAttention(layer.self_attn, dtype, kernels)
+        self.mlp = DecodeMLP(layer.mlp, dtype, kernels)
+        self.max_rows = min(self.attn.limit, self.mlp.limit)
+
+    def __call__(
+        self, h: torch.Tensor, ropes: dict[str, tuple[torch.Tensor, torch.Tensor]], kv_cache: torch.Tensor, meta: Any
+    ) -> torch.Tensor | None:
+        rows = h.shape[0]
+        if rows > self.max_rows or h.dtype != self.dtype or torch.is_grad_enabled():
+            return None
+        planned = self.attn.plan(meta, kv_cache, rows)
+        if planned is None:
+            return None
+        kernels = self.kernels
+        first, post_attn, _, post_mlp = self.norms
+        cos, sin = ropes[self.layer_type]
+        scales = [norm.scale(norm.weight) for norm in self.norms]  # made again only after a load
+        o = self.attn(kernels.rms_norm(h, scales[0], first.eps), cos, sin, kv_cache, planned)
+        h, x = kernels.rms_norm_add(o, h, scales[1], post_attn.eps, scales[2])
+        h, _ = kernels.rms_norm_add(self.mlp(x), h, scales[3], post_mlp.eps, None)
+        return h
+
+
+def _usable(x: torch.Tensor, layer: nn.Module) -> ModuleType | None:
+    """The kernels where a decode program can run for layer's x (CPU, float32 or bfloat16, a backend
+    with a decode-only path), else None."""
+    kernels = load_cpu_kernels()
+    if kernels is None or not x.is_cpu or x.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    if not envs.TRAM_CPU_DECODE_PROGRAM:
+        return None
+    return kernels if hasattr(layer.self_attn.backend, "decode_only") else None
+
+
+def cpu_decode_layer(layer: nn.Module, x: torch.Tensor) -> CpuDecodeLayer | None:
+    """A program for `layer` (a LlamaDecoderLayer) where its decode steps can run one, else None."""
+    kernels = _usable(x, layer)
+    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    if kernels is None or any(type(n) is not RMSNorm or n.weight.dtype != x.dtype for n in norms):
+        return None
+    return CpuDecodeLayer(layer, x.dtype, kernels)
+
+
+def gemma_decode_layer(layer: nn.Module, h: torch.Tensor) -> GemmaDecodeLayer | None:
+    """A program for `layer` (a Gemma3DecoderLayer) where its decode steps can run one, else None."""
+    kernels = _usable(h, layer)
+    norms = (layer.input_layernorm, layer.post_attention_layernorm, layer.pre_feedforward_layernorm)
+    norms += (layer.post_feedforward_layernorm,)
+    if kernels is None or any(type(n) is not GemmaRMSNorm for n in norms) or norms[1].eps != norms[2].eps:
+        return None
+    return GemmaDecodeLayer(layer, h.dtype, kernels)
