@@ -171,18 +171,32 @@ class DecodeMLP:
         return down
 
 
-class CpuDecodeLayer:
+class LayerProgram:
+    """A decoder layer's attention and MLP programs, and the test every step passes before one runs."""
+
+    def __init__(self, layer: nn.Module, dtype: torch.dtype, kernels: ModuleType) -> None:
+        self.dtype, self.kernels = dtype, kernels
+        self.attn = DecodeAttention(layer.self_attn, dtype, kernels)
+        self.mlp = DecodeMLP(layer.mlp, dtype, kernels)
+        self.max_rows = min(self.attn.limit, self.mlp.limit)  # past it some part's module takes another kernel
+
+    def planned(self, x: torch.Tensor, kv_cache: torch.Tensor, meta: Any) -> tuple[Any, Any] | None:
+        """The attention's plan where this step is one the program covers, else None."""
+        rows = x.shape[0]
+        if rows > self.max_rows or x.dtype != self.dtype or torch.is_grad_enabled():
+            return None
+        return self.attn.plan(meta, kv_cache, rows)
+
+
+class CpuDecodeLayer(LayerProgram):
     """One LlamaDecoderLayer's decode step: `__call__` returns what its forward_residual would, or None
     where the step is not one it covers (checked before anything runs)."""
 
     def __init__(self, layer: nn.Module, dtype: torch.dtype, kernels: ModuleType) -> None:
-        self.dtype, self.kernels = dtype, kernels
+        super().__init__(layer, dtype, kernels)
         self.norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
         self.eps = (layer.input_layernorm.eps, layer.post_attention_layernorm.eps)
         self.use_rope = layer.use_rope
-        self.attn = DecodeAttention(layer.self_attn, dtype, kernels)
-        self.mlp = DecodeMLP(layer.mlp, dtype, kernels)
-        self.max_rows = min(self.attn.limit, self.mlp.limit)  # past it some part's module takes another kernel
 
     def __call__(
         self,
@@ -193,10 +207,7 @@ class CpuDecodeLayer:
         kv_cache: torch.Tensor,
         meta: Any,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        rows = x.shape[0]
-        if rows > self.max_rows or x.dtype != self.dtype or torch.is_grad_enabled():
-            return None
-        planned = self.attn.plan(meta, kv_cache, rows)
+        planned = self.planned(x, kv_cache, meta)
         if planned is None:
             return None
         kernels = self.kernels
@@ -211,12 +222,12 @@ class CpuDecodeLayer:
         return self.mlp(normed), residual
 
 
-class GemmaDecodeLayer:
+class GemmaDecodeLayer(LayerProgram):
     """One Gemma3DecoderLayer's decode step (its four norms around attention and the MLP, each scaling by
     1 + w in float32): `__call__` returns what its forward would, or None where the step is not covered."""
 
     def __init__(self, layer: nn.Module, dtype: torch.dtype, kernels: ModuleType) -> None:
-        self.dtype, self.kernels = dtype, kernels
+        super().__init__(layer, dtype, kernels)
         self.layer_type = layer.layer_type
         self.norms = (
             layer.input_layernorm,
@@ -224,17 +235,11 @@ class GemmaDecodeLayer:
             layer.pre_feedforward_layernorm,
             layer.post_feedforward_layernorm,
         )
-        self.attn = DecodeAttention(layer.self_attn, dtype, kernels)
-        self.mlp = DecodeMLP(layer.mlp, dtype, kernels)
-        self.max_rows = min(self.attn.limit, self.mlp.limit)
 
     def __call__(
         self, h: torch.Tensor, ropes: dict[str, tuple[torch.Tensor, torch.Tensor]], kv_cache: torch.Tensor, meta: Any
     ) -> torch.Tensor | None:
-        rows = h.shape[0]
-        if rows > self.max_rows or h.dtype != self.dtype or torch.is_grad_enabled():
-            return None
-        planned = self.attn.plan(meta, kv_cache, rows)
+        planned = self.planned(h, kv_cache, meta)
         if planned is None:
             return None
         kernels = self.kernels

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <vector>
 
 namespace tram::parallel {
 
@@ -35,6 +36,20 @@ void dynamic_for(int64_t n, int64_t grain, const Fn& fn) {
     for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
          c = next.fetch_add(1, std::memory_order_relaxed)) {
       fn(c * chunk, std::min(n, (c + 1) * chunk));
+    }
+  });
+}
+
+// fn(part, begin, end) over several parts' rows (sizes[i] each) as one range: one parallel region for
+// weights that read the same x (q/k/v), begin and end counted within the part.
+template <typename Fn>
+void dynamic_for_parts(const std::vector<int64_t>& sizes, int64_t grain, const Fn& fn) {
+  std::vector<int64_t> first(sizes.size() + 1, 0);
+  for (size_t i = 0; i < sizes.size(); ++i) first[i + 1] = first[i] + sizes[i];
+  dynamic_for(first.back(), grain, [&](int64_t begin, int64_t end) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const int64_t b = std::max(begin, first[i]), e = std::min(end, first[i + 1]);
+      if (b < e) fn(i, b - first[i], e - first[i]);
     }
   });
 }

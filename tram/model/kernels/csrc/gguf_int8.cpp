@@ -456,16 +456,10 @@ void q8k_linear(const tram::q8k::Rows& x, int64_t M, const Args& a) {
 // outputs; each output's arithmetic is the one q8k_linear gives it.
 template <typename T>
 void q8k_linear_n(const tram::q8k::Rows& x, int64_t M, const std::vector<Args>& args, const std::vector<int64_t>& types) {
-  std::vector<int64_t> first(args.size() + 1, 0);
-  for (size_t i = 0; i < args.size(); ++i) first[i + 1] = first[i] + args[i].N;
-  tram::parallel::dynamic_for(first.back(), kGrainRows, [&](int64_t begin, int64_t end) {
-    for (size_t i = 0; i < args.size(); ++i) {
-      const int64_t b = std::max(begin, first[i]), e = std::min(end, first[i + 1]);
-      if (b >= e) continue;
-      tram::q8k::with_kquant(types[i], [&](auto fmt) {
-        q8k_rows<decltype(fmt), T>(x, M, args[i], b - first[i], e - first[i]);
-      });
-    }
+  std::vector<int64_t> sizes;
+  for (const Args& a : args) sizes.push_back(a.N);
+  tram::parallel::dynamic_for_parts(sizes, kGrainRows, [&](size_t i, int64_t begin, int64_t end) {
+    tram::q8k::with_kquant(types[i], [&](auto fmt) { q8k_rows<decltype(fmt), T>(x, M, args[i], begin, end); });
   });
 }
 #endif

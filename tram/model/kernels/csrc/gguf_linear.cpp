@@ -207,14 +207,10 @@ void linear_impl(const Args& a) {
 // the one linear_impl gives it.
 template <typename T>
 void linear_n_impl(const std::vector<Args>& args, const std::vector<int64_t>& types) {
-  std::vector<int64_t> first(args.size() + 1, 0);
-  for (size_t i = 0; i < args.size(); ++i) first[i + 1] = first[i] + args[i].N;
-  tram::parallel::dynamic_for(first.back(), kGrainRows, [&](int64_t begin, int64_t end) {
-    for (size_t i = 0; i < args.size(); ++i) {
-      const int64_t b = std::max(begin, first[i]), e = std::min(end, first[i + 1]);
-      if (b >= e) continue;
-      with_format(types[i], [&](auto fmt) { linear_rows<decltype(fmt), T>(args[i], b - first[i], e - first[i]); });
-    }
+  std::vector<int64_t> sizes;
+  for (const Args& a : args) sizes.push_back(a.N);
+  tram::parallel::dynamic_for_parts(sizes, kGrainRows, [&](size_t i, int64_t begin, int64_t end) {
+    with_format(types[i], [&](auto fmt) { linear_rows<decltype(fmt), T>(args[i], begin, end); });
   });
 }
 
