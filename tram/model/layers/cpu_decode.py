@@ -28,6 +28,7 @@ from torch import nn
 
 import tram.envs as envs
 from tram.model.kernels.cpu_kernels import load_cpu_kernels
+from tram.model.layers.attention import Attention
 from tram.model.layers.cpu_packed import PairPacked
 from tram.model.layers.linear import SKINNY_MAX_ROWS, SKINNY_MAX_ROWS_BESIDE_PACKED, Linear
 from tram.model.layers.mlp import GatedMLP
@@ -116,6 +117,10 @@ class DecodeAttention:
         o = linear_group(kernels, (attn.o_proj,), dtype)
         self.qkv = qkv.run if qkv is not None else attn.project_qkv
         self.o = o.run if o is not None else lambda x: (attn.o_proj(x),)
+        # Per-head norms Attention.norm_qk runs as one kernel call each (Qwen3's, Gemma's): called here.
+        norms = (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
+        plain = attn.has_head_norm and type(attn).norm_qk is Attention.norm_qk
+        self.head_norms = norms if plain and all(type(n) in (RMSNorm, GemmaRMSNorm) for n in norms) else None
         self.limit = min([group.limit for group in (qkv, o) if group is not None], default=NO_LIMIT)
 
     def plan(self, meta: Any, kv_cache: torch.Tensor, rows: int) -> tuple[Any, Any] | None:
@@ -135,15 +140,22 @@ class DecodeAttention:
         rows = x.shape[0]
         q, k, v = self.qkv(x)
         attn = self.attn
-        if attn.has_head_norm:
-            q, k = attn.norm_qk(q, k)
         heads, kv_heads, head_dim = self.heads
+        if self.head_norms is not None:
+            q, k = self._head_norm(0, q, head_dim), self._head_norm(1, k, head_dim)
+        elif attn.has_head_norm:
+            q, k = attn.norm_qk(q, k)
         q, k, v = q.view(rows, heads, head_dim), k.view(rows, kv_heads, head_dim), v.view(rows, kv_heads, head_dim)
         if cos is not None:
             self.kernels.rotary_(q, k, cos.squeeze(1), sin.squeeze(1))  # fresh q and k: rotated in place
         out = self.backend.decode_only(q, k, v, kv_cache, *planned, self.args, attn.sinks)
         (o,) = self.o(out.view(rows, heads * head_dim))
         return o
+
+    def _head_norm(self, which: int, x: torch.Tensor, head_dim: int) -> torch.Tensor:  # -> [T * heads, D]
+        norm = self.head_norms[which]
+        weight = norm.scale(norm.weight) if type(norm) is GemmaRMSNorm else norm.weight
+        return self.kernels.rms_norm(x.reshape(-1, head_dim), weight, norm.eps)
 
 
 class DecodeMLP:
