@@ -1,7 +1,7 @@
 """The decode step with its kernels chosen once (tram/model/layers/cpu_decode.py) against the module path
 it stands in for: the same logits bit for bit, step after step, over the layer features it covers
 (biases, q/k norms, NoPE layers, sliding windows, sinks, soft caps, Gemma's norms and GeGLU, an MoE's MLP
-through its module, GGUF weights with float and int8 activations), with decode batches of 1-3 rows and
+through its module, GGUF weights with float and int8 activations), with decode batches of 1-3 and 18 rows and
 prefill steps between."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tram.model.loader import get_hf_config, load_model
 needs_kernels = pytest.mark.skipif(not cpu_kernels_available(), reason="the C++ kernels are not available")
 
 # Request id -> new tokens, one list per step: prefills, then decode batches of one to three rows, a
-# step that mixes a decode and a prefill (the module path), and decodes again.
+# step that mixes a decode and a prefill (the module path), decodes again, and a batch of 18.
 STEPS: list[list[tuple[str, list[int]]]] = [
     [("a", [5, 9, 14, 3, 77, 21, 8])],
     [("a", [30])],
@@ -30,6 +30,10 @@ STEPS: list[list[tuple[str, list[int]]]] = [
     [("a", [34]), ("b", [93]), ("c", [13])],
     [("c", [14])],
     [("a", [35]), ("b", [94]), ("c", [15])],
+    # 18 rows: past every row kernel's limit (the GGUF float kernel's 16), each linear on its module
+    [(f"r{i}", [3 + i, 40 + i]) for i in range(18)],
+    [(f"r{i}", [60 + i]) for i in range(18)],
+    [(f"r{i}", [80 + i]) for i in range(18)],
 ]
 
 
@@ -101,7 +105,7 @@ def _assert_same_bits(path: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyP
     assert len(got) == len(want)
     for step, (g, w) in enumerate(zip(got, want, strict=True)):
         assert torch.equal(g, w), f"step {step}: max diff {(g - w).abs().max().item()}"
-    assert set(ran) >= {1, 2}, ran  # the program ran the one- and two-row decode steps
+    assert set(ran) >= {1, 2, 3, 18}, ran  # the program ran every decode-only step
 
 
 @needs_kernels

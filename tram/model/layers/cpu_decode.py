@@ -1,16 +1,18 @@
-"""A Llama-style layer's decode step on CPU with its dispatch decided once.
+"""Llama's and Gemma's decode layers on CPU with their dispatch decided once.
 
 The module path decides at every call of every layer what the C++ kernels take (rows, dtypes, packed
 or GGUF weights, the attention backend's plan): some 60 Python calls and 40 module attribute lookups a
-layer, where a decode row's kernels on a small model take less time than that. `CpuDecodeLayer` makes
-those decisions at a layer's first decode step and keeps the kernels and tensors they chose; a step
-then costs about one Python call per kernel (docs/benchmarks.md, "A decode layer's host time").
+layer, where a decode row's kernels on a small model take less time than that. A layer program
+(`CpuDecodeLayer`, `GemmaDecodeLayer`) makes those decisions at the layer's first forward and keeps the
+kernels and tensors they chose; a decode step then costs about one Python call per kernel
+(docs/benchmarks.md, "A decode layer's host time").
 
-The same kernels with the same arguments as the module path at those row counts, so the same bits.
-What it does not cover goes the module path, whole or in part: another device or dtype, autograd, a
-step with prefills or padding, rows past a linear's row kernel (oneDNN's packed GEMM, the tiled GEMMs),
-quantized weights other than GGUF's, a row-parallel linear's all-reduce, an MLP other than the dense
-SwiGLU (a mixture of experts), an attention backend without `decode_only`.
+The same kernels with the same arguments as the module path, so the same bits (tests/model/
+test_cpu_decode.py). Each part falls back to its module where the module would take another kernel:
+rows past a linear's row kernel (oneDNN's packed GEMM, the tiled GEMMs), quantized weights other than
+GGUF's, a row-parallel linear's all-reduce, an MLP other than the dense gated one (a mixture of
+experts). A step with prefills or padding, another device or dtype, autograd, or an attention backend
+without `decode_only` runs the modules for the whole layer.
 
 A program holds the layer's Parameter objects and GGUF blocks as they are at the layer's first forward
 (after loading, quantizing and packing): loads in place show through; a weight rebound afterwards is
@@ -37,16 +39,20 @@ from tram.model.layers.parallel_linear import RowParallelLinear
 from tram.model.quant.weights import SKINNY_MAX_ROWS as GGUF_FLOAT_MAX_ROWS
 
 Outputs = Callable[[torch.Tensor], Sequence[torch.Tensor]]
-NO_LIMIT = 1 << 62
+NO_LIMIT = 1 << 62  # int8 GGUF kernels: every row count
 
 
 class LinearGroup:
-    """Linears that read one x (q/k/v, gate/up, or one alone) on their row kernel, in one call: up to
-    `limit` rows, the row count past which the module path takes another kernel."""
+    """Linears that read one x (q/k/v, gate/up, or one alone): their row kernel in one call up to `limit`
+    rows, past which the module path takes another kernel; `fallback` (the module path) past it."""
 
-    def __init__(self, limit: int, run: Outputs) -> None:
-        self.limit = limit
+    def __init__(self, limit: int, run: Outputs | None, fallback: Outputs | None = None) -> None:
+        self.limit = limit if run is not None else -1
         self.run = run
+        self.fallback = fallback
+
+    def __call__(self, x: torch.Tensor) -> Sequence[torch.Tensor]:
+        return self.run(x) if x.shape[0] <= self.limit else self.fallback(x)
 
 
 def _gguf_group(kernels: ModuleType, layers: Sequence[Linear]) -> LinearGroup | None:
@@ -87,15 +93,22 @@ def _dense_group(
 
 
 def linear_group(
-    kernels: ModuleType, layers: Sequence[Linear], dtype: torch.dtype, stacked_packed: bool = False
-) -> LinearGroup | None:
-    """The group's row kernel where the module path has one for it (None: a row-parallel linear's
-    all-reduce, other quantized weights, a weight packed in pairs of k)."""
-    if any(isinstance(la, RowParallelLinear) and la.tp_size != 1 for la in layers):
-        return None
-    group = _gguf_group(kernels, layers) or _dense_group(kernels, layers, dtype, stacked_packed)
-    if group is not None and stacked_packed:  # the stacked GEMM takes the rows past these
+    kernels: ModuleType,
+    layers: Sequence[Linear],
+    dtype: torch.dtype,
+    fallback: Outputs,
+    stacked_packed: bool = False,
+) -> LinearGroup:
+    """The group's row kernel where the module path has one for it (none for a row-parallel linear's
+    all-reduce, other quantized weights, a weight packed in pairs of k), and `fallback` past it."""
+    group = None
+    if not any(isinstance(la, RowParallelLinear) and la.tp_size != 1 for la in layers):
+        group = _gguf_group(kernels, layers) or _dense_group(kernels, layers, dtype, stacked_packed)
+    if group is None:
+        return LinearGroup(0, None, fallback)
+    if stacked_packed:  # the stacked GEMM takes the rows past these
         group.limit = min(group.limit, SKINNY_MAX_ROWS_BESIDE_PACKED.get(dtype, 0))
+    group.fallback = fallback
     return group
 
 
@@ -113,15 +126,12 @@ class DecodeAttention:
             float(attn.v_scale),
             float(attn.logits_soft_cap or 0.0),
         )
-        qkv = linear_group(kernels, attn.stacked_linears(), dtype, attn.packed_qkv is not None)
-        o = linear_group(kernels, (attn.o_proj,), dtype)
-        self.qkv = qkv.run if qkv is not None else attn.project_qkv
-        self.o = o.run if o is not None else lambda x: (attn.o_proj(x),)
+        self.qkv = linear_group(kernels, attn.stacked_linears(), dtype, attn.project_qkv, attn.packed_qkv is not None)
+        self.o = linear_group(kernels, (attn.o_proj,), dtype, lambda x: (attn.o_proj(x),))
         # Per-head norms Attention.norm_qk runs as one kernel call each (Qwen3's, Gemma's): called here.
         norms = (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
         plain = attn.has_head_norm and type(attn).norm_qk is Attention.norm_qk
         self.head_norms = norms if plain and all(type(n) in (RMSNorm, GemmaRMSNorm) for n in norms) else None
-        self.limit = min([group.limit for group in (qkv, o) if group is not None], default=NO_LIMIT)
 
     def plan(self, meta: Any, kv_cache: torch.Tensor, rows: int) -> tuple[Any, Any] | None:
         """(this layer's metadata, the backend's plan) where the step is decodes only, else None."""
@@ -163,23 +173,20 @@ class DecodeMLP:
 
     def __init__(self, mlp: nn.Module, dtype: torch.dtype, kernels: ModuleType) -> None:
         self.mlp, self.kernels = mlp, kernels
-        self.gate_up = self.down = None
-        self.limit = NO_LIMIT
+        self.limit = -1  # most rows on the row kernels; the module past them
         if type(mlp) is GatedMLP:
-            gate_up = linear_group(kernels, mlp.stacked_linears(), dtype, mlp.packed_gate_up is not None)
-            down = linear_group(kernels, (mlp.down_proj,), dtype)
-            if gate_up is not None and down is not None:
-                self.gate_up, self.down = gate_up.run, down.run
-                self.limit = min(gate_up.limit, down.limit)
+            self.gate_up = linear_group(kernels, mlp.stacked_linears(), dtype, mlp, mlp.packed_gate_up is not None)
+            self.down = linear_group(kernels, (mlp.down_proj,), dtype, mlp)
+            self.limit = min(self.gate_up.limit, self.down.limit)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up is None:
+        if x.shape[0] > self.limit:
             return self.mlp(x)
-        gate, up = self.gate_up(x)
+        gate, up = self.gate_up.run(x)
         if self.mlp.fused_silu:
-            (down,) = self.down(self.kernels.silu_and_mul_pair(gate, up))
+            (down,) = self.down.run(self.kernels.silu_and_mul_pair(gate, up))
         else:
-            (down,) = self.down(self.mlp.act(gate) * up)
+            (down,) = self.down.run(self.mlp.act(gate) * up)
         return down
 
 
@@ -190,14 +197,12 @@ class LayerProgram:
         self.dtype, self.kernels = dtype, kernels
         self.attn = DecodeAttention(layer.self_attn, dtype, kernels)
         self.mlp = DecodeMLP(layer.mlp, dtype, kernels)
-        self.max_rows = min(self.attn.limit, self.mlp.limit)  # past it some part's module takes another kernel
 
     def planned(self, x: torch.Tensor, kv_cache: torch.Tensor, meta: Any) -> tuple[Any, Any] | None:
         """The attention's plan where this step is one the program covers, else None."""
-        rows = x.shape[0]
-        if rows > self.max_rows or x.dtype != self.dtype or torch.is_grad_enabled():
+        if x.dtype != self.dtype or torch.is_grad_enabled():
             return None
-        return self.attn.plan(meta, kv_cache, rows)
+        return self.attn.plan(meta, kv_cache, x.shape[0])
 
 
 class CpuDecodeLayer(LayerProgram):
