@@ -43,8 +43,8 @@ NO_LIMIT = 1 << 62  # int8 GGUF kernels: every row count
 
 
 class LinearGroup:
-    """Linears that read one x (q/k/v, gate/up, or one alone): their row kernel in one call up to `limit`
-    rows, past which the module path takes another kernel; `fallback` (the module path) past it."""
+    """Linears that read one x (q/k/v, gate/up, or one alone): up to `limit` rows their row kernel in one
+    call (`run`); past that the module path takes another kernel, and so does `fallback`."""
 
     def __init__(self, limit: int, run: Outputs | None, fallback: Outputs | None = None) -> None:
         self.limit = limit if run is not None else -1
@@ -96,8 +96,8 @@ def linear_group(
     kernels: ModuleType,
     layers: Sequence[Linear],
     dtype: torch.dtype,
-    fallback: Outputs,
     stacked_packed: bool = False,
+    fallback: Outputs | None = None,
 ) -> LinearGroup:
     """The group's row kernel where the module path has one for it (none for a row-parallel linear's
     all-reduce, other quantized weights, a weight packed in pairs of k), and `fallback` past it."""
@@ -126,8 +126,9 @@ class DecodeAttention:
             float(attn.v_scale),
             float(attn.logits_soft_cap or 0.0),
         )
-        self.qkv = linear_group(kernels, attn.stacked_linears(), dtype, attn.project_qkv, attn.packed_qkv is not None)
-        self.o = linear_group(kernels, (attn.o_proj,), dtype, lambda x: (attn.o_proj(x),))
+        qkv_layers, packed = attn.stacked_linears(), attn.packed_qkv is not None
+        self.qkv = linear_group(kernels, qkv_layers, dtype, packed, attn.project_qkv)
+        self.o = linear_group(kernels, (attn.o_proj,), dtype, fallback=lambda x: (attn.o_proj(x),))
         # Per-head norms Attention.norm_qk runs as one kernel call each (Qwen3's, Gemma's): called here.
         norms = (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
         plain = attn.has_head_norm and type(attn).norm_qk is Attention.norm_qk
@@ -175,8 +176,10 @@ class DecodeMLP:
         self.mlp, self.kernels = mlp, kernels
         self.limit = -1  # most rows on the row kernels; the module past them
         if type(mlp) is GatedMLP:
-            self.gate_up = linear_group(kernels, mlp.stacked_linears(), dtype, mlp, mlp.packed_gate_up is not None)
-            self.down = linear_group(kernels, (mlp.down_proj,), dtype, mlp)
+            # No fallback per group: past either's rows the whole MLP runs its module (a packed gate/up
+            # goes through silu_and_mul on the stacked output there).
+            self.gate_up = linear_group(kernels, mlp.stacked_linears(), dtype, mlp.packed_gate_up is not None)
+            self.down = linear_group(kernels, (mlp.down_proj,), dtype)
             self.limit = min(self.gate_up.limit, self.down.limit)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

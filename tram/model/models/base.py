@@ -76,7 +76,7 @@ class DecoderModel(nn.Module):
         # the stream is then residual + h, one op and its dispatch fewer per layer.
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.local_layers, kv_caches, strict=True):
-            if hasattr(layer, "forward_residual") and not __import__("os").environ.get("AB_OFF"):
+            if hasattr(layer, "forward_residual"):
                 h, residual = layer.forward_residual(h, residual, *args, kv_cache, meta)
                 continue
             if residual is not None:
