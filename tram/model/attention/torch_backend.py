@@ -259,10 +259,7 @@ class TorchAttentionBackend:
     ) -> torch.Tensor:
         """`forward` of a decode-only step on the CPU kernels, its arguments converted once per layer; the
         same calls and so the same bits."""
-        if kv_cache.dtype == k.dtype:
-            load_cpu_kernels().write_kv_cache_(kv_cache, k, v, meta.slot_mapping)
-        else:
-            write_kv_cache(k, v, kv_cache, meta.slot_mapping, (args[2], args[3]))
+        write_kv_cache(k, v, kv_cache, meta.slot_mapping, (args[2], args[3]))  # the cache's one writer
         sinks = None if sinks is None else sinks.detach().to(torch.float32).contiguous()
         return load_cpu_kernels().paged_decode_attention(
             q, kv_cache, plan.decode_block_tables, plan.decode_seq_lens, *args, sinks
