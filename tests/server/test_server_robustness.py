@@ -118,9 +118,9 @@ def test_serving_benchmark_client_counts_every_token(server: RemoteServer) -> No
 
 
 def test_dropped_non_streaming_request_is_aborted(server: RemoteServer) -> None:
-    body = {"prompt": "Hi", "max_tokens": 505, "ignore_eos": True, "temperature": 1.0}
-    with pytest.raises(httpx.ReadTimeout):  # 505 tokens take ~0.3 s on a quiet machine, the timeout a third
-        httpx.post(server.url + "/v1/completions", json=body, timeout=0.1)
+    body = {"prompt": ["Hi"] * 8, "n": 4, "max_tokens": 505, "ignore_eos": True, "temperature": 1.0}
+    with pytest.raises(httpx.ReadTimeout):  # 32 sequences of 505 tokens take seconds, whatever the CPU
+        httpx.post(server.url + "/v1/completions", json=body, timeout=0.3)
     # The server notices the closed connection and aborts long before 505 tokens are done.
     state = _wait_idle(server, timeout=5.0)
     assert state["num_running_reqs"] == 0 and state["blocks"]["in_use"] == 0, state
