@@ -82,6 +82,13 @@ _DECLARED = (
         _on_unless_0,
     ),
     EnvVar(
+        "TRAM_CPU_PAIR_COPIES",
+        1 / 16,
+        "the most of physical memory (a fraction) the layers' bf16 weights may take again as copies in pairs of k "
+        "for a decode step's rows, beside oneDNN's (AVX512-BF16 without AMX); 0 keeps oneDNN's alone",
+        float,
+    ),
+    EnvVar(
         "TRAM_GGUF_REPACK",
         True,
         "0 keeps GGUF Q4_K and Q6_K weights in the file's layout under --gguf-activations int8 (no x8 repack at load)",
@@ -188,6 +195,7 @@ if TYPE_CHECKING:  # what attribute access returns, for type checkers
     TRAM_CPU_PACKED_LINEAR: bool
     TRAM_CPU_DECODE_PROGRAM: bool
     TRAM_CPU_PAIR_LINEAR: bool
+    TRAM_CPU_PAIR_COPIES: float
     TRAM_GGUF_REPACK: bool
     TRAM_CPU_MALLOC_TUNING: bool
     TRAM_CPU_KVCACHE_SPACE: float | None

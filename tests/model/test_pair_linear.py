@@ -1,5 +1,5 @@
 """bfloat16 linears on weights packed in pairs of k (csrc/pair_linear.cpp) and the LM head that takes
-them (cpu_packed.pack_few_rows).
+them (cpu_packed.pack_few_rows), and the layers' pairs copies beside oneDNN's for a decode step's rows.
 
 pair_linear must give the float64 product within bfloat16 rounding for any row count (one pass of 16
 rows, a partial one, several), odd K and N past a block of 16, with bias; every output must be the
@@ -12,8 +12,17 @@ import pytest
 import torch
 
 from tram.model.kernels.cpu_kernels import cpu_kernels_available, load_cpu_kernels
-from tram.model.layers.cpu_packed import PairPacked, pack_cpu_linears, pack_few_rows
+from tram.model.layers.cpu_packed import (
+    PAIR_ROWS,
+    DecodePairs,
+    PairPacked,
+    pack_cpu_linears,
+    pack_few_rows,
+    packed_linear,
+)
 from tram.model.layers.embedding import LMHead, VocabEmbedding
+from tram.model.layers.linear import Linear
+from tram.model.layers.mlp import GatedMLP
 
 pytestmark = pytest.mark.skipif(not cpu_kernels_available(), reason="the C++ CPU kernels did not build")
 
@@ -114,3 +123,55 @@ def test_switch_off_keeps_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAM_CPU_PAIR_LINEAR", "0")
     packed = pack_few_rows(torch.zeros(32, 16, dtype=torch.bfloat16))
     assert not isinstance(packed, PairPacked)
+
+
+def _layers() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = torch.nn.Module()
+    model.proj = Linear(64, 40, bias=True, dtype=torch.bfloat16)
+    model.mlp = GatedMLP(64, 48, "silu", bias=False, dtype=torch.bfloat16)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    return model.eval().requires_grad_(False)
+
+
+def test_decode_rows_take_the_pairs_copy_beside_onednns() -> None:
+    """A layer's bf16 weight keeps oneDNN's copy and, where pairs are preferred, a pairs copy that a
+    decode step's rows (3 .. PAIR_ROWS) take, bit for bit pair_linear; past them oneDNN's."""
+    model = _layers()
+    assert pack_cpu_linears(model) == 3  # proj, gate/up stacked, down
+    preferred = load_cpu_kernels().pair_linear_preferred()
+    for packed in (model.proj.packed_weight, model.mlp.packed_gate_up, model.mlp.down_proj.packed_weight):
+        assert isinstance(packed, DecodePairs) == preferred
+    if not preferred:
+        return
+    both = model.proj.packed_weight
+    for rows in (3, 17, PAIR_ROWS, PAIR_ROWS + 1, 70):
+        x = torch.randn(rows, 64).bfloat16()
+        with torch.inference_mode():
+            got = model.proj(x)
+        copy = both.pairs if rows <= PAIR_ROWS else both.onednn
+        assert torch.equal(got, packed_linear(x, copy, model.proj.bias)), rows
+        ref = x.double() @ model.proj.weight.double().T + model.proj.bias.double()
+        assert ((got.double() - ref).abs() / (ref.abs() + 1)).max().item() < 1e-2
+        with torch.inference_mode():
+            mlp = model.mlp(x)
+        gate, up = x.double() @ model.mlp.gate_proj.weight.double().T, x.double() @ model.mlp.up_proj.weight.double().T
+        ref = (torch.nn.functional.silu(gate) * up) @ model.mlp.down_proj.weight.double().T
+        assert ((mlp.double() - ref).abs() / (ref.abs() + 1)).max().item() < 3e-2
+
+
+def test_pairs_copies_only_while_small_beside_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAM_CPU_PAIR_COPIES", "0.0000001")  # a few bytes of this machine's memory
+    model = _layers()
+    pack_cpu_linears(model)
+    assert isinstance(model.proj.packed_weight, torch.Tensor)
+    assert isinstance(model.mlp.packed_gate_up, torch.Tensor)
+
+
+def test_switch_off_keeps_onednn_for_layers_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAM_CPU_PAIR_LINEAR", "0")
+    model = _layers()
+    pack_cpu_linears(model)
+    assert isinstance(model.proj.packed_weight, torch.Tensor)
+    assert isinstance(model.mlp.packed_gate_up, torch.Tensor)

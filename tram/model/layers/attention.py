@@ -11,7 +11,7 @@ from torch import nn
 from tram.distributed import get_tp, shard_range
 from tram.distributed.parallel_state import kv_head_range
 from tram.model.attention import AttentionBackend, AttentionMetadata
-from tram.model.layers.cpu_packed import PackFn, packed_linear
+from tram.model.layers.cpu_packed import DecodePairs, PackFn, packed_linear
 from tram.model.layers.linear import Linear, linear_n, pack_stacked, takes_packed
 from tram.model.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear, slice_loader
 from tram.model.layers.rope import apply_rotary_qk
@@ -89,7 +89,7 @@ class Attention(nn.Module):
         # On CPU, q's, k's and v's weights stacked [(H + 2 Hkv) D, hidden] and packed for oneDNN
         # (pack_stacked): one GEMM for the three past the skinny kernel's rows, which at a decode batch
         # costs less than three narrower ones (docs/benchmarks.md, "q, k and v as one packed weight").
-        self.packed_qkv: torch.Tensor | None = None
+        self.packed_qkv: torch.Tensor | DecodePairs | None = None
         self.packed_qkv_bias: torch.Tensor | None = None
         self.sinks: nn.Parameter | None = None
         if sinks:
@@ -99,7 +99,7 @@ class Attention(nn.Module):
     def stacked_linears(self) -> tuple[Linear, Linear, Linear]:
         return self.q_proj, self.k_proj, self.v_proj
 
-    def pack_stacked(self, pack: PackFn) -> torch.Tensor | None:
+    def pack_stacked(self, pack: PackFn) -> torch.Tensor | DecodePairs | None:
         """Packs q, k and v as one weight; returns the packed tensor (None where it cannot be)."""
         self.packed_qkv, self.packed_qkv_bias = pack_stacked(self.stacked_linears(), pack)
         return self.packed_qkv

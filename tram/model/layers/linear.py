@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tram.model.kernels.cpu_kernels import kernels_for
-from tram.model.layers.cpu_packed import PackFn, PairPacked, packed_linear
+from tram.model.layers.cpu_packed import DecodePairs, PackFn, PairPacked, packed_linear
 from tram.model.quant.weights import QuantizedWeight
 
 # Most rows of x the skinny kernel takes, per dtype; dtypes not listed never use it. Without a packed
@@ -49,7 +49,7 @@ def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
-    packed_weight: torch.Tensor | PairPacked | None = None,
+    packed_weight: torch.Tensor | PairPacked | DecodePairs | None = None,
 ) -> torch.Tensor:
     """x @ weight.T + bias: the skinny kernel for a 2-D CPU input of a few rows, oneDNN when the
     weight has a packed copy (cpu_packed.py), else F.linear; a weight packed in pairs of k takes
@@ -83,7 +83,9 @@ def linear_n(x: torch.Tensor, layers: Sequence[Linear]) -> list[torch.Tensor]:
     return [layer(x) for layer in layers]
 
 
-def pack_stacked(layers: Sequence[Linear], pack: PackFn) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def pack_stacked(
+    layers: Sequence[Linear], pack: PackFn
+) -> tuple[torch.Tensor | DecodePairs | None, torch.Tensor | None]:
     """The layers' weights stacked [sum N, K] and packed as one (gate/up, q/k/v: one GEMM runs them
     all), and their biases stacked; (None, None) where a layer is quantized or `pack` refuses."""
     if any(layer.quant is not None for layer in layers):
@@ -102,7 +104,7 @@ class Linear(nn.Linear):
     `quant` is the weight in fewer bits where the model was quantized after loading (quant/apply.py);
     `weight` is then empty."""
 
-    packed_weight: torch.Tensor | None = None
+    packed_weight: torch.Tensor | DecodePairs | None = None
     quant: QuantizedWeight | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ from torch import nn
 from tram.distributed import get_tp, shard_range
 from tram.model.kernels.cpu_kernels import kernels_for
 from tram.model.layers.activation import get_activation
-from tram.model.layers.cpu_packed import PackFn, packed_linear
+from tram.model.layers.cpu_packed import DecodePairs, PackFn, packed_linear
 from tram.model.layers.linear import Linear, linear_n, pack_stacked, takes_packed
 from tram.model.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear
 
@@ -44,7 +44,7 @@ class GatedMLP(nn.Module):
         self.fused_silu = hidden_act in ("silu", "swish")
         # On CPU, gate's and up's weights stacked [2I, hidden] and packed for oneDNN (pack_stacked): one
         # GEMM for both, whose [T, 2I] output the fused silu_and_mul kernel reads in one pass.
-        self.packed_gate_up: torch.Tensor | None = None
+        self.packed_gate_up: torch.Tensor | DecodePairs | None = None
         self.gate_up_bias: torch.Tensor | None = None
 
     def _packed_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -58,7 +58,7 @@ class GatedMLP(nn.Module):
     def stacked_linears(self) -> tuple[Linear, Linear]:
         return self.gate_proj, self.up_proj
 
-    def pack_stacked(self, pack: PackFn) -> torch.Tensor | None:
+    def pack_stacked(self, pack: PackFn) -> torch.Tensor | DecodePairs | None:
         """Packs gate and up as one weight; returns the packed tensor (None where it cannot be)."""
         self.packed_gate_up, self.gate_up_bias = pack_stacked(self.stacked_linears(), pack)
         return self.packed_gate_up
