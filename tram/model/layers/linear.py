@@ -23,9 +23,11 @@ from tram.model.layers.cpu_packed import DecodePairs, PackFn, PairPacked, packed
 from tram.model.quant.weights import QuantizedWeight
 
 # Most rows of x the skinny kernel takes, per dtype; dtypes not listed never use it. Without a packed
-# weight the alternative is MKL (slower on few rows), with one it is oneDNN (faster from 2-3 rows).
+# weight the alternative is MKL (slower on few rows), with one it is oneDNN (faster from 3-4 rows).
 SKINNY_MAX_ROWS: dict[torch.dtype, int] = {torch.float32: 8, torch.bfloat16: 4}
-SKINNY_MAX_ROWS_BESIDE_PACKED: dict[torch.dtype, int] = {torch.float32: 2, torch.bfloat16: 2}
+# float32 at 3 rows: on cold weights (each layer's its own, as a decode step reads them) the skinny
+# kernel ran in 0.67-0.96 of oneDNN's time on hidden sizes 288-2048, and lost from 4 rows at 2048.
+SKINNY_MAX_ROWS_BESIDE_PACKED: dict[torch.dtype, int] = {torch.float32: 3, torch.bfloat16: 2}
 
 
 def _skinny_kernels(x: torch.Tensor, weight: torch.Tensor, packed: bool = False) -> ModuleType | None:
