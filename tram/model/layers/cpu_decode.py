@@ -9,7 +9,8 @@ kernels and tensors they chose; a decode step then costs about one Python call p
 
 The same kernels with the same arguments as the module path, so the same bits (tests/model/
 test_cpu_decode.py). Each part falls back to its module where the module would take another kernel:
-rows past a linear's row kernel (oneDNN's packed GEMM, the tiled GEMMs), quantized weights other than
+rows past a linear's row kernels (oneDNN's packed GEMM, the tiled GEMMs; the row kernels are the
+skinny kernel, GGUF's, and bf16 pairs copies beside oneDNN's), quantized weights other than
 GGUF's, a row-parallel linear's all-reduce, an MLP other than the dense gated one (a mixture of
 experts). A step with prefills or padding, another device or dtype, autograd, or an attention backend
 without `decode_only` runs the modules for the whole layer.
@@ -31,7 +32,7 @@ from torch import nn
 import tram.envs as envs
 from tram.model.kernels.cpu_kernels import load_cpu_kernels
 from tram.model.layers.attention import Attention
-from tram.model.layers.cpu_packed import PairPacked
+from tram.model.layers.cpu_packed import PAIR_ROWS, DecodePairs, PairPacked
 from tram.model.layers.linear import SKINNY_MAX_ROWS, SKINNY_MAX_ROWS_BESIDE_PACKED, Linear
 from tram.model.layers.mlp import GatedMLP
 from tram.model.layers.norm import GemmaRMSNorm, RMSNorm
@@ -75,38 +76,77 @@ def _gguf_group(kernels: ModuleType, layers: Sequence[Linear]) -> LinearGroup | 
 
 
 def _dense_group(
-    kernels: ModuleType, layers: Sequence[Linear], dtype: torch.dtype, stacked_packed: bool
+    kernels: ModuleType, layers: Sequence[Linear], dtype: torch.dtype, stacked: Stacked
 ) -> LinearGroup | None:
-    """The skinny kernel's rows as `linear` / `linear_n` choose them; stacked_packed: the group's weights
-    also packed as one (q/k/v, gate/up), which takes rows past SKINNY_MAX_ROWS_BESIDE_PACKED."""
+    """The skinny kernel's rows as `linear` / `linear_n` choose them, then a pairs copy's beside
+    oneDNN's (the layer's own, or the stacked weight's for q/k/v and gate/up) up to PAIR_ROWS."""
     if dtype not in SKINNY_MAX_ROWS or any(la.quant is not None or la.weight.dtype != dtype for la in layers):
         return None
     packed = [la.packed_weight is not None for la in layers]
     if len(layers) == 1 and isinstance(layers[0].packed_weight, PairPacked):
         return None  # pair_linear at every row count
-    beside = stacked_packed or (all(packed) if len(layers) > 1 else packed[0])
+    beside = stacked is not None or (all(packed) if len(layers) > 1 else packed[0])
     limit = (SKINNY_MAX_ROWS_BESIDE_PACKED if beside else SKINNY_MAX_ROWS)[dtype]
     weights, biases = [la.weight for la in layers], [la.bias for la in layers]
     if len(layers) > 1:
-        return LinearGroup(limit, lambda x: kernels.skinny_linear_n(x, weights, biases))
-    return LinearGroup(limit, lambda x: (kernels.skinny_linear(x, weights[0], biases[0]),))
+        group = LinearGroup(limit, lambda x: kernels.skinny_linear_n(x, weights, biases))
+    else:
+        group = LinearGroup(limit, lambda x: (kernels.skinny_linear(x, weights[0], biases[0]),))
+    pairs = _pairs_outputs(kernels, layers, stacked)
+    if pairs is not None:
+        skinny, skinny_limit = group.run, group.limit
+        group = LinearGroup(PAIR_ROWS, lambda x: skinny(x) if x.shape[0] <= skinny_limit else pairs(x))
+    return group
+
+
+# A group's stacked weight where its linears are packed as one (q/k/v, gate/up): (packed, bias).
+Stacked = tuple["torch.Tensor | DecodePairs", "torch.Tensor | None"] | None
+
+
+def _pairs_outputs(kernels: ModuleType, layers: Sequence[Linear], stacked: Stacked) -> Outputs | None:
+    """The group's outputs from a pairs copy beside oneDNN's (column slices of the stacked output, as
+    the module path's), or None where it has none."""
+    if stacked is not None:
+        both, bias = stacked
+        sizes = [la.out_features for la in layers]
+    elif len(layers) == 1:
+        both, bias, sizes = layers[0].packed_weight, layers[0].bias, None
+    else:
+        return None
+    run = _pairs_linear(kernels, both, bias)
+    if run is None:
+        return None
+    if sizes is None:
+        return lambda x: (run(x),)
+    return lambda x: run(x).split(sizes, dim=-1)
+
+
+def _pairs_linear(
+    kernels: ModuleType, packed: torch.Tensor | DecodePairs | None, bias: torch.Tensor | None
+) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """x @ W.T + bias on a DecodePairs' pairs copy (None for any other packing)."""
+    if not isinstance(packed, DecodePairs):
+        return None
+    data, width = packed.pairs.data, packed.pairs.out_features
+    return lambda x: kernels.pair_linear(x, data, width, bias)
 
 
 def linear_group(
     kernels: ModuleType,
     layers: Sequence[Linear],
     dtype: torch.dtype,
-    stacked_packed: bool = False,
+    stacked: Stacked = None,
     fallback: Outputs | None = None,
 ) -> LinearGroup:
-    """The group's row kernel where the module path has one for it (none for a row-parallel linear's
-    all-reduce, other quantized weights, a weight packed in pairs of k), and `fallback` past it."""
+    """The group's row kernels where the module path has them for it (none for a row-parallel linear's
+    all-reduce, other quantized weights, a weight packed in pairs of k alone), and `fallback` past them.
+    `stacked`: the group's weights also packed as one (q/k/v, gate/up), which takes the rows past them."""
     group = None
     if not any(isinstance(la, RowParallelLinear) and la.tp_size != 1 for la in layers):
-        group = _gguf_group(kernels, layers) or _dense_group(kernels, layers, dtype, stacked_packed)
+        group = _gguf_group(kernels, layers) or _dense_group(kernels, layers, dtype, stacked)
     if group is None:
         return LinearGroup(0, None, fallback)
-    if stacked_packed:  # the stacked GEMM takes the rows past these
+    if stacked is not None and not isinstance(stacked[0], DecodePairs):  # the stacked GEMM takes the rest
         group.limit = min(group.limit, SKINNY_MAX_ROWS_BESIDE_PACKED.get(dtype, 0))
     group.fallback = fallback
     return group
@@ -126,8 +166,8 @@ class DecodeAttention:
             float(attn.v_scale),
             float(attn.logits_soft_cap or 0.0),
         )
-        qkv_layers, packed = attn.stacked_linears(), attn.packed_qkv is not None
-        self.qkv = linear_group(kernels, qkv_layers, dtype, packed, attn.project_qkv)
+        stacked = None if attn.packed_qkv is None else (attn.packed_qkv, attn.packed_qkv_bias)
+        self.qkv = linear_group(kernels, attn.stacked_linears(), dtype, stacked, attn.project_qkv)
         self.o = linear_group(kernels, (attn.o_proj,), dtype, fallback=lambda x: (attn.o_proj(x),))
         # Per-head norms Attention.norm_qk runs as one kernel call each (Qwen3's, Gemma's): called here.
         norms = (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
@@ -178,13 +218,26 @@ class DecodeMLP:
         if type(mlp) is GatedMLP:
             # No fallback per group: past either's rows the whole MLP runs its module (a packed gate/up
             # goes through silu_and_mul on the stacked output there).
-            self.gate_up = linear_group(kernels, mlp.stacked_linears(), dtype, mlp.packed_gate_up is not None)
+            stacked = None if mlp.packed_gate_up is None else (mlp.packed_gate_up, mlp.gate_up_bias)
+            self.gate_up = linear_group(kernels, mlp.stacked_linears(), dtype, stacked)
             self.down = linear_group(kernels, (mlp.down_proj,), dtype)
             self.limit = min(self.gate_up.limit, self.down.limit)
+            # Past the skinny kernel's rows a pairs copy gives gate and up as one [T, 2I] output, which
+            # silu_and_mul reads as the module path's packed forward does.
+            self.stacked = _pairs_linear(kernels, mlp.packed_gate_up, mlp.gate_up_bias)
+            self.skinny_rows = SKINNY_MAX_ROWS_BESIDE_PACKED[dtype] if self.stacked is not None else self.limit
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > self.limit:
             return self.mlp(x)
+        if x.shape[0] > self.skinny_rows:
+            gate_up = self.stacked(x)
+            if self.mlp.fused_silu:
+                (down,) = self.down.run(self.kernels.silu_and_mul(gate_up))
+            else:
+                gate, up = gate_up.chunk(2, dim=-1)
+                (down,) = self.down.run(self.mlp.act(gate) * up)
+            return down
         gate, up = self.gate_up.run(x)
         if self.mlp.fused_silu:
             (down,) = self.down.run(self.kernels.silu_and_mul_pair(gate, up))
