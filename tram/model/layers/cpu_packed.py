@@ -172,6 +172,9 @@ def pack_cpu_linears(model: nn.Module) -> int:
         if not hasattr(module, "packed_weight") or id(module) in stacked:
             continue
         weight = _tied_embedding(model) if getattr(module, "tied", False) else module.weight
+        if weight is None:
+            module.packed_weight = None
+            continue
         module.packed_weight = (pack_few_rows if getattr(module, "few_rows", False) else pack)(weight)
         if module.packed_weight is not None:
             packed += 1
@@ -193,14 +196,14 @@ def _pairs_copies_fit(model: nn.Module) -> bool:
     """Whether the layers' bfloat16 weights may keep a pairs copy beside oneDNN's: all of them together
     at most TRAM_CPU_PAIR_COPIES of physical memory (the LM head's few rows take pairs alone anyway)."""
     weights = [
-        m.weight
+        getattr(m, "weight", None)
         for m in model.modules()
         if hasattr(m, "packed_weight") and not getattr(m, "few_rows", False) and getattr(m, "quant", None) is None
     ]
-    weights = [w for w in weights if isinstance(w, torch.Tensor) and w.dim() == 2]
-    if not weights or not _pairs_preferred(weights[0]):
+    bf16 = [w for w in weights if isinstance(w, torch.Tensor) and w.dim() == 2 and w.dtype == torch.bfloat16]
+    if not bf16 or not _pairs_preferred(bf16[0]):
         return False
-    total = sum(w.numel() * w.element_size() for w in weights if w.dtype == torch.bfloat16)
+    total = sum(w.numel() * w.element_size() for w in bf16)
     return total <= envs.TRAM_CPU_PAIR_COPIES * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
