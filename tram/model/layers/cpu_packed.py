@@ -20,7 +20,7 @@ The layers' bfloat16 weights keep oneDNN's copy (it runs a prefill's rows 5-20% 
 where the kernels prefer pairs and the copies are small beside the machine's memory (at most
 TRAM_CPU_PAIR_COPIES of it, 1/16 by default: a small model's copies cost the KV cache little), get a
 pairs copy as well for a decode step's rows: a 768-wide layer's weights, read cold as a decode step
-reads them, ran 3-32 rows in 0.69-0.87 of oneDNN's time (docs/benchmarks.md, "The decode batch's
+reads them, ran 4-32 rows in 0.71-0.87 of oneDNN's time (docs/benchmarks.md, "The decode batch's
 linears on pairs of k"). TRAM_CPU_PAIR_LINEAR=0 keeps oneDNN's layout for both.
 
 bfloat16 on a CPU without bf16 instructions (AVX2 machines such as AMD Zen 3): oneDNN refuses to
