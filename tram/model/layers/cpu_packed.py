@@ -16,7 +16,7 @@ without AMX): there oneDNN reaches 70% of the bf16 peak at 16 rows and reads W b
 speed at 1-8, where pair_linear streams W at it and takes every row count (docs/benchmarks.md, "The
 LM head's decode batch on pairs of k"). It replaces the oneDNN copy, so memory is the same.
 
-The layers' bfloat16 weights keep oneDNN's copy (it runs a prefill's rows 5-20% faster than pairs) and,
+The layers' bfloat16 weights keep oneDNN's copy (pairs took 1.03-1.20x its time at a prefill's 64-512 rows) and,
 where the kernels prefer pairs and the copies are small beside the machine's memory (at most
 TRAM_CPU_PAIR_COPIES of it, 1/16 by default: a small model's copies cost the KV cache little), get a
 pairs copy as well for a decode step's rows: a 768-wide layer's weights, read cold as a decode step
