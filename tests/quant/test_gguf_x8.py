@@ -1,8 +1,8 @@
-"""Q4_K and Q6_K weights repacked eight rows at a time (csrc/gguf_x8.h): the repack loses nothing, the
-product with int8 activations matches the PyTorch reference and is one numerics for every batch, thread
-count and token count, in the linear and in the fused MoE kernel; the loader repacks where the build
-prefers it. These run on every machine with the kernels (the layouts need AVX2 only), whichever layout
-the model loader would choose there."""
+"""Q4_K, Q6_K, Q5_0 and Q8_0 weights repacked eight rows at a time (csrc/gguf_x8.h): the repack loses
+nothing, the product with int8 activations matches the PyTorch reference and is one numerics for every batch,
+thread count and token count, in the linear and (the K-quants) in the fused MoE kernel; the loader
+repacks where the build prefers it. These run on every machine with the kernels (the layouts need AVX2
+only), whichever layout the model loader would choose there."""
 
 from __future__ import annotations
 
@@ -12,10 +12,15 @@ from kernel_checks import assert_batch_and_thread_invariant, assert_close_to_ref
 from test_gguf_weights import _blocks
 
 from tram.model.gguf.weight import (
+    BLOCK_SIZES_ALL,
     Q4_K,
     Q4_K_X8,
+    Q5_0,
+    Q5_0_X8,
     Q6_K,
     Q6_K_X8,
+    Q8_0,
+    Q8_0_X8,
     GGUFWeight,
     reference_linear_int8,
     repack_for_int8,
@@ -41,8 +46,9 @@ def _x(rows: int, k: int, seed: int) -> torch.Tensor:
     return x
 
 
-LAYOUTS = [(Q4_K, Q4_K_X8, 156), (Q6_K, Q6_K_X8, 210)]  # file type, repacked type, bytes per row and block
-IDS = ["Q4_K", "Q6_K"]
+# file type, repacked type, bytes per row and block
+LAYOUTS = [(Q4_K, Q4_K_X8, 156), (Q6_K, Q6_K_X8, 210), (Q5_0, Q5_0_X8, 22), (Q8_0, Q8_0_X8, 34)]
+IDS = ["Q4_K", "Q6_K", "Q5_0", "Q8_0"]
 
 
 def _packed(ggml_type: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,7 +59,7 @@ def _packed(ggml_type: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, to
 @pytest.mark.parametrize("ggml_type, x8, row_bytes", LAYOUTS, ids=IDS)
 def test_the_repack_is_lossless_and_keeps_n_rows(ggml_type: int, x8: int, row_bytes: int):
     data, packed = _packed(ggml_type, 24, 768, 1)
-    assert packed.shape == (24, 3 * row_bytes) and packed.dtype == torch.uint8
+    assert packed.shape == (24, 768 // BLOCK_SIZES_ALL[x8][0] * row_bytes) and packed.dtype == torch.uint8
     assert load_cpu_kernels().gguf_x8_type(ggml_type) == x8
     assert torch.equal(load_cpu_kernels().gguf_x8_unpack(packed, x8), data)
     w = GGUFWeight(packed, x8, 768, int8_activations=True)
@@ -79,7 +85,8 @@ def test_bad_shapes_are_refused():
 @pytest.mark.parametrize("ggml_type, x8, row_bytes", LAYOUTS, ids=IDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_product_matches_the_int8_reference(ggml_type: int, x8: int, row_bytes: int, dtype: torch.dtype):
-    for n, k in ((8, 256), (40, 1024), (64, 2048)):
+    shapes = ((8, 256), (40, 1024), (64, 2048)) + (((16, 608),) if ggml_type in (Q5_0, Q8_0) else ())  # 19 blocks
+    for n, k in shapes:
         _, packed = _packed(ggml_type, n, k, n + k)
         w = GGUFWeight(packed, x8, k, int8_activations=True)
         bias = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype)
@@ -113,6 +120,22 @@ def test_qkv_in_one_call_take_the_repacked_weights_too():
     assert torch.equal(ys[2], kernels.gguf_linear_int8(x, v, Q6_K))
 
 
+@pytest.mark.parametrize("rows", [1, 3, 70])
+def test_32_k_layouts_in_one_call_each_as_alone(rows: int):
+    """q/k/v on Q5_0 x8 and Q8_0 x8 share one parallel region; beside a file-layout Q8_0 or a K-quant (x
+    quantized per 256 k) each weight is its own call. Every output is the one a call of its own gives."""
+    kernels = load_cpu_kernels()
+    x = _x(rows, 512, rows)
+    q, k = _packed(Q5_0, 32, 512, 1)[1], _packed(Q5_0, 16, 512, 2)[1]
+    v, q4 = _packed(Q8_0, 16, 512, 5)[1], _packed(Q4_K, 16, 512, 4)[1]
+    neighbours = [(k, Q5_0_X8), (v, Q8_0_X8), (_blocks(Q8_0, 16, 512, 3), Q8_0), (q4, Q4_K_X8)]
+    alone_q = kernels.gguf_linear_int8(x, q, Q5_0_X8)
+    for other, other_type in neighbours:
+        ys = kernels.gguf_linear_int8_n(x, [q, other], [Q5_0_X8, other_type], [None, None])
+        assert torch.equal(ys[0], alone_q)
+        assert torch.equal(ys[1], kernels.gguf_linear_int8(x, other, other_type))
+
+
 def test_the_loader_repacks_where_the_build_prefers_it(monkeypatch):
     data = _blocks(Q4_K, 16, 256, 3)
     got, qtype = repack_for_int8(data, Q4_K)
@@ -124,6 +147,9 @@ def test_the_loader_repacks_where_the_build_prefers_it(monkeypatch):
     q6 = _blocks(Q6_K, 16, 256, 3)
     assert repack_for_int8(q6, Q6_K)[1] == (Q6_K_X8 if kernels.gguf_x8_preferred(Q6_K) else Q6_K)
     assert not kernels.gguf_x8_preferred(13)  # Q5_K: no repacked layout
+    q5 = _blocks(Q5_0, 16, 256, 3)
+    assert repack_for_int8(q5, Q5_0)[1] == (Q5_0_X8 if kernels.gguf_x8_preferred(Q5_0) else Q5_0)
+    assert repack_for_int8(q5, Q5_0, experts=True)[1] == Q5_0  # the fused MoE kernel takes K-quant layouts
     stacked = torch.stack([data, data])  # experts [E, N, row_bytes]
     got3, _ = repack_for_int8(stacked, Q4_K)
     assert got3.shape[:2] == (2, 16) and torch.equal(got3[0], got3[1])
@@ -151,7 +177,7 @@ def _routing(T: int, E: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Ten
     return ids, torch.rand(T, k, generator=g)
 
 
-@pytest.mark.parametrize("down", [Q4_K, Q6_K], ids=IDS)
+@pytest.mark.parametrize("down", [Q4_K, Q6_K], ids=IDS[:2])
 @pytest.mark.parametrize("T", [1, 24])
 def test_fused_moe_on_repacked_experts_matches_the_file_layout(T: int, down: int):
     """The same weights in either layout: the same products up to the float steps' order (each layout
@@ -172,7 +198,7 @@ def test_fused_moe_on_repacked_experts_matches_the_file_layout(T: int, down: int
     assert gate_up.shape == (1, 2 * I)
 
 
-@pytest.mark.parametrize("down", [Q4_K, Q6_K], ids=IDS)
+@pytest.mark.parametrize("down", [Q4_K, Q6_K], ids=IDS[:2])
 def test_fused_moe_on_repacked_experts_is_the_same_for_any_batch(down: int):
     """40 tokens on 4 experts: ~20 each, past the AVX-512 GEMM's threshold for Q4_K x8; one alone: the
     x8 kernel. The same bits either way."""

@@ -163,5 +163,5 @@ class ExpertLoader:
         except ValueError as err:
             raise ValueError(f"Tensor {name} in {self.path}: {err}") from err
         if self.int8_activations and all(part.shape[1] % 8 == 0 for part in parts):  # whole groups per part
-            data, qtype = repack_for_int8(data, qtype)
+            data, qtype = repack_for_int8(data, qtype, experts=True)
         return ExpertWeights("gguf", data, rows, in_features, ggml_type=qtype, int8_activations=self.int8_activations)

@@ -24,9 +24,9 @@ csrc/gguf_int8.cpp instead: x quantized to int8 (`quantize_activations`: per 256
 K-quants, llama.cpp's Q8_K, per 32 for the others) meets the weights' integer quants in integer dot
 products, as llama.cpp and vLLM's GGUF kernels compute. Its
 PyTorch reference is `reference_linear_int8`: the same int8 activations, dequantized, times the
-dequantized weight. Where the build prefers it (AVX2 without AVX-512 VNNI), the loader repacks Q4_K and
-Q6_K rows eight at a time (`repack_for_int8`, types Q4_K_X8 and Q6_K_X8; csrc/gguf_x8.h), for one
-kernel at every row count that needs no horizontal sums and no per-call repacking.
+dequantized weight. Where the build prefers it, the loader repacks Q4_K, Q6_K, Q5_0 and Q8_0 rows eight
+at a time (`repack_for_int8`, types Q4_K_X8, Q6_K_X8, Q5_0_X8 and Q8_0_X8; csrc/gguf_x8.h), for one kernel at every
+row count that needs no horizontal sums and no per-call repacking.
 
 The type ids and block sizes are written out here (they are part of the file format) so that this
 module does not need the gguf package; the tests check them against it.
@@ -66,12 +66,13 @@ BLOCK_SIZES = {  # (k, bytes) per block
     Q6_K: (256, 210),
 }
 GGUF_KEPT_TYPES = frozenset(BLOCK_SIZES)
-# Not ggml types: Q4_K and Q6_K rows repacked eight at a time for the int8-activation kernels where the
-# build prefers them (csrc/gguf_x8.h; `repack_for_int8`), in groups of 8 rows; (k, bytes) per row and block.
-Q4_K_X8, Q6_K_X8 = 1012, 1014
-REPACKED = {Q4_K_X8: Q4_K, Q6_K_X8: Q6_K}  # the repacked type's file type
-_NAMES.update({Q4_K_X8: "Q4_K x8", Q6_K_X8: "Q6_K x8"})
-BLOCK_SIZES_ALL = {**BLOCK_SIZES, Q4_K_X8: (256, 156), Q6_K_X8: (256, 210)}
+# Not ggml types: Q4_K, Q6_K, Q5_0 and Q8_0 rows repacked eight at a time for the int8-activation kernels
+# where the build prefers them (csrc/gguf_x8.h; `repack_for_int8`), in groups of 8 rows; (k, bytes) per row
+# and block.
+Q4_K_X8, Q6_K_X8, Q5_0_X8, Q8_0_X8 = 1012, 1014, 1006, 1008
+REPACKED = {Q4_K_X8: Q4_K, Q6_K_X8: Q6_K, Q5_0_X8: Q5_0, Q8_0_X8: Q8_0}  # the repacked type's file type
+_NAMES.update({Q4_K_X8: "Q4_K x8", Q6_K_X8: "Q6_K x8", Q5_0_X8: "Q5_0 x8", Q8_0_X8: "Q8_0 x8"})
+BLOCK_SIZES_ALL = {**BLOCK_SIZES, Q4_K_X8: (256, 156), Q6_K_X8: (256, 210), Q5_0_X8: (32, 22), Q8_0_X8: (32, 34)}
 
 
 def _type_name(ggml_type: int) -> str:
@@ -216,21 +217,23 @@ def _cpu_kernels() -> ModuleType:
 
     kernels = load_cpu_kernels()
     if kernels is None:
-        raise ValueError("repacked GGUF data (Q4_K x8, Q6_K x8) needs Tram's C++ CPU kernels")
+        raise ValueError("repacked GGUF data (Q4_K x8, Q6_K x8, Q5_0 x8, Q8_0 x8) needs Tram's C++ CPU kernels")
     return kernels
 
 
 def unpack_repacked(data: torch.Tensor, ggml_type: int) -> torch.Tensor:
-    """Repacked rows (Q4_K x8, Q6_K x8) -> the file's rows of REPACKED[ggml_type], bit for bit."""
+    """Repacked rows (Q4_K x8, Q6_K x8, Q5_0 x8, Q8_0 x8) -> the file's rows of REPACKED[ggml_type], bit for bit."""
     return _cpu_kernels().gguf_x8_unpack(data.contiguous(), ggml_type)
 
 
-def repack_for_int8(data: torch.Tensor, ggml_type: int) -> tuple[torch.Tensor, int]:
-    """(data, type) in the layout this machine's int8-activation kernels multiply fastest: Q4_K and Q6_K
-    rows [..., N, row_bytes] with N a multiple of 8 are repacked eight rows at a time where the build
-    prefers it for their type (csrc/gguf_x8.cpp: both on AVX2, Q4_K on AVX-512), else returned as they are.
+def repack_for_int8(data: torch.Tensor, ggml_type: int, experts: bool = False) -> tuple[torch.Tensor, int]:
+    """(data, type) in the layout this machine's int8-activation kernels multiply fastest: Q4_K, Q6_K, Q5_0
+    and Q8_0 rows [..., N, row_bytes] with N a multiple of 8 are repacked eight rows at a time where the
+    build prefers it for their type (csrc/gguf_x8.cpp: all four on AVX2, all but Q6_K on AVX-512), else
+    returned as they are. The fused MoE kernel (`experts`) takes the K-quants' layouts only.
     TRAM_GGUF_REPACK=0 keeps the file's layout."""
-    if ggml_type not in REPACKED.values() or data.device.type != "cpu" or data.dim() < 2 or data.shape[-2] % 8:
+    kinds = (Q4_K, Q6_K) if experts else tuple(REPACKED.values())
+    if ggml_type not in kinds or data.device.type != "cpu" or data.dim() < 2 or data.shape[-2] % 8:
         return data, ggml_type
     if not envs.TRAM_GGUF_REPACK:
         return data, ggml_type

@@ -29,6 +29,7 @@
 #include "dynamic_for.h"
 #include "gguf_int8_blocks.h"
 #include "gguf_x8.h"
+#include "gguf_x32.h"
 #include "gguf_q8k.h"
 #include "gguf_q8k_gemm.h"
 #include "gguf_q8k_tiles.h"
@@ -162,26 +163,7 @@ struct QuantizedX {
   int64_t lane0(int64_t m) const { return m * chunks * kLanes; }
 };
 
-// 32 values -> 32 int8 and their scale.
-TRAM_INLINE float quantize_block(const float* x, int8_t* q) {
-  float amax = 0.0f;
-  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
-  const float d = amax / 127.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-#if defined(__AVX512F__)
-  const __m512 s = _mm512_set1_ps(id);
-  for (int h = 0; h < 2; ++h) {
-    const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16 * h), s));  // nearest even
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), _mm512_cvtsepi32_epi8(v));
-  }
-#else
-  for (int i = 0; i < 32; ++i) {
-    const float r = std::nearbyint(x[i] * id);
-    q[i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, r)));
-  }
-#endif
-  return d;
-}
+using tram::x32::quantize_block;
 
 void quantize_x(const float* x, int64_t M, int64_t K, int64_t zero, bool offset, QuantizedX& out) {
   out.M = M;
@@ -565,6 +547,9 @@ std::vector<at::Tensor> gguf_linear_int8_n(const at::Tensor& x, const std::vecto
                                            const std::vector<c10::optional<at::Tensor>>& biases) {
   TORCH_CHECK(data.size() == ggml_types.size() && data.size() == biases.size(),
               "gguf_linear_int8_n: as many types and biases as weights");
+  bool repacked = !ggml_types.empty();
+  for (const int64_t type : ggml_types) repacked = repacked && tram::x8::is_repacked(type);
+  if (repacked) return gguf_x8_linear_n(x, data, ggml_types, biases);
   const int64_t M = x.dim() == 2 ? x.size(0) : 0;
   bool together = M > 0;
 #if !defined(TRAM_Q8K_KERNELS)

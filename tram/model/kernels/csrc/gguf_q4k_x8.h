@@ -68,6 +68,8 @@ TRAM_INLINE void store_rows(const __m256 (&acc)[MB], int64_t m0, const Store& st
 
 struct Q4K {
   static constexpr int64_t kType = 1012;  // Tram's own type id (not a ggml type)
+  static constexpr int64_t kBlock = tram::q8k::kBlock;  // k per block, and per activation scale
+  using Activations = tram::q8k::QuantizedRows;
   static constexpr int64_t kBlockBytes = 1248;  // one block (256 k) of a group of 8 rows
   static constexpr int64_t kRowBytes = kBlockBytes / kRows;  // 156 bytes per row and block
   static constexpr int64_t kSrcBytes = 144;  // the file's Q4_K block

@@ -16,6 +16,8 @@ namespace tram::x8 {
 
 struct Q6K {
   static constexpr int64_t kType = 1014;  // Tram's own type id (not a ggml type)
+  static constexpr int64_t kBlock = tram::q8k::kBlock;  // k per block, and per activation scale
+  using Activations = tram::q8k::QuantizedRows;
   static constexpr int64_t kBlockBytes = 1680;  // one block (256 k) of a group of 8 rows
   static constexpr int64_t kRowBytes = kBlockBytes / kRows;  // 210 bytes per row and block, the file's
   static constexpr int64_t kSrcBytes = 210;  // the file's Q6_K block: ql[128], qh[64], scales[16], d

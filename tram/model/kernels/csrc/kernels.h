@@ -87,12 +87,16 @@ at::Tensor gguf_linear_int8(const at::Tensor& x, const at::Tensor& data, int64_t
 std::vector<at::Tensor> gguf_linear_int8_n(const at::Tensor& x, const std::vector<at::Tensor>& data,
                                            const std::vector<int64_t>& ggml_types,
                                            const std::vector<c10::optional<at::Tensor>>& biases);
-// gguf_x8.cpp: Q4_K and Q6_K rows repacked eight at a time (gguf_x8.h; type ids 1012 and 1014, which
-// gguf_linear_int8 takes to gguf_x8_linear), the inverse, and whether this build prefers them.
+// gguf_x8.cpp: Q4_K, Q6_K, Q5_0 and Q8_0 rows repacked eight at a time (gguf_x8.h; type ids 1012, 1014,
+// 1006 and 1008, which gguf_linear_int8(_n) takes to gguf_x8_linear(_n)), the inverse, and whether this
+// build prefers them.
 at::Tensor gguf_x8_pack(const at::Tensor& data, int64_t ggml_type);
 at::Tensor gguf_x8_unpack(const at::Tensor& packed, int64_t type);
 at::Tensor gguf_x8_linear(const at::Tensor& x, const at::Tensor& packed, int64_t type,
                           const c10::optional<at::Tensor>& bias);
+std::vector<at::Tensor> gguf_x8_linear_n(const at::Tensor& x, const std::vector<at::Tensor>& packed,
+                                         const std::vector<int64_t>& types,
+                                         const std::vector<c10::optional<at::Tensor>>& biases);
 int64_t gguf_x8_type(int64_t ggml_type);
 bool gguf_x8_preferred(int64_t ggml_type);
 // cpu_amx (whether the kernels use AMX tiles): amx.h, bound by each family that has tile code.
