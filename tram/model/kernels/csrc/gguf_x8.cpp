@@ -1,7 +1,6 @@
 // GGUF weights repacked eight rows at a time (gguf_x8.h: Q4_K type 1012, Q6_K type 1014, Q5_0 type 1006,
-// Q8_0 type 1008):
-// the repack and its inverse, and y = x W^T (+ b) with x quantized per 256 k (the K-quants) or per 32 k
-// (Q5_0, Q8_0), for any number of rows of x.
+// Q8_0 type 1008): the repack and its inverse, and y = x W^T (+ b) with x quantized per 256 k (the
+// K-quants) or per 32 k (Q5_0, Q8_0), for any number of rows of x.
 //
 //   packed  [N, K / L::kBlock * L::kRowBytes] uint8, N a multiple of 8: rows 8g .. 8g + 7 of the file's
 //           weight as the layout lays out a group (the tensor's row n is not row n's bytes; its shape keeps N)
@@ -96,7 +95,6 @@ void linear(const Rows& x, int64_t M, int64_t N, int64_t K, const uint8_t* w, co
   });
 }
 #endif
-
 
 // One repacked weight's checked arguments.
 struct Weight {
