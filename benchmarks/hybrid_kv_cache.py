@@ -50,7 +50,7 @@ def concurrent_decodes(hybrid: bool, budget: int, context: int, chunk: int, num_
     while sched.has_unfinished_requests():
         out = sched.schedule()
         sampled = {
-            rid: 7
+            rid: [7]
             for rid in out.num_scheduled_tokens
             if sched.requests[rid].num_computed_tokens == sched.requests[rid].num_tokens
         }

@@ -187,3 +187,38 @@ def test_latency_refuses_a_prompt_past_the_model_length(stories_path: str) -> No
     args = _args(add_latency_args, [*argv, "--threads", "1", "--kv-cache-memory-bytes", str(8 << 20)])
     with pytest.raises(ValueError, match="maximum context length"):
         run_latency(args)
+
+
+def test_throughput_speculation_on_the_copy_workload(stories_path: str) -> None:
+    """tram-spec beside tram on prompts the model's own stories make: the same tokens, the ratio and
+    the acceptance reported."""
+    args = _args(
+        add_throughput_args,
+        [
+            "--model",
+            stories_path,
+            "--backend",
+            "tram,tram-spec",
+            "--copy-workload",
+            "--num-prompts",
+            "3",
+            "--output-len",
+            "1:40",
+            "--max-num-seqs",
+            "1",
+            "--threads",
+            "1",
+            "--kv-cache-memory-bytes",
+            str(8 << 20),
+        ],
+    )
+    report = run_throughput(args)
+    by = {r["backend"]: r for r in report["results"]}
+    assert by["tram"]["output_tokens"] == by["tram-spec"]["output_tokens"] == report["workload"]["output_tokens"]
+    assert report["ratios"]["tram-spec/tram"] == pytest.approx(
+        by["tram-spec"]["output_tokens_per_s"] / by["tram"]["output_tokens_per_s"]
+    )
+    spec = by["tram-spec"]["info"]["spec_decoding"]
+    assert spec["num_accepted_tokens"] > 0 and 1 < spec["mean_acceptance_length"] <= 5
+    prompts = report["workload"]["prompt_tokens"]
+    assert prompts > report["workload"]["output_tokens"], "each prompt holds the story its output retells"

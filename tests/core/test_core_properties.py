@@ -23,19 +23,28 @@ def make_request(rid: str, prompt: list[int], max_tokens: int = 8, max_model_len
     return Request(rid, prompt, SamplingParams(max_tokens=max_tokens, **kw), [EOS], max_model_len)
 
 
-def fake_step(sched: Scheduler, rng: random.Random, vocab: int = 50) -> set[str]:
-    """One step with a fake model: every request whose chunk reaches its last token samples one."""
+def fake_step(sched: Scheduler, rng: random.Random, vocab: int = 50, spec: bool = False) -> set[str]:
+    """One step with a fake model: every request whose chunk reaches its last token samples one;
+    with `spec`, a drafted request keeps a random number of its drafts (and one token more), and every
+    request that sampled gets 0-4 random drafts for its next step."""
     out = sched.schedule()
-    sampled = {}
+    sampled, drafts_out = {}, {}
     for rid in out.num_scheduled_tokens:
         req = sched.requests[rid]
-        assert req.num_computed_tokens <= req.num_tokens
+        drafts = out.scheduled_spec_decode_tokens.get(rid, [])
+        assert req.num_computed_tokens <= req.num_tokens + len(drafts)
         assert len(sched.kv_cache_manager.groups[0].req_blocks[rid]) * sched.block_size >= req.num_computed_tokens
-        if req.num_computed_tokens == req.num_tokens:
-            sampled[rid] = rng.randrange(3, vocab) if rng.random() > 0.05 else EOS
+        if req.num_computed_tokens == req.num_tokens + len(drafts):
+            kept = drafts[: rng.randint(0, len(drafts))]
+            sampled[rid] = kept + [rng.randrange(3, vocab) if rng.random() > 0.05 else EOS]
+            if spec:
+                drafts_out[rid] = [rng.randrange(3, vocab) for _ in range(rng.randint(0, 4))]
     assert out.total_num_scheduled_tokens <= sched.config.max_num_batched_tokens
     assert len(sched.running) <= sched.config.max_num_seqs
-    res = sched.update_from_output(out, ModelRunnerOutput(sampled_token_ids=sampled))
+    res = sched.update_from_output(out, ModelRunnerOutput(sampled_token_ids=sampled, spec_token_ids=drafts_out))
+    for req in sched.requests.values():  # rejected drafts leave no computed count behind
+        assert req.num_computed_tokens <= req.num_tokens
+        assert len(req.block_hashes) <= req.num_tokens // sched.block_size
     return {o.request_id for o in res.outputs if o.finished}
 
 
@@ -144,7 +153,7 @@ def test_n_siblings_share_the_prompt_blocks():
     sched.add_request(follower)
     out = sched.schedule()
     assert list(out.num_scheduled_tokens) == ["0_x"], "the sibling waits for the shared prompt"
-    sched.update_from_output(out, ModelRunnerOutput(sampled_token_ids={"0_x": 7}))
+    sched.update_from_output(out, ModelRunnerOutput(sampled_token_ids={"0_x": [7]}))
     out = sched.schedule()
     assert out.num_scheduled_tokens["1_x"] == 1, "only the tail of the prompt is recomputed"
     shared = sched.kv_cache_manager.groups[0].req_blocks["0_x"][:4]
@@ -174,8 +183,10 @@ ops = st.lists(
     max_seqs=st.integers(1, 6),
     caching=st.booleans(),
     seed=st.integers(0, 2**16),
+    spec=st.booleans(),
 )
-def test_any_add_step_abort_sequence_leaks_no_block(ops, num_blocks, block_size, budget, max_seqs, caching, seed):
+def test_any_add_step_abort_sequence_leaks_no_block(ops, num_blocks, block_size, budget, max_seqs, caching, seed, spec):
+    """Speculative decoding's lookahead slots and rolled-back counts included (`spec`)."""
     max_model_len = min(num_blocks * block_size, 64)
     sched = Scheduler(SchedulerConfig(max_seqs, budget, max_model_len), CacheConfig(block_size, num_blocks, caching))
     rng = random.Random(seed)
@@ -189,7 +200,7 @@ def test_any_add_step_abort_sequence_leaks_no_block(ops, num_blocks, block_size,
             counter += 1
         elif op[0] == "step":
             for _ in range(op[1]):
-                fake_step(sched, rng)
+                fake_step(sched, rng, spec=spec)
         else:
             live = list(sched.requests)
             if live:
@@ -198,7 +209,7 @@ def test_any_add_step_abort_sequence_leaks_no_block(ops, num_blocks, block_size,
     for _ in range(2000):  # drain: everything must finish
         if not sched.has_unfinished_requests():
             break
-        fake_step(sched, rng)
+        fake_step(sched, rng, spec=spec)
         sched.kv_cache_manager.check_integrity()
     assert not sched.has_unfinished_requests()
     counts = sched.kv_cache_manager.check_integrity()

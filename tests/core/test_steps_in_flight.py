@@ -27,12 +27,12 @@ def test_requests_in_flight_sit_out_the_next_step():
     second = s.schedule()  # "a" is still in flight: only "b" runs
     assert set(first.num_scheduled_tokens) == {"a"} and set(second.num_scheduled_tokens) == {"b"}
     assert s.schedule().is_empty  # both in flight
-    s.update_from_output(first, ModelRunnerOutput(sampled_token_ids={"a": 5}))
+    s.update_from_output(first, ModelRunnerOutput(sampled_token_ids={"a": [5]}))
     third = s.schedule()
     assert set(third.num_scheduled_tokens) == {"a"}
     assert [c.new_token_ids for c in third.scheduled_cached_reqs] == [[5]]  # sent once...
-    s.update_from_output(second, ModelRunnerOutput(sampled_token_ids={"b": 6}))
-    s.update_from_output(third, ModelRunnerOutput(sampled_token_ids={"a": 7}))
+    s.update_from_output(second, ModelRunnerOutput(sampled_token_ids={"b": [6]}))
+    s.update_from_output(third, ModelRunnerOutput(sampled_token_ids={"a": [7]}))
     fourth = s.schedule()
     assert {c.req_id: c.new_token_ids for c in fourth.scheduled_cached_reqs} == {
         "a": [7],
@@ -49,17 +49,17 @@ def test_a_request_in_flight_is_never_preempted():
     s.add_request(_req("b", 8))
     second = s.schedule()
     assert set(second.num_scheduled_tokens) == {"b"}
-    s.update_from_output(first, ModelRunnerOutput(sampled_token_ids={"a": 3}))
+    s.update_from_output(first, ModelRunnerOutput(sampled_token_ids={"a": [3]}))
     third = s.schedule()
     assert third.is_empty
     assert s.requests["a"].status == RequestStatus.PREEMPTED and s.waiting[0].request_id == "a"
     assert len(s.kv_cache_manager.groups[0].req_blocks["b"]) == 2  # untouched while its step runs
-    s.update_from_output(second, ModelRunnerOutput(sampled_token_ids={"b": 4}))
+    s.update_from_output(second, ModelRunnerOutput(sampled_token_ids={"b": [4]}))
     assert s.kv_cache_manager.check_integrity()["in_use"] == 2
 
 
 def test_without_pipeline_no_tokens_are_sent():
     s = _sched(send=False)
     s.add_request(_req("a"))
-    s.update_from_output(s.schedule(), ModelRunnerOutput(sampled_token_ids={"a": 5}))
+    s.update_from_output(s.schedule(), ModelRunnerOutput(sampled_token_ids={"a": [5]}))
     assert [c.new_token_ids for c in s.schedule().scheduled_cached_reqs] == [[]]

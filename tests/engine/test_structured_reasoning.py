@@ -20,7 +20,7 @@ def _step(manager, req: Request, token: int | None) -> list[str]:
     manager.fill_bitmask(sched, {req.request_id: req})
     rows = sched.grammar_bitmask.req_ids if sched.grammar_bitmask is not None else []
     if token is not None:
-        manager.advance(sched, ModelRunnerOutput(sampled_token_ids={req.request_id: token}), {req.request_id: req})
+        manager.advance(sched, ModelRunnerOutput(sampled_token_ids={req.request_id: [token]}), {req.request_id: req})
     return rows
 
 

@@ -45,7 +45,7 @@ def test_fill_bitmask_and_advance_touch_only_the_constrained_requests_that_sampl
         token = allowed[0]
 
         result = ModelRunnerOutput(
-            sampled_token_ids={"sampling": token, "plain": 7, "unscheduled": token, "finished": token}
+            sampled_token_ids={"sampling": [token], "plain": [7], "unscheduled": [token], "finished": [token]}
         )
         manager.advance(sched, result, reqs)
         states = {rid: r.structured_output for rid, r in reqs.items()}

@@ -167,3 +167,18 @@ def test_one_rank_in_its_own_process_matches_in_process(stories_path: str, one_r
         assert_no_leak(llm.llm_engine)
     finally:
         llm.llm_engine.engine_core.shutdown()
+
+
+def test_speculative_decoding_across_ranks(stories_path: str, one_rank: LLM):
+    """Every rank verifies the same drafts and keeps the same tokens: greedy output is one rank's."""
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 3}
+    llm = LLM(stories_path, tensor_parallel_size=2, max_num_seqs=16, max_model_len=MAX_LEN, speculative_config=ngram)
+    try:
+        prompts = [{"prompt_token_ids": p[:20] + p[1:20] + p[1:5]} for p in _prompts(5, 4)]
+        sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+        ours = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
+        assert ours == [o.outputs[0].token_ids for o in one_rank.generate(prompts, sp, use_tqdm=False)]
+        assert llm.llm_engine.get_stats().spec_decoding.num_drafts > 0
+        assert_no_leak(llm.llm_engine)
+    finally:
+        llm.llm_engine.engine_core.shutdown()

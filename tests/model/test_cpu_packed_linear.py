@@ -15,7 +15,15 @@ import torch.nn.functional as F
 from tram.model.layers import cpu_packed
 from tram.model.layers.cpu_packed import pack_cpu_linears, pack_weight, packed_linear
 from tram.model.layers.embedding import LMHead, VocabEmbedding
-from tram.model.layers.linear import SKINNY_MAX_ROWS_BESIDE_PACKED, Linear, linear, linear_n
+from tram.model.layers.linear import (
+    SKINNY_MAX_ROWS,
+    SKINNY_MAX_ROWS_BESIDE_PACKED,
+    SMALL_WEIGHT_ELEMENTS,
+    Linear,
+    linear,
+    linear_n,
+    skinny_rows_beside_packed,
+)
 
 TOLERANCES = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # relative to |ref| + 1
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
@@ -75,13 +83,22 @@ def test_bf16_without_bf16_gemms_packs_float32(rows: int, monkeypatch: pytest.Mo
 
 def test_routing_by_rows() -> None:
     """Past the skinny limit a packed layer runs oneDNN, which is not the skinny kernel's result bit
-    for bit; at or under it the skinny kernel runs (bitwise equal to calling it without packing)."""
-    x, w, b = make(8, 300, 288, torch.float32, seed=1)
+    for bit; at or under it the skinny kernel runs (bitwise equal to calling it without packing). A
+    small weight (SMALL_WEIGHT_ELEMENTS) keeps the skinny kernel up to its own row limit."""
+    x, w, b = make(8, 600, 288, torch.float32, seed=1)
     packed = pack_weight(w)
     limit = SKINNY_MAX_ROWS_BESIDE_PACKED[torch.float32]
+    assert w.numel() > SMALL_WEIGHT_ELEMENTS and skinny_rows_beside_packed(torch.float32, w.numel()) == limit
     with torch.inference_mode():
         assert torch.equal(linear(x[:limit], w, b, packed), linear(x[:limit], w, b))
         assert torch.equal(linear(x, w, b, packed), packed_linear(x, packed, b))
+    small_x, small_w, small_b = make(9, 172, 64, torch.float32, seed=2)
+    small = pack_weight(small_w)
+    rows = skinny_rows_beside_packed(torch.float32, small_w.numel())
+    assert rows == SKINNY_MAX_ROWS[torch.float32] > limit
+    with torch.inference_mode():
+        assert torch.equal(linear(small_x[:rows], small_w, small_b, small), linear(small_x[:rows], small_w, small_b))
+        assert torch.equal(linear(small_x, small_w, small_b, small), packed_linear(small_x, small, small_b))
 
 
 def test_autograd_keeps_f_linear() -> None:

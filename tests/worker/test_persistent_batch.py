@@ -165,7 +165,7 @@ def _step(
     rng = random.Random(seed)
     rows = np.nonzero(sample_rows)[0]
     tokens = [rng.randrange(VOCAB) for _ in rows]
-    sampled = {batch.req_ids[r]: tok for r, tok in zip(rows, tokens)}
+    sampled = {batch.req_ids[r]: [tok] for r, tok in zip(rows, tokens)}
     batch.append_sampled(rows, tokens)
     advance_computed(batch, sched)
     scheduler.update_from_output(sched, ModelRunnerOutput(sampled_token_ids=sampled))

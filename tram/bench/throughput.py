@@ -30,7 +30,9 @@ from tram.bench.report import machine_info, machine_summary, thread_settings, wr
 from tram.config.engine import KV_CACHE_DTYPES
 from tram.executor.cpu_threads import environment
 
-BACKENDS = ("tram", "hf-static", "hf-cb", "vllm-eager", "vllm-compile")
+BACKENDS = ("tram", "tram-spec", "hf-static", "hf-cb", "vllm-eager", "vllm-compile")
+# tram-spec's speculative decoding where --speculative-config gives none: the issue's n-gram setting.
+DEFAULT_SPEC = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
 ALIASES = {"vllm": ("vllm-eager", "vllm-compile")}
 
 
@@ -85,6 +87,17 @@ def add_throughput_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-len", default="32:512", help="N or LO:HI tokens")
     p.add_argument("--output-len", default="16:256", help="N or LO:HI tokens")
     p.add_argument("--dataset-path", help="cut prompts from this text file instead of random token ids")
+    p.add_argument(
+        "--copy-workload",
+        action="store_true",
+        help="prompts whose outputs copy them, from the model's own stories (bench/copy_workload.py; a real "
+        "model); --output-len's upper end caps each story",
+    )
+    p.add_argument(
+        "--speculative-config",
+        default=DEFAULT_SPEC,
+        help="tram-spec's speculative decoding (JSON, as `tram serve`); tram runs the same engine without it",
+    )
     p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--hf-batch-size", type=int, default=16, help="batch size of hf-static")
     p.add_argument("--hf-cb-attn", default="paged|sdpa", help="attn_implementation of hf-cb")
@@ -134,8 +147,12 @@ def timed_greedy(llm: Any, requests: list[BenchRequest]) -> tuple[float, list[li
     return time.perf_counter() - start, [list(o.outputs[0].token_ids) for o in outs]
 
 
-def tram_llm(model: str, args: argparse.Namespace, max_num_seqs: int, enable_prefix_caching: bool) -> Any:
-    """Tram's offline `LLM` with the engine flags of `add_engine_flags`."""
+def tram_llm(
+    model: str, args: argparse.Namespace, max_num_seqs: int, enable_prefix_caching: bool, spec: str | None = None
+) -> Any:
+    """Tram's offline `LLM` with the engine flags of `add_engine_flags` (and speculative decoding)."""
+    import json
+
     from tram import LLM
 
     with environment({"TRAM_CPU_THREADS": str(args.threads)}):  # --threads decides, not the LLM's default
@@ -149,13 +166,14 @@ def tram_llm(model: str, args: argparse.Namespace, max_num_seqs: int, enable_pre
             kv_cache_memory_bytes=args.kv_cache_memory_bytes,
             enable_prefix_caching=enable_prefix_caching,
             kv_cache_dtype=args.kv_cache_dtype,
+            speculative_config=json.loads(spec) if spec else None,
         )
 
 
-def tram_backend(model: str, args: argparse.Namespace) -> GenerateFn:
+def tram_backend(model: str, args: argparse.Namespace, spec: str | None = None) -> GenerateFn:
     from tram import SamplingParams
 
-    llm = tram_llm(model, args, args.max_num_seqs, args.enable_prefix_caching)
+    llm = tram_llm(model, args, args.max_num_seqs, args.enable_prefix_caching, spec)
 
     def generate(requests: list[BenchRequest]) -> list[list[int]]:
         params = [
@@ -164,12 +182,15 @@ def tram_backend(model: str, args: argparse.Namespace) -> GenerateFn:
         outs = llm.generate([{"prompt_token_ids": r.prompt_token_ids} for r in requests], params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outs]
 
+    generate.stats = llm.llm_engine.get_stats  # type: ignore[attr-defined]
     return generate
 
 
 def build_backend(name: str, model: str, args: argparse.Namespace) -> GenerateFn:
     if name == "tram":
         return tram_backend(model, args)
+    if name == "tram-spec":
+        return tram_backend(model, args, getattr(args, "speculative_config", None) or DEFAULT_SPEC)
     if name == "hf-static":
         return hf_static_backend(model, args.dtype, args.hf_batch_size)
     if name == "hf-cb":
@@ -237,16 +258,39 @@ def run_backend(
         return run_vllm_backend(name, model, args, requests)
     generate = build_backend(name, model, args)
     generate(warmup_requests(requests))  # warm-up, untimed
+    stats = getattr(generate, "stats", None)
+    before = stats().spec_decoding if stats else None
     start = time.perf_counter()
     outputs = generate(requests)
     seconds = time.perf_counter() - start
-    del generate
+    info = {"threads": thread_settings()} if name.startswith("tram") else {}
+    if stats and stats().spec_decoding is not None:
+        info["spec_decoding"] = spec_summary(before, stats().spec_decoding)
+    del generate, stats
     gc.collect()
     summary = workload_summary(requests)
-    info = {"threads": thread_settings()} if name == "tram" else {}
     return ThroughputResult(
         name, len(requests), summary["prompt_tokens"], sum(map(len, outputs)), seconds, info=info
     ), outputs
+
+
+def spec_summary(before: Any, after: Any) -> dict[str, Any]:
+    """The timed run's drafts: acceptance rate, mean acceptance length, acceptance per position."""
+    b = before or type(after)()
+    drafts, tokens = after.num_drafts - b.num_drafts, after.num_draft_tokens - b.num_draft_tokens
+    accepted = after.num_accepted_tokens - b.num_accepted_tokens
+    per_pos = [
+        (n - (b.accepted_per_pos[i] if i < len(b.accepted_per_pos) else 0)) / max(drafts, 1)
+        for i, n in enumerate(after.accepted_per_pos)
+    ]
+    return {
+        "num_drafts": drafts,
+        "num_draft_tokens": tokens,
+        "num_accepted_tokens": accepted,
+        "acceptance_rate": accepted / tokens if tokens else 0.0,
+        "mean_acceptance_length": 1 + accepted / drafts if drafts else 0.0,
+        "acceptance_per_position": per_pos,
+    }
 
 
 def best_runs(results: list[ThroughputResult]) -> dict[str, ThroughputResult]:
@@ -273,7 +317,7 @@ def print_report(results: list[ThroughputResult], outputs: dict[str, list[list[i
     best = best_runs(results)
     tram = best.get("tram")
     for r in best.values():
-        if tram is not None and r is not tram:
+        if tram is not None and r is not tram and r.backend != "tram-spec":
             ratios[f"tram/{r.backend}"] = tram.output_tokens_per_s / r.output_tokens_per_s
             if r.same_weights:
                 same = sum(a == b for a, b in zip(outputs["tram"], outputs[r.backend]))
@@ -281,6 +325,17 @@ def print_report(results: list[ThroughputResult], outputs: dict[str, list[list[i
             else:
                 note = "other random weights (--vllm-load-format dummy): outputs not compared"
             print(f"tram vs {r.backend}: {ratios[f'tram/{r.backend}']:.2f}x output tokens/s; {note}")
+    spec = best.get("tram-spec")
+    if tram is not None and spec is not None:
+        ratios["tram-spec/tram"] = spec.output_tokens_per_s / tram.output_tokens_per_s
+        s = spec.info.get("spec_decoding", {})
+        same = sum(a == b for a, b in zip(outputs["tram"], outputs["tram-spec"]))
+        print(f"tram-spec vs tram: greedy outputs identical for {same}/{len(outputs['tram'])} requests")
+        print(
+            f"speculation: tram-spec / tram = {ratios['tram-spec/tram']:.2f}x output tokens/s; acceptance rate "
+            f"{s.get('acceptance_rate', 0):.2f}, mean acceptance length {s.get('mean_acceptance_length', 0):.2f}, "
+            f"per position {', '.join(f'{r:.2f}' for r in s.get('acceptance_per_position', []))}"
+        )
     peers = [best[n] for n in ALIASES["vllm"] if n in best]
     if tram is not None and peers:
         peer = max(peers, key=lambda r: r.output_tokens_per_s)
@@ -302,6 +357,19 @@ def backend_names(
     return names
 
 
+def story_copies(model: str, args: argparse.Namespace) -> list[BenchRequest]:
+    """The copy-heavy workload (copy_workload.py), told by the model itself with Tram."""
+    from tram.bench.copy_workload import copy_requests
+    from tram.bench.datasets import parse_range
+
+    llm = tram_llm(model, args, args.max_num_seqs, False)
+    requests = copy_requests(llm, args.num_prompts, parse_range(args.output_len)[1], args.seed)
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+    return requests
+
+
 def run_throughput(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     names = backend_names(args.backend)
@@ -314,14 +382,18 @@ def run_throughput(args: argparse.Namespace) -> dict:
 
     vocab_size = AutoConfig.from_pretrained(model).vocab_size
     tokenizer = AutoTokenizer.from_pretrained(model) if args.dataset_path else None
-    requests = make_requests(
-        args.num_prompts,
-        args.input_len,
-        args.output_len,
-        args.seed,
-        tokenizer=tokenizer,
-        vocab_size=vocab_size,
-        dataset_path=args.dataset_path,
+    requests = (
+        story_copies(model, args)
+        if getattr(args, "copy_workload", False)
+        else make_requests(
+            args.num_prompts,
+            args.input_len,
+            args.output_len,
+            args.seed,
+            tokenizer=tokenizer,
+            vocab_size=vocab_size,
+            dataset_path=args.dataset_path,
+        )
     )
     print(machine_summary())
     print(

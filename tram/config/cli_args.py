@@ -14,7 +14,8 @@ line naming the registered ones) rather than by argparse.
 vLLM command lines are pasted here, so their spellings are accepted too: a positional setting may
 also be given as a flag (`serve MODEL` or `serve --model MODEL`), a setting may have short aliases
 (`-tp`), a boolean may have an extra flag that turns it off (`--disable-log-requests`), and a list
-may be given as a JSON array (`--allowed-origins '["https://a.example"]'`).
+may be given as a JSON array (`--allowed-origins '["https://a.example"]'`). A dict setting is a JSON
+object (`--speculative-config '{"method": "ngram", ...}'`).
 """
 
 from __future__ import annotations
@@ -178,7 +179,20 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: typing.Colle
             )
         else:
             choices = None if isinstance(meta["choices"], ChoiceKind) else meta["choices"]
+            if kind is dict or typing.get_origin(kind) is dict:
+                kind = _json_object
             parser.add_argument(*flags, type=kind, default=default, choices=choices, help=_help(meta, declared))
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """A dict setting's flag: a JSON object (vLLM's `--speculative-config '{...}'`)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"invalid JSON object {text!r}: {e}") from e
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 class _ExtendList(argparse.Action):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from tram.config.engine_args import FALLBACK_MAX_MODEL_LEN, KV_CACHE_DTYPES, EngineArgs, default_token_budget
 from tram.config.model import ModelConfig
+from tram.config.speculative import SpeculativeConfig
 
 DEFAULT_CPU_KV_CACHE_BYTES = 4 << 30  # vLLM's CPU default (VLLM_CPU_KVCACHE_SPACE=4)
 __all__ = [
@@ -106,6 +107,7 @@ class EngineConfig:
     structured_outputs_compile_timeout: float = EngineArgs.structured_outputs_compile_timeout
     structured_outputs_disable_any_whitespace: bool = EngineArgs.structured_outputs_disable_any_whitespace
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    speculative_config: SpeculativeConfig | None = None
 
     def for_workers(self) -> EngineConfig:
         """What the engine sends its worker processes: the model's config as a snapshot

@@ -21,6 +21,7 @@ from tram.config.registry import (
     QUANTIZATION_METHODS,
     STRUCTURED_OUTPUTS_BACKENDS,
 )
+from tram.config.speculative import parse_speculative_config
 
 # dtype spellings users may pass -> the canonical torch name.
 DTYPES: dict[str, str] = {
@@ -168,6 +169,11 @@ class EngineArgs(CliSettings):
     distributed_executor_backend: str | None = setting(
         None, "how ranks run (default: mp past one rank, else uni)", choices=EXECUTOR_BACKENDS
     )
+    speculative_config: dict[str, Any] | None = setting(
+        None,
+        'speculative decoding, as a JSON object (vLLM\'s): {"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_min": 2, "prompt_lookup_max": 4}',
+    )
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> EngineArgs:
@@ -192,6 +198,7 @@ class EngineArgs(CliSettings):
             )
         self._validate_unsupported()
         check_choices(self)
+        parse_speculative_config(self.speculative_config)
         if self.generation_config not in ("auto", "vllm") and not os.path.isfile(
             os.path.join(self.generation_config, GENERATION_CONFIG_FILE)
         ):

@@ -131,7 +131,7 @@ class ChoiceKind:
 
 # The kinds of choice the settings name, each filled by the layer that owns it: model/attention,
 # executor/backends.py, model/choices.py (model/quant's names, GGUF's), structured_output/backend.py,
-# server/tools/parsers and server/reasoning.
+# server/tools/parsers, server/reasoning and spec_decode (the proposers).
 ATTENTION_BACKENDS = ChoiceKind("attention_backend", "attention backend")
 EXECUTOR_BACKENDS = ChoiceKind("distributed_executor_backend", "executor backend")
 QUANTIZATION_METHODS = ChoiceKind("quantization", "quantization method")
@@ -139,3 +139,4 @@ GGUF_ACTIVATIONS = ChoiceKind("gguf_activations", "GGUF activation type")
 STRUCTURED_OUTPUTS_BACKENDS = ChoiceKind("structured_outputs_backend", "grammar backend")
 TOOL_CALL_PARSERS = ChoiceKind("tool_call_parser", "tool call parser")
 REASONING_PARSERS = ChoiceKind("reasoning_parser", "reasoning parser")
+SPECULATIVE_METHODS = ChoiceKind("speculative_config", "speculative decoding method")

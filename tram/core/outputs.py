@@ -33,6 +33,24 @@ class EngineCoreOutput(msgspec.Struct, **_STRUCT):
         return self.finish_reason is not None
 
 
+class SpecDecodingCounts(msgspec.Struct, **_STRUCT):
+    """Speculative decoding's running totals (core/spec_stats.py)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = []
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens each verification produced on average: the accepted drafts plus the one sampled."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+
 class SchedulerStats(msgspec.Struct, **_STRUCT):
     num_running_reqs: int = 0
     num_waiting_reqs: int = 0
@@ -46,6 +64,7 @@ class SchedulerStats(msgspec.Struct, **_STRUCT):
     grammar_compile_failures: int = 0
     grammar_cache_hits: int = 0
     grammar_compile_seconds: list[float] = []
+    spec_decoding: SpecDecodingCounts | None = None  # running totals; None without speculation
 
 
 class RequestError(msgspec.Struct, **_STRUCT):

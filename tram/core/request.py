@@ -76,6 +76,9 @@ class Request:
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
         self.block_hashes: list[int] = []
+        # Speculative decoding: the proposer's draft tokens for the next step (never in all_token_ids,
+        # so never hashed into the prefix cache before they are verified).
+        self.spec_token_ids: list[int] = []
         # A sibling (n > 1) whose prompt KV this request shares once it is computed.
         self.prefix_source = prefix_source
         # Set by the engine core for a structured-output request; it waits until the grammar is ready.
@@ -107,6 +110,11 @@ class Request:
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+
+    def max_drafts(self) -> int:
+        """Draft tokens the next step may verify: those whose acceptance could still be kept, within
+        max_tokens (the step's last token is always sampled) and the context."""
+        return max(0, min(self.max_tokens - self.num_output_tokens - 1, self.max_model_len - self.num_tokens))
 
     def check_stop(self) -> RequestStatus | None:
         """Stop on eos / stop_token_ids (after min_tokens), at the grammar's end, or on length;

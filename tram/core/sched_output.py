@@ -54,6 +54,9 @@ class SchedulerOutput(msgspec.Struct, **_STRUCT):
     total_num_scheduled_tokens: int = 0
     finished_req_ids: set[str] = set()
     grammar_bitmask: GrammarBitmask | None = None
+    # Speculative decoding: the draft tokens each listed request verifies this step, after its last
+    # known token (counted in num_scheduled_tokens: 1 + len(drafts)).
+    scheduled_spec_decode_tokens: dict[str, list[int]] = {}
 
     @property
     def is_empty(self) -> bool:
@@ -70,9 +73,12 @@ class LogprobsLists(msgspec.Struct, **_STRUCT):
 
 
 class ModelRunnerOutput(msgspec.Struct, **_STRUCT):
-    """What one step of the worker produced, keyed by request id."""
+    """What one step of the worker produced, keyed by request id. A request that verified drafts
+    gets its accepted drafts and one token more; any other one token."""
 
-    sampled_token_ids: dict[str, int] = {}
-    logprobs: dict[str, LogprobsLists] = {}
+    sampled_token_ids: dict[str, list[int]] = {}
+    logprobs: dict[str, LogprobsLists] = {}  # a row per sampled token
     # Prompt logprobs of this step's prompt positions (the token at position p+1 given 0..p).
     prompt_logprobs: dict[str, LogprobsLists] = {}
+    # Speculative decoding: the proposer's drafts for each request's next step.
+    spec_token_ids: dict[str, list[int]] = {}

@@ -4,6 +4,11 @@ Running requests go first (in admission order), then waiting ones in arrival ord
 longer than the remaining budget is chunked across steps, so decodes never starve. When the KV
 cache runs out, the newest running request is preempted by recompute: its blocks are freed and
 it goes back to the front of the waiting queue with its output kept.
+
+Speculative decoding adds lookahead: a decoding request with drafts (from the worker's proposer)
+is scheduled its last token plus the drafts, and its computed count moves back over the drafts the
+step rejected. Drafts never enter `all_token_ids`, so the prefix cache only ever hashes verified
+tokens.
 """
 
 from __future__ import annotations
@@ -15,7 +20,14 @@ from tram.config import CacheConfig, SchedulerConfig
 from tram.core.kv_cache_manager import KVCacheManager
 from tram.core.outputs import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from tram.core.request import Request, RequestStatus
-from tram.core.sched_output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
+from tram.core.sched_output import (
+    CachedRequestData,
+    LogprobsLists,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
+from tram.core.spec_stats import SpecDecodingStats
 
 
 class Scheduler:
@@ -42,6 +54,7 @@ class Scheduler:
         # Requests in a step whose output has not come back (pipeline parallelism keeps several
         # steps in flight): they sit out later steps until it does, and are never preempted.
         self.in_flight: set[str] = set()
+        self.spec_stats = SpecDecodingStats()
 
     # ---- requests in and out -------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -99,6 +112,8 @@ class Scheduler:
                 continue
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
             assert num_new > 0, f"running request with nothing to compute: {req}"
+            drafts = self._drafts(req, num_new, budget)
+            num_new += len(drafts)
             new_blocks = self.kv_cache_manager.allocate_slots(req, num_new)
             while new_blocks is None:
                 victim = self._pick_victim(i)  # newest first; never one already scheduled or in flight
@@ -115,9 +130,20 @@ class Scheduler:
                 self._cached(req, [[b.block_id for b in g] for g in new_blocks], req.num_computed_tokens)
             )
             out.num_scheduled_tokens[req.request_id] = num_new
+            if drafts:
+                out.scheduled_spec_decode_tokens[req.request_id] = drafts
             budget -= num_new
             i += 1
         return budget, preempted
+
+    @staticmethod
+    def _drafts(req: Request, num_new: int, budget: int) -> list[int]:
+        """The drafts a decoding request verifies this step (used up either way: the next step's
+        come from this step's output)."""
+        drafts, req.spec_token_ids = req.spec_token_ids, []
+        if not drafts or num_new != 1 or req.num_tokens - req.num_computed_tokens != 1:
+            return []
+        return drafts[: min(budget - 1, req.max_drafts())]
 
     def _cached(
         self, req: Request, block_ids: list[list[int]], num_computed: int, resumed: bool = False
@@ -137,6 +163,7 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         self.kv_cache_manager.free(req)
+        req.spec_token_ids = []
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.num_preemptions += 1
@@ -211,30 +238,45 @@ class Scheduler:
             req = self.requests.get(rid)
             if req is None:  # finished from outside while the step ran
                 continue
-            token = result.sampled_token_ids.get(rid)
+            tokens = result.sampled_token_ids.get(rid)
             prompt_lp = result.prompt_logprobs.get(rid)
-            if token is None:
+            if not tokens:
                 if prompt_lp is not None:
                     outputs.append(EngineCoreOutput(rid, [], new_prompt_logprobs=prompt_lp))
                 continue
-            req.append_output_token(token)
-            status = req.check_stop()  # the engine core has already advanced a constrained request's grammar
+            drafts = sched.scheduled_spec_decode_tokens.get(rid)
+            if drafts:  # the rejected drafts' KV is left to be overwritten
+                req.num_computed_tokens -= len(drafts) + 1 - len(tokens)
+                self.spec_stats.observe(len(drafts), len(tokens) - 1)
+            status, kept = self._append_tokens(req, tokens)
             out = EngineCoreOutput(
                 rid,
-                [token],
-                new_logprobs=result.logprobs.get(rid),
+                tokens[:kept],
+                new_logprobs=_first_rows(result.logprobs.get(rid), kept),
                 new_prompt_logprobs=prompt_lp,
                 num_cached_tokens=max(req.num_cached_tokens, 0),
             )
-            if req.num_output_tokens == 1 and req.scheduled_time is not None:
+            if req.num_output_tokens == kept and req.scheduled_time is not None:
                 out.queue_time = max(0.0, req.scheduled_time - req.arrival_time)
             if status is not None:
                 self.running.remove(req)
                 self._free(req, status)
                 out.finish_reason = status.finish_reason
                 out.stop_reason = req.stop_reason
+            else:
+                req.spec_token_ids = result.spec_token_ids.get(rid, [])
             outputs.append(out)
         return EngineCoreOutputs(outputs, self.make_stats(sched.total_num_scheduled_tokens))
+
+    @staticmethod
+    def _append_tokens(req: Request, tokens: list[int]) -> tuple[RequestStatus | None, int]:
+        """Append the step's tokens until one stops the request: (the stop, how many were kept)."""
+        for i, token in enumerate(tokens):
+            req.append_output_token(token)
+            status = req.check_stop()  # the engine core has already advanced a constrained request's grammar
+            if status is not None:
+                return status, i + 1
+        return None, len(tokens)
 
     def make_stats(self, num_scheduled_tokens: int = 0) -> SchedulerStats:
         kv = self.kv_cache_manager
@@ -246,4 +288,12 @@ class Scheduler:
             prefix_cache_hits=kv.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
             num_scheduled_tokens=num_scheduled_tokens,
+            spec_decoding=self.spec_stats.snapshot(),
         )
+
+
+def _first_rows(lists: LogprobsLists | None, n: int) -> LogprobsLists | None:
+    """The logprobs of the first n tokens of a step's output (those a stop did not cut off)."""
+    if lists is None or len(lists.token_ids) <= n:
+        return lists
+    return LogprobsLists(lists.token_ids[:n], lists.logprobs[:n], lists.ranks[:n])

@@ -65,6 +65,9 @@ class IncrementalDetokenizer:
         self.stop = stop or []
         self.include_stop_str_in_output = include_stop_str_in_output
         self.stop_string: str | None = None  # set once a stop string ended the request
+        # How many ids of the update that matched it the stop string needed: the ids after them
+        # (several tokens arrive in one step under speculative decoding) are dropped.
+        self.stop_ids_needed = 0
         max_stop_len = max((len(s) for s in self.stop), default=0)
         self._stop_window = max(max_stop_len - 1, 0)
         # An included stop string is output anyway, so its prefix may stream early.
@@ -192,6 +195,7 @@ class IncrementalDetokenizer:
         end, start, stop_str = best
         self._text.truncate(search_from + (end if self.include_stop_str_in_output else start))
         self.stop_string = stop_str
+        self.stop_ids_needed = _ids_reaching(self.last_texts, search_from + end - old_len)
         return stop_str
 
     def get_next_output_text(self, finished: bool, delta: bool) -> str:
@@ -210,6 +214,16 @@ class IncrementalDetokenizer:
             return ""
         start, self._streamed_len = self._streamed_len, ready_len
         return self._text.slice(start, ready_len)
+
+
+def _ids_reaching(texts: list[str], length: int) -> int:
+    """How many of the pieces `texts` it takes to reach `length` characters of their joined text."""
+    total = 0
+    for i, piece in enumerate(texts):
+        total += len(piece)
+        if total >= length:
+            return i + 1
+    return len(texts)
 
 
 def _split_prompt_tail(

@@ -28,7 +28,7 @@ from typing import Any
 from tram.config import EngineConfig
 from tram.engine import messages
 from tram.engine.core_client import EngineCoreClient, EngineDeadError
-from tram.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from tram.engine.messages import EngineCoreOutputs, EngineCoreRequest, SpecDecodingCounts
 from tram.executor.cpu_threads import replica_threads, usable_cores
 
 logger = logging.getLogger(__name__)
@@ -200,6 +200,19 @@ def replica_config(config: EngineConfig, index: int) -> EngineConfig:
     return dataclasses.replace(config, parallel_config=parallel, cache_config=dataclasses.replace(config.cache_config))
 
 
+def _add_spec_counts(counts: list[SpecDecodingCounts]) -> SpecDecodingCounts | None:
+    if not counts:
+        return None
+    width = max(len(c.accepted_per_pos) for c in counts)
+    per_pos = [sum(c.accepted_per_pos[i] for c in counts if i < len(c.accepted_per_pos)) for i in range(width)]
+    return SpecDecodingCounts(
+        sum(c.num_drafts for c in counts),
+        sum(c.num_draft_tokens for c in counts),
+        sum(c.num_accepted_tokens for c in counts),
+        per_pos,
+    )
+
+
 def combine_results(results: list[Any]) -> Any:
     """One answer from every replica's: dicts of numbers add up (KV block counts, scheduler stats;
     the KV cache usage is averaged), booleans must all hold."""
@@ -216,6 +229,8 @@ def combine_results(results: list[Any]) -> Any:
                 combined[key] = sum(values)
             elif isinstance(value, list):
                 combined[key] = [v for vs in values for v in vs]
+            elif isinstance(value, SpecDecodingCounts) or key == "spec_decoding":
+                combined[key] = _add_spec_counts([v for v in values if v is not None])
             else:
                 combined[key] = value
         return combined

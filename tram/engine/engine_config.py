@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import tram.spec_decode  # noqa: F401 - registers the proposers
 import tram.structured_output.backend  # noqa: F401 - registers the grammar engines
 from tram.config import CacheConfig, EngineArgs, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from tram.config.engine_args import FALLBACK_MAX_MODEL_LEN, default_token_budget
 from tram.config.model import device_type, load_hf_config
 from tram.config.parallel_check import check_expert_parallel, check_tensor_parallel
 from tram.config.registry import STRUCTURED_OUTPUTS_BACKENDS
+from tram.config.speculative import SpeculativeConfig, parse_speculative_config
 from tram.executor.backends import default_executor_backend
 from tram.model.choices import check_model_files, check_sliding_window, checkpoint_quantization
 from tram.model.gguf.file import is_gguf
@@ -57,6 +59,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         structured_outputs_compile_timeout=args.structured_outputs_compile_timeout,
         structured_outputs_disable_any_whitespace=args.structured_outputs_disable_any_whitespace,
         parallel_config=_parallel_config(args, model_config.hf_config),
+        speculative_config=_speculative_config(args),
     )
 
 
@@ -111,6 +114,15 @@ def _parallel_config(args: EngineArgs, hf_config: Any) -> ParallelConfig:
         enable_expert_parallel=args.enable_expert_parallel,
         data_parallel_size=args.data_parallel_size,
     )
+
+
+def _speculative_config(args: EngineArgs) -> SpeculativeConfig | None:
+    """The proposer's settings; pipeline stages take no drafts (only the last stage samples, and a
+    step's rejected tokens would have to reach every stage)."""
+    spec = parse_speculative_config(args.speculative_config)
+    if spec is not None and args.pipeline_parallel_size > 1:
+        raise ValueError("speculative decoding does not run with pipeline_parallel_size > 1")
+    return spec
 
 
 def _generation_config_folder(args: EngineArgs, model_path: str) -> str | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from tram.core.outputs import EngineCoreOutput, EngineCoreOutputs, RequestError, SchedulerStats
+from tram.core.outputs import EngineCoreOutput, EngineCoreOutputs, RequestError, SchedulerStats, SpecDecodingCounts
 from tram.core.sched_output import LogprobsLists
 from tram.sampling_params import SamplingParams
 from tram.sampling_params.structured import CHECKED_UPSTREAM
@@ -30,6 +30,7 @@ __all__ = [
     "EngineCoreOutputs",
     "LogprobsLists",
     "SchedulerStats",
+    "SpecDecodingCounts",
     "RequestError",
     "UtilityResult",
     "ReadyInfo",

@@ -9,7 +9,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tram.config.server_args import DEFAULT_LOG_INTERVAL
-from tram.engine.messages import SchedulerStats
+from tram.engine.messages import SchedulerStats, SpecDecodingCounts
 from tram.engine.stats import IterationStats
 
 logger = logging.getLogger("tram.metrics")
@@ -97,6 +97,16 @@ class PrometheusStatLogger:
             "grammar_compile_failures", "Grammars that failed to compile or timed out (each fails its request)."
         )
         self.grammar_hits = counter("grammar_cache_hits", "Constrained requests whose grammar was already compiled.")
+        self.spec_drafts = counter("spec_decode_num_drafts", "Draft runs verified (one per request and step).")
+        self.spec_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens verified.")
+        self.spec_accepted = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        per_pos = family(
+            Counter,
+            "spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted at each position of the draft.",
+            ("position",),
+        )
+        self.spec_per_pos = lambda pos: per_pos.labels(*values, str(pos))
         self._last = SchedulerStats()
 
     @classmethod
@@ -117,6 +127,7 @@ class PrometheusStatLogger:
             self.prefix_hits.inc(max(0, sched.prefix_cache_hits - self._last.prefix_cache_hits))
             self.preemptions.inc(max(0, sched.num_preemptions - self._last.num_preemptions))
             self._record_structured(sched)
+            self._record_spec_decoding(sched)
             self._last = sched
         if it is None:
             return
@@ -131,6 +142,17 @@ class PrometheusStatLogger:
         for f in it.finished_requests:
             self.success.get(f.finish_reason, self.success["abort"]).inc()
             self.e2e.observe(f.e2e_latency)
+
+    def _record_spec_decoding(self, sched: SchedulerStats) -> None:
+        now, last = sched.spec_decoding, self._last.spec_decoding or SpecDecodingCounts()
+        if now is None:
+            return
+        self.spec_drafts.inc(max(0, now.num_drafts - last.num_drafts))
+        self.spec_draft_tokens.inc(max(0, now.num_draft_tokens - last.num_draft_tokens))
+        self.spec_accepted.inc(max(0, now.num_accepted_tokens - last.num_accepted_tokens))
+        for pos, count in enumerate(now.accepted_per_pos):
+            before = last.accepted_per_pos[pos] if pos < len(last.accepted_per_pos) else 0
+            self.spec_per_pos(pos).inc(max(0, count - before))
 
     def _record_structured(self, sched: SchedulerStats) -> None:
         last = self._last
@@ -151,6 +173,7 @@ class LoggingStatLogger:
         self.generation_tokens = 0
         self.sched = SchedulerStats()
         self._hits_at_log = (0, 0)
+        self._spec_at_log = SpecDecodingCounts()
 
     def record(self, sched: SchedulerStats | None, it: IterationStats | None) -> None:
         if sched is not None:
@@ -179,6 +202,34 @@ class LoggingStatLogger:
                 100 * s.kv_cache_usage,
                 100 * hits / queries if queries else 0.0,
             )
+            self._log_spec_decoding(s.spec_decoding)
         self.last_log = now
         self.prompt_tokens = self.generation_tokens = 0
         self._hits_at_log = (s.prefix_cache_queries, s.prefix_cache_hits)
+
+    def _log_spec_decoding(self, now: SpecDecodingCounts | None) -> None:
+        """vLLM's speculative decoding line, over the drafts since the last log."""
+        if now is None:
+            return
+        last = self._spec_at_log
+        self._spec_at_log = now
+        since = SpecDecodingCounts(
+            now.num_drafts - last.num_drafts,
+            now.num_draft_tokens - last.num_draft_tokens,
+            now.num_accepted_tokens - last.num_accepted_tokens,
+        )
+        if since.num_drafts <= 0:
+            return
+        per_pos = [
+            (count - (last.accepted_per_pos[i] if i < len(last.accepted_per_pos) else 0)) / since.num_drafts
+            for i, count in enumerate(now.accepted_per_pos)
+        ]
+        logger.info(
+            "SpecDecoding metrics: Mean acceptance length: %.2f, Accepted: %d tokens, Drafted: %d tokens, "
+            "Acceptance rate: %.1f%%, Per-position acceptance rate: %s",
+            since.mean_acceptance_length,
+            since.num_accepted_tokens,
+            since.num_draft_tokens,
+            100 * since.acceptance_rate,
+            ", ".join(f"{r:.3f}" for r in per_pos),
+        )

@@ -143,17 +143,21 @@ class OutputProcessor:
             state.prompt_logprobs.extend(rows)
         if not out.new_token_ids:
             return
-        self._record_token_times(state, out, now)
         state.num_cached_tokens = out.num_cached_tokens
-        sample.token_ids.extend(out.new_token_ids)
+        ids, logprobs = out.new_token_ids, out.new_logprobs
         matched, texts, pending = None, None, None
         if sample.detokenizer is not None:
             # The core only ever stops on token ids (eos or stop_token_ids).
-            matched = sample.detokenizer.update(out.new_token_ids, out.finish_reason == "stop")
+            matched = sample.detokenizer.update(ids, out.finish_reason == "stop")
             texts, pending = sample.detokenizer.last_texts, sample.detokenizer.last_pending
-        if out.new_logprobs is not None and sample.logprobs is not None:
-            sample.logprobs.extend(self._logprob_dicts(out.new_logprobs, texts, pending))
-            sample.cumulative_logprob += sum(row[0] for row in out.new_logprobs.logprobs)
+            if matched is not None and sample.detokenizer.stop_ids_needed < len(ids):
+                # Tokens of the same step after the stop string: one at a time, they would never have come.
+                ids, texts, logprobs = _first(ids, texts, logprobs, sample.detokenizer.stop_ids_needed)
+        self._record_token_times(state, len(ids), out.queue_time, now)
+        sample.token_ids.extend(ids)
+        if logprobs is not None and sample.logprobs is not None:
+            sample.logprobs.extend(self._logprob_dicts(logprobs, texts, pending))
+            sample.cumulative_logprob += sum(row[0] for row in logprobs.logprobs)
         if matched is not None and out.finish_reason != "stop":
             sample.finish_reason, sample.stop_reason = "stop", matched
         else:
@@ -162,7 +166,7 @@ class OutputProcessor:
             state.num_finished += 1  # a finished sample gets no more outputs (sample_owner forgets it)
         sample.has_news = True
 
-    def _record_token_times(self, state: RequestState, out: EngineCoreOutput, now: float) -> None:
+    def _record_token_times(self, state: RequestState, num_tokens: int, queue_time: float | None, now: float) -> None:
         m, it = state.metrics, self.iteration_stats
         first = m.first_token_time is None
         if it is not None:
@@ -170,15 +174,15 @@ class OutputProcessor:
                 it.num_prompt_tokens += len(state.prompt_token_ids)
                 it.time_to_first_tokens.append(now - m.arrival_time)
                 # Each sample's first token carries its queue time; the request's first is its own.
-                if out.queue_time is not None:
-                    it.queue_times.append(out.queue_time)
+                if queue_time is not None:
+                    it.queue_times.append(queue_time)
             else:
                 it.inter_token_latencies.append(now - m.last_token_time)
-            it.num_generation_tokens += len(out.new_token_ids)
+            it.num_generation_tokens += num_tokens
         if first:
             m.first_token_time = now
         m.last_token_time = now
-        m.num_generation_tokens += len(out.new_token_ids)
+        m.num_generation_tokens += num_tokens
 
     def _record_finished(self, state: RequestState, reason: str | None = None) -> None:
         if self.iteration_stats is None:
@@ -216,3 +220,12 @@ class OutputProcessor:
                 row[ids[0]] = Logprob(vals[0], rank, chosen)
             rows.append(row)
         return rows
+
+
+def _first(
+    ids: list[int], texts: list[str], logprobs: LogprobsLists | None, n: int
+) -> tuple[list[int], list[str], LogprobsLists | None]:
+    """The first n tokens of a step's output, with their texts and logprobs rows."""
+    if logprobs is not None:
+        logprobs = LogprobsLists(logprobs.token_ids[:n], logprobs.logprobs[:n], logprobs.ranks[:n])
+    return ids[:n], texts[:n], logprobs

@@ -187,19 +187,22 @@ class StructuredOutputManager:
     def advance(
         self, sched: SchedulerOutput, result: ModelRunnerOutput, requests: dict[str, Request]
     ) -> list[tuple[str, GrammarCompileError]]:
-        """After the step ran: move each constrained request's grammar past the token it sampled.
+        """After the step ran: move each constrained request's grammar past the tokens it sampled.
         Called before the scheduler's update, whose stop check asks the grammar if it has ended.
         Requests finished while the step ran are gone from `requests` and skipped, as there.
         Returns the requests whose grammar broke off (their ids, and why): the caller fails them."""
         broken = []
         for rid in self.live:
-            token = result.sampled_token_ids.get(rid)
-            if token is None or rid not in sched.num_scheduled_tokens:
+            tokens = result.sampled_token_ids.get(rid)
+            if not tokens or rid not in sched.num_scheduled_tokens:
                 continue
             req = requests.get(rid)
             state = req.structured_output if req is not None else None
-            if state is not None and not state.accept_token(token) and state.error is not None:
-                broken.append((rid, state.error))
+            for token in tokens if state is not None else ():
+                if not state.accept_token(token):
+                    if state.error is not None:
+                        broken.append((rid, state.error))
+                    break
         return broken
 
     def grammar_bitmask(self, sched: SchedulerOutput, requests: dict[str, Request]) -> GrammarBitmask | None:

@@ -135,6 +135,20 @@ class InputBatch:
             assert state is not None
             state.sampling.output_token_ids.append(token)
 
+    def append_tokens(self, tokens: dict[int, list[int]]) -> None:
+        """Record each row's new tokens: one per row, or a drafted row's accepted drafts and one more."""
+        if all(len(t) == 1 for t in tokens.values()):
+            rows = np.fromiter(tokens, dtype=np.int64, count=len(tokens))
+            self.append_sampled(rows, [t[0] for t in tokens.values()])
+            return
+        for row, new in tokens.items():
+            n = int(self.num_tokens[row])
+            self.token_ids[row, n : n + len(new)] = new
+            self.num_tokens[row] = n + len(new)
+            state = self.states[row]
+            assert state is not None
+            state.sampling.output_token_ids.extend(new)
+
     def sampling_metadata(self) -> SamplingMetadata:
         """The rows' sampling state, rebuilt only when membership or row order changed."""
         if self._sampling is None:

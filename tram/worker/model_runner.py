@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from tram.config import ModelConfig
+from tram.config.speculative import SpeculativeConfig
 from tram.core.kv_cache_groups import KVCacheLayout, plan_kv_cache_groups
 from tram.core.sched_output import LogprobsLists, ModelRunnerOutput, SchedulerOutput
 from tram.distributed import get_pp, pp_recv, pp_send
@@ -24,7 +25,10 @@ from tram.worker.cuda_graph import DecodeGraphRunner
 from tram.worker.input_batch import CachedRequestState, InputBatch, advance_computed, apply_scheduler_output
 from tram.worker.kv_cache import allocate_kv_caches, bind_kv_cache_groups
 from tram.worker.memory_profiler import MemoryProfile, profile_cuda_memory, run_dummy_step
-from tram.worker.sampler import Sampler, compute_token_logprobs
+from tram.worker.rejection_sampler import verify_drafts
+from tram.worker.sampler import LogprobsTensors, Sampler, compute_token_logprobs
+from tram.worker.sampling_metadata import SamplingMetadata
+from tram.worker.spec_step import Drafter, chunk_ends, draft_rows, logits_rows, roll_back, write_drafts
 from tram.worker.step_inputs import PromptLogprobsJob, StepBuffers, StepInputs, prepare_inputs
 
 logger = logging.getLogger(__name__)
@@ -41,6 +45,7 @@ class ModelRunner:
         max_num_batched_tokens: int,
         kv_cache_dtype: str,
         kv_cache_layout: KVCacheLayout | None = None,
+        speculative_config: SpeculativeConfig | None = None,
     ) -> None:
         # No defaults here: the worker passes the resolved CacheConfig and SchedulerConfig values
         # (a layout of None: one KV cache group of every layer).
@@ -67,12 +72,21 @@ class ModelRunner:
         bind_kv_cache_groups(self.model, self.kv_cache_layout, self.stage_layers)
         num_groups = self.kv_cache_layout.num_groups
         self.sampler = Sampler()
+        self.drafter = None
+        if speculative_config is not None:
+            self.drafter = Drafter(speculative_config)
+            logger.info("Speculative decoding: %s", speculative_config)
         self.requests: dict[str, CachedRequestState] = {}
         self.input_batch = InputBatch(
             max_num_seqs, model_config.max_model_len, block_size, self.vocab_size, self.device, num_groups
         )
-        # Decode steps have one token per request, so the buffers must hold max_num_seqs tokens too.
-        self.buffers = StepBuffers(max(max_num_batched_tokens, max_num_seqs), max_num_seqs, self.device, num_groups)
+        # Decode steps have one token per request, so the buffers must hold max_num_seqs tokens too; a
+        # verification step attends each of its tokens as a row of its own (step_inputs.py).
+        rows = max_num_seqs
+        if speculative_config is not None:
+            chunk = 1 + speculative_config.num_speculative_tokens
+            rows = max(rows, min(max_num_seqs * chunk, max_num_batched_tokens))
+        self.buffers = StepBuffers(max(max_num_batched_tokens, max_num_seqs), rows, self.device, num_groups)
         self.kv_caches: list[torch.Tensor] = []
         self.graph_runner: DecodeGraphRunner | None = None
 
@@ -155,8 +169,13 @@ class ModelRunner:
         self._set_grammar_bitmask(sched)
         if sched.is_empty:
             return ModelRunnerOutput()
-        inputs = prepare_inputs(self.input_batch, sched, self.buffers, self.block_size)
-        if self.graph_runner is not None and self.graph_runner.can_run(inputs.meta):
+        start = time.perf_counter()
+        drafted = self.drafter is not None and self.drafter.drafting
+        num_drafts = write_drafts(self.input_batch, sched.scheduled_spec_decode_tokens)
+        inputs = prepare_inputs(self.input_batch, sched, self.buffers, self.block_size, num_drafts)
+        # The graphs read their requests' block tables from the batch's rows; a verification step's
+        # attended rows are its tokens.
+        if self.graph_runner is not None and num_drafts is None and self.graph_runner.can_run(inputs.meta):
             hidden = self.graph_runner.run(inputs.input_ids, inputs.positions, inputs.meta)
         elif pp.size > 1:
             hidden = self._pipeline_stage(inputs)
@@ -165,12 +184,17 @@ class ModelRunner:
                 return ModelRunnerOutput()
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        out = ModelRunnerOutput(sampled_token_ids={}, logprobs={}, prompt_logprobs={})
+        out = ModelRunnerOutput(sampled_token_ids={}, logprobs={}, prompt_logprobs={}, spec_token_ids={})
+        produced: dict[int, int] = {}
         if inputs.sample_rows.any():
-            self._sample(hidden, inputs, out)
+            produced = self._sample(hidden, inputs, out, sched, num_drafts)
         for job in inputs.prompt_logprobs_jobs:
             out.prompt_logprobs[job.req_id] = self._prompt_logprobs(hidden, job)
         advance_computed(self.input_batch, sched)
+        roll_back(self.input_batch, num_drafts, produced)
+        if self.drafter is not None and inputs.meta.max_query_len == 1:  # a decode step: its side's rate
+            made = sum(len(t) for t in out.sampled_token_ids.values())
+            self.drafter.record(self.input_batch.num_reqs, drafted, made, time.perf_counter() - start)
         return out
 
     def _pipeline_stage(self, inputs: StepInputs) -> torch.Tensor:
@@ -197,33 +221,63 @@ class ModelRunner:
         rows = [self.input_batch.row_of[rid] for rid in bm.req_ids]
         processor.set_step(rows, np.frombuffer(bm.data, dtype=np.int32).reshape(len(rows), bm.words))
 
-    def _sample(self, hidden: torch.Tensor, inputs: StepInputs, out: ModelRunnerOutput) -> None:
+    def _sample(
+        self,
+        hidden: torch.Tensor,
+        inputs: StepInputs,
+        out: ModelRunnerOutput,
+        sched: SchedulerOutput,
+        num_drafts: np.ndarray | None,
+    ) -> dict[int, int]:
         """Every row gets logits and a draw (keeping the batch's sampling tensors aligned with its
         rows); rows still in the middle of their prompt drop theirs, and their seeded generators
-        are left untouched, so they draw nothing from them."""
+        are left untouched, so they draw nothing from them. Drafted rows then verify their drafts
+        (rejection_sampler.py), the draw serving as the token past the last draft. Returns how many
+        tokens each drafted row got."""
         batch = self.input_batch
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [B, V] float32
+        draft_logits = None
+        if num_drafts is None:
+            logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [B, V] float32
+        else:  # one LM-head call for the rows' last positions and their drafts'
+            rows, last, drafts = logits_rows(num_drafts, chunk_ends(sched, batch))
+            every = self.model.compute_logits(hidden[torch.from_numpy(rows).to(hidden.device)])
+            logits, draft_logits = every[torch.from_numpy(last)], every[torch.from_numpy(drafts)]
         meta = batch.sampling_metadata()
         sample_rows = inputs.sample_rows
-        if not sample_rows.all() and meta.generators:
-            meta = dataclasses.replace(meta, generators={i: g for i, g in meta.generators.items() if sample_rows[i]})
-        result = self.sampler(logits, meta)
-        rows = sample_rows.nonzero()[0]
-        row_list = rows.tolist()
+        d = None
+        if draft_logits is not None:
+            d = draft_rows(batch, sched.scheduled_spec_decode_tokens, num_drafts, draft_logits)
+            d.last_logits = logits[torch.tensor(d.rows)]  # a copy: the sampler may edit `logits` in place
+        # A seeded row draws only the positions it keeps (rejection_sampler.py): a drafted one's draw
+        # below is discarded, and must not move its generator.
+        skip = sample_rows if num_drafts is None else sample_rows & (num_drafts == 0)
+        result = self.sampler(logits, _with_generators_of(meta, skip))
+        row_list = sample_rows.nonzero()[0].tolist()
         tokens = result.sampled_token_ids.tolist()
-        chosen = [tokens[i] for i in row_list]
-        batch.append_sampled(rows, chosen)
-        states = [batch.states[i] for i in row_list]
-        for state, token in zip(states, chosen):
-            out.sampled_token_ids[state.req_id] = token
+        chosen = {i: [tokens[i]] for i in row_list}
+        produced: dict[int, list[int]] = {}
+        if d is not None:
+            produced = dict(zip(d.rows, verify_drafts(d, [tokens[r] for r in d.rows], meta)))
+            chosen.update(produced)
+        batch.append_tokens(chosen)
+        for i in row_list:
+            out.sampled_token_ids[batch.states[i].req_id] = chosen[i]  # type: ignore[union-attr]
+        if self.drafter is not None:
+            out.spec_token_ids = self.drafter.propose(batch, row_list, meta.processors)
         if result.logprobs is not None:
-            ids, lps, ranks = result.logprobs.tolists()
-            for i, state in zip(row_list, states):
-                k = state.sampling.params.logprobs
-                if k is None:
-                    continue
-                cols = len(ids[i]) if k < 0 else k + 1
-                out.logprobs[state.req_id] = LogprobsLists([ids[i][:cols]], [lps[i][:cols]], [ranks[i]])
+            self._logprobs(result.logprobs, row_list, out)
+        return {row: len(got) for row, got in produced.items()}
+
+    def _logprobs(self, logprobs: LogprobsTensors, row_list: list[int], out: ModelRunnerOutput) -> None:
+        ids, lps, ranks = logprobs.tolists()
+        for i in row_list:
+            state = self.input_batch.states[i]
+            assert state is not None
+            k = state.sampling.params.logprobs
+            if k is None:
+                continue
+            cols = len(ids[i]) if k < 0 else k + 1
+            out.logprobs[state.req_id] = LogprobsLists([ids[i][:cols]], [lps[i][:cols]], [ranks[i]])
 
     def _prompt_logprobs(self, hidden: torch.Tensor, job: PromptLogprobsJob) -> LogprobsLists:
         k = self.requests[job.req_id].sampling.params.prompt_logprobs
@@ -232,3 +286,10 @@ class ModelRunner:
         num = self.vocab_size if k < 0 else k
         targets = torch.tensor(job.target_token_ids, dtype=torch.long, device=self.device)
         return LogprobsLists(*compute_token_logprobs(logits, targets, num).tolists())
+
+
+def _with_generators_of(meta: SamplingMetadata, rows: np.ndarray) -> SamplingMetadata:
+    """`meta` with the seeded generators of `rows` only (the others draw nothing from theirs)."""
+    if not meta.generators or all(rows[i] for i in meta.generators):
+        return meta
+    return dataclasses.replace(meta, generators={i: g for i, g in meta.generators.items() if rows[i]})

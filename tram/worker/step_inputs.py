@@ -83,12 +83,20 @@ class StepInputs:
     positions: torch.Tensor  # [T]
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # [B] the hidden row of each batch row's last scheduled token
-    sample_rows: np.ndarray  # [B] bool: the row's chunk reaches its last known token, so it samples
+    # [B] bool: the row's chunk reaches its last known token (and its drafts), so it samples
+    sample_rows: np.ndarray
     prompt_logprobs_jobs: list[PromptLogprobsJob]
 
 
-def prepare_inputs(batch: InputBatch, sched: SchedulerOutput, buffers: StepBuffers, block_size: int) -> StepInputs:
-    """Flatten the batch's rows (every row is scheduled this step) into one variable-length batch."""
+def prepare_inputs(
+    batch: InputBatch,
+    sched: SchedulerOutput,
+    buffers: StepBuffers,
+    block_size: int,
+    num_drafts: np.ndarray | None = None,
+) -> StepInputs:
+    """Flatten the batch's rows (every row is scheduled this step) into one variable-length batch.
+    num_drafts: per row, the draft tokens its chunk ends with (speculative decoding)."""
     buffers.wait_for_copies()
     num_reqs = batch.num_reqs
     req_ids = batch.req_ids
@@ -98,8 +106,6 @@ def prepare_inputs(batch: InputBatch, sched: SchedulerOutput, buffers: StepBuffe
     cu = np.cumsum(q)
     total = int(cu[-1])
     b = buffers.np
-    b["query_start_loc"][0] = 0
-    b["query_start_loc"][1 : num_reqs + 1] = cu
     rows = np.repeat(np.arange(num_reqs), q)
     # positions: each request's slice continues from its computed count
     positions = b["positions"][:total]
@@ -108,10 +114,23 @@ def prepare_inputs(batch: InputBatch, sched: SchedulerOutput, buffers: StepBuffe
     block_index, offset = positions // block_size, positions % block_size
     for g, table in enumerate(batch.block_table.groups):
         np.add(table.np[rows, block_index] * block_size, offset, out=b[slot_mapping_name(g)][:total])
-    b["seq_lens"][:num_reqs] = seq
     b["logits_indices"][:num_reqs] = cu - 1
     max_seq = int(seq.max())
-    metas = _group_metas(batch, buffers, total, q, seq, -(-max_seq // block_size))
+    attended, q_attn, seq_attn = None, q, seq
+    if num_drafts is not None:
+        # A drafted row's last token and drafts are attended as one-token queries, each over its
+        # request's block table (the chunk's K/V is written before any is read): verification runs
+        # the decode kernels plain decoding runs, and gets their bits. Other rows keep their chunks.
+        starts = np.zeros(total, dtype=bool)
+        starts[cu - q] = True
+        starts |= num_drafts[rows] > 0
+        first = np.flatnonzero(starts)
+        q_attn = np.diff(np.append(first, total))
+        attended, seq_attn = rows[first], positions[first + q_attn - 1] + 1
+    b["query_start_loc"][0] = 0
+    b["query_start_loc"][1 : len(q_attn) + 1] = np.cumsum(q_attn)
+    b["seq_lens"][: len(seq_attn)] = seq_attn
+    metas = _group_metas(batch, buffers, total, q_attn, seq_attn, -(-max_seq // block_size), attended)
     meta = metas[0]
     if len(metas) > 1:
         meta.groups = tuple(metas)
@@ -120,7 +139,7 @@ def prepare_inputs(batch: InputBatch, sched: SchedulerOutput, buffers: StepBuffe
         positions=buffers.to_device("positions", total),
         meta=meta,
         logits_indices=buffers.to_device("logits_indices", num_reqs),
-        sample_rows=seq == batch.num_tokens[:num_reqs],
+        sample_rows=(seq if num_drafts is None else seq - num_drafts) == batch.num_tokens[:num_reqs],
         prompt_logprobs_jobs=_prompt_logprobs_jobs(batch, cu - q, q),
     )
     buffers.copies_queued()
@@ -128,10 +147,18 @@ def prepare_inputs(batch: InputBatch, sched: SchedulerOutput, buffers: StepBuffe
 
 
 def _group_metas(
-    batch: InputBatch, buffers: StepBuffers, total: int, q: np.ndarray, seq: np.ndarray, width: int
+    batch: InputBatch,
+    buffers: StepBuffers,
+    total: int,
+    q: np.ndarray,
+    seq: np.ndarray,
+    width: int,
+    token_rows: np.ndarray | None = None,
 ) -> list[AttentionMetadata]:
-    """One metadata per KV cache group: shared lengths, each group's block tables and slots."""
+    """One metadata per KV cache group: shared lengths, each group's block tables and slots. With
+    token_rows, the attended rows are tokens, each reading its request's (batch row's) block table."""
     num_reqs = len(q)
+    index = None if token_rows is None else torch.from_numpy(token_rows).to(batch.device)
     query_start_loc = buffers.to_device("query_start_loc", num_reqs + 1)
     seq_lens = buffers.to_device("seq_lens", num_reqs)
     q_list, seq_list = q.tolist(), seq.tolist()
@@ -141,7 +168,7 @@ def _group_metas(
             slot_mapping=buffers.to_device(slot_mapping_name(g), total),
             query_start_loc=query_start_loc,
             seq_lens=seq_lens,
-            block_tables=table.commit(num_reqs)[:, :width],
+            block_tables=_tables(table.commit(batch.num_reqs), index, width),
             query_lens_list=q_list,
             seq_lens_list=seq_list,
             max_query_len=int(q.max()),
@@ -149,6 +176,10 @@ def _group_metas(
         )
         for g, table in enumerate(batch.block_table.groups)
     ]
+
+
+def _tables(tables: torch.Tensor, index: torch.Tensor | None, width: int) -> torch.Tensor:
+    return tables[:, :width] if index is None else tables[index, :width]
 
 
 def _prompt_logprobs_jobs(batch: InputBatch, offsets: np.ndarray, q: np.ndarray) -> list[PromptLogprobsJob]:

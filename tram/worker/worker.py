@@ -69,7 +69,13 @@ class Worker:
             )
         set_expert_parallel(config.parallel_config.enable_expert_parallel)
         self.model_runner = ModelRunner(
-            mc, cc.block_size, sc.max_num_seqs, sc.max_num_batched_tokens, cc.cache_dtype, kv_cache_layout(config)
+            mc,
+            cc.block_size,
+            sc.max_num_seqs,
+            sc.max_num_batched_tokens,
+            cc.cache_dtype,
+            kv_cache_layout(config),
+            config.speculative_config,
         )
 
     def determine_num_blocks(self) -> int:

@@ -107,7 +107,8 @@ class Attention(nn.Module):
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """q [T, H * D], k and v [T, Hkv * D]; from the stacked GEMM they are column slices of its
         output (rows qkv_size apart), which the norms, RoPE and the backends read as they are."""
-        if self.packed_qkv is not None and takes_packed(x, self.q_proj.weight):
+        stacked_numel = sum(la.weight.numel() for la in self.stacked_linears())
+        if self.packed_qkv is not None and takes_packed(x, self.q_proj.weight, stacked_numel):
             q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
             return packed_linear(x, self.packed_qkv, self.packed_qkv_bias).split([q_size, kv_size, kv_size], dim=-1)
         return tuple(linear_n(x, self.stacked_linears()))

@@ -33,7 +33,7 @@ import tram.envs as envs
 from tram.model.kernels.cpu_kernels import load_cpu_kernels
 from tram.model.layers.attention import Attention
 from tram.model.layers.cpu_packed import PAIR_ROWS, DecodePairs, PairPacked
-from tram.model.layers.linear import SKINNY_MAX_ROWS, SKINNY_MAX_ROWS_BESIDE_PACKED, Linear
+from tram.model.layers.linear import SKINNY_MAX_ROWS, Linear, skinny_rows_beside_packed
 from tram.model.layers.mlp import GatedMLP
 from tram.model.layers.norm import GemmaRMSNorm, RMSNorm
 from tram.model.layers.parallel_linear import RowParallelLinear
@@ -86,7 +86,8 @@ def _dense_group(
     if len(layers) == 1 and isinstance(layers[0].packed_weight, PairPacked):
         return None  # pair_linear at every row count
     beside = stacked is not None or (all(packed) if len(layers) > 1 else packed[0])
-    limit = (SKINNY_MAX_ROWS_BESIDE_PACKED if beside else SKINNY_MAX_ROWS)[dtype]
+    numel = sum(la.weight.numel() for la in layers)
+    limit = skinny_rows_beside_packed(dtype, numel) if beside else SKINNY_MAX_ROWS[dtype]
     weights, biases = [la.weight for la in layers], [la.bias for la in layers]
     if len(layers) > 1:
         group = LinearGroup(limit, lambda x: kernels.skinny_linear_n(x, weights, biases))
@@ -147,7 +148,7 @@ def linear_group(
     if group is None:
         return LinearGroup(0, None, fallback)
     if stacked is not None and not isinstance(stacked[0], DecodePairs):  # the stacked GEMM takes the rest
-        group.limit = min(group.limit, SKINNY_MAX_ROWS_BESIDE_PACKED.get(dtype, 0))
+        group.limit = min(group.limit, skinny_rows_beside_packed(dtype, sum(la.weight.numel() for la in layers)))
     group.fallback = fallback
     return group
 
@@ -225,7 +226,8 @@ class DecodeMLP:
             # Past the skinny kernel's rows a pairs copy gives gate and up as one [T, 2I] output, which
             # silu_and_mul reads as the module path's packed forward does.
             self.stacked = _pairs_linear(kernels, mlp.packed_gate_up, mlp.gate_up_bias)
-            self.skinny_rows = SKINNY_MAX_ROWS_BESIDE_PACKED[dtype] if self.stacked is not None else self.limit
+            numel = sum(la.weight.numel() for la in mlp.stacked_linears())
+            self.skinny_rows = skinny_rows_beside_packed(dtype, numel) if self.stacked is not None else self.limit
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > self.limit:

@@ -28,11 +28,22 @@ SKINNY_MAX_ROWS: dict[torch.dtype, int] = {torch.float32: 8, torch.bfloat16: 4}
 # float32 at 3 rows: on cold weights (each layer's its own, as a decode step reads them) the skinny
 # kernel ran in 0.67-0.96 of oneDNN's time on hidden sizes 288-2048, and lost from 4 rows at 2048.
 SKINNY_MAX_ROWS_BESIDE_PACKED: dict[torch.dtype, int] = {torch.float32: 3, torch.bfloat16: 2}
+# A oneDNN call costs ~13-15 us however small its weight; the skinny kernel reads a weight this small
+# in a few us at any of its rows (docs/benchmarks.md), so beside a packed copy it keeps all of them.
+SMALL_WEIGHT_ELEMENTS = 1 << 17
 
 
-def _skinny_kernels(x: torch.Tensor, weight: torch.Tensor, packed: bool = False) -> ModuleType | None:
-    limits = SKINNY_MAX_ROWS_BESIDE_PACKED if packed else SKINNY_MAX_ROWS
-    if x.dim() == 2 and x.shape[0] <= limits.get(x.dtype, 0) and weight.dtype == x.dtype:
+def skinny_rows_beside_packed(dtype: torch.dtype, numel: int) -> int:
+    """Most rows the skinny kernel takes from a weight of `numel` elements that also has a packed copy."""
+    limits = SKINNY_MAX_ROWS if numel <= SMALL_WEIGHT_ELEMENTS else SKINNY_MAX_ROWS_BESIDE_PACKED
+    return limits.get(dtype, 0)
+
+
+def _skinny_kernels(
+    x: torch.Tensor, weight: torch.Tensor, packed: bool = False, numel: int | None = None
+) -> ModuleType | None:
+    limit = skinny_rows_beside_packed(x.dtype, numel or weight.numel()) if packed else SKINNY_MAX_ROWS.get(x.dtype, 0)
+    if x.dim() == 2 and x.shape[0] <= limit and weight.dtype == x.dtype:
         return kernels_for(x)
     return None
 
@@ -42,9 +53,10 @@ def _packed_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return x.dim() == 2 and x.dtype == weight.dtype and not torch.is_grad_enabled()
 
 
-def takes_packed(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether a layer with a packed copy of `weight` runs x through oneDNN (not the skinny kernel)."""
-    return _packed_usable(x, weight) and x.shape[0] > SKINNY_MAX_ROWS_BESIDE_PACKED.get(x.dtype, 0)
+def takes_packed(x: torch.Tensor, weight: torch.Tensor, numel: int | None = None) -> bool:
+    """Whether a layer with a packed copy of `weight` (numel: of the stacked weight packed in its place)
+    runs x through oneDNN (not the skinny kernel)."""
+    return _packed_usable(x, weight) and x.shape[0] > skinny_rows_beside_packed(x.dtype, numel or weight.numel())
 
 
 def linear(
@@ -79,7 +91,7 @@ def linear_n(x: torch.Tensor, layers: Sequence[Linear]) -> list[torch.Tensor]:
                 return out
         return [layer(x) for layer in layers]
     packed = all(layer.packed_weight is not None for layer in layers)
-    kernels = _skinny_kernels(x, layers[0].weight, packed)
+    kernels = _skinny_kernels(x, layers[0].weight, packed, sum(layer.weight.numel() for layer in layers))
     if kernels is not None and all(layer.weight.dtype == x.dtype for layer in layers):
         return kernels.skinny_linear_n(x, [layer.weight for layer in layers], [layer.bias for layer in layers])
     return [layer(x) for layer in layers]

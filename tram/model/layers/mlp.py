@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -64,7 +66,7 @@ class GatedMLP(nn.Module):
         return self.packed_gate_up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
-        if self.packed_gate_up is not None and takes_packed(x, self.gate_proj.weight):
+        if self.packed_gate_up is not None and takes_packed(x, self.gate_proj.weight, _numel(self.stacked_linears())):
             rows = chunk_rows(2 * self.gate_proj.out_features, x.element_size())
             if x.shape[0] <= rows:
                 return self._packed_forward(x)
@@ -74,3 +76,7 @@ class GatedMLP(nn.Module):
         if kernels is not None:
             return self.down_proj(kernels.silu_and_mul_pair(gate, up))
         return self.down_proj(self.act(gate) * up)
+
+
+def _numel(layers: Sequence[Linear]) -> int:
+    return sum(layer.weight.numel() for layer in layers)

@@ -23,6 +23,9 @@ class AllowedTokenIdsProcessor(LogitsProcessor):
         self.rows: torch.Tensor | None = None  # [R] int64 batch rows that restrict
         self.banned: torch.Tensor | None = None  # [R, V] bool
 
+    def uses(self, row: SamplingRow) -> bool:
+        return bool(row.params.allowed_token_ids)
+
     def update_rows(self, rows: Sequence[SamplingRow]) -> None:
         restricted = [(i, r.params.allowed_token_ids) for i, r in enumerate(rows) if r.params.allowed_token_ids]
         if not restricted:

@@ -59,5 +59,10 @@ class LogitsProcessor:
     def active(self) -> bool:
         raise NotImplementedError
 
+    def uses(self, row: SamplingRow) -> bool:
+        """Whether apply() may change this row's logits: speculative decoding verifies drafts only
+        for rows that no processor touches (a processor reads the outputs up to one position)."""
+        raise NotImplementedError
+
     def apply(self, logits: torch.Tensor) -> torch.Tensor:  # [B, V] float32 -> [B, V]
         raise NotImplementedError

@@ -25,6 +25,9 @@ class GrammarBitmaskProcessor(LogitsProcessor):
         self.bitmask: torch.Tensor | None = None  # [R, words] int32
         self.byte_table = byte_penalty_table(device)
 
+    def uses(self, row: SamplingRow) -> bool:
+        return row.params.structured_outputs is not None
+
     def update_rows(self, rows: Sequence[SamplingRow]) -> None:
         """Membership changes do not matter: the bitmask comes with each step, keyed by request."""
 

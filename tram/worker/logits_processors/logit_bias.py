@@ -25,6 +25,9 @@ class LogitBiasProcessor(LogitsProcessor):
         super().__init__(vocab_size, device)
         self.bias: TokenBias | None = None
 
+    def uses(self, row: SamplingRow) -> bool:
+        return bool(row.params.logit_bias)
+
     def update_rows(self, rows: Sequence[SamplingRow]) -> None:
         row_idx: list[int] = []
         token_ids: list[int] = []

@@ -19,6 +19,9 @@ class MinPProcessor(LogitsProcessor):
         super().__init__(vocab_size, device)
         self.min_p: torch.Tensor | None = None  # [B] float32, 0.0 where disabled
 
+    def uses(self, row: SamplingRow) -> bool:
+        return row.params.min_p > 0.0
+
     def update_rows(self, rows: Sequence[SamplingRow]) -> None:
         # Greedy rows have min_p normalised to 0 by SamplingParams.
         values = [r.params.min_p for r in rows]

@@ -26,6 +26,9 @@ class MinTokensProcessor(LogitsProcessor):
         self._masked_rows: tuple[int, ...] | None = None  # the rows `mask` was built for
         self.mask: TokenMask | None = None
 
+    def uses(self, row: SamplingRow) -> bool:
+        return bool(row.min_tokens_masked_ids) and len(row.output_token_ids) < row.params.min_tokens
+
     def update_rows(self, rows: Sequence[SamplingRow]) -> None:
         self._pending = [(i, r) for i, r in enumerate(rows) if r.params.min_tokens > 0 and r.min_tokens_masked_ids]
         self._masked_rows = None

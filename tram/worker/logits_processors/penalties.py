@@ -52,6 +52,9 @@ class PenaltiesProcessor(LogitsProcessor):
         # each one's repetition, frequency and presence penalty; None until built.
         self._positions: dict[str, torch.Tensor] | None = None
 
+    def uses(self, row: SamplingRow) -> bool:
+        return uses_penalties(row)
+
     def update_rows(self, rows: Sequence[SamplingRow]) -> None:
         penalised = [(i, r) for i, r in enumerate(rows) if uses_penalties(r)]
         previous = {id(s.row): s for s in self._states}

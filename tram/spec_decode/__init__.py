@@ -1,0 +1,25 @@
+"""Speculative decoding's proposers: each drafts a few tokens per request after a step, and the next
+step verifies them in one forward pass (the worker's rejection sampler keeps what the target model
+itself would have produced). The scheduler learns only the drafts (lookahead slots) and how many
+were accepted (computed counts roll back); it never imports a proposer.
+
+Importing this package registers the methods (torch-free); a proposer is built by name
+(`make_proposer`) in the worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tram.config.registry import SPECULATIVE_METHODS
+
+SPECULATIVE_METHODS.add(
+    "ngram",
+    "prompt lookup: the tokens that followed the latest earlier occurrence of the last n tokens",
+    target="tram.spec_decode.ngram:NgramProposer",
+)
+
+
+def make_proposer(config: Any) -> Any:
+    """The proposer `config.method` names, built from the SpeculativeConfig."""
+    return SPECULATIVE_METHODS.load(config.method)(config)

@@ -1,0 +1,59 @@
+"""Whether the next step drafts: where verification pays, by measurement.
+
+Verifying drafts turns a decode step of B tokens into one of B + D. Where a step costs about the same
+either way (a small batch reads every weight once regardless) each accepted draft is a token for free;
+where it does not (a large batch is compute-bound, and proposing for every row costs host time too)
+drafts slow everyone down. Which regime a batch is in depends on the model, the machine and the
+workload's acceptance, so the switch measures it: for each batch size (in powers of two) it keeps the
+output tokens per second of the steps that drafted and of those that did not, recent steps weighing
+most, and drafts where drafting has been faster. It tries each side a few times per batch size before
+trusting it, and the other side one step in `explore_every` afterwards, so a change in the workload is
+noticed. Speculation never changes a token (rejection_sampler.py), so the choice moves only speed.
+"""
+
+from __future__ import annotations
+
+DECAY = 0.97  # per step of the same batch size and side: the last ~30 carry most of the weight
+MIN_STEPS = 8  # steps each side runs at a batch size before the switch trusts its rate
+WARMUP_STEPS = 2  # a side's first steps at a batch size pay one-time costs: not counted
+SETTLED_STEPS = 32  # until the other side has this many, it is tried more often (explore_every / 4)
+
+
+class DraftSwitch:
+    def __init__(self, explore_every: int = 32) -> None:
+        self.explore_every = explore_every
+        # batch size bucket -> side (False: plain, True: drafting) -> [tokens, seconds, steps], decayed
+        self._rates: dict[int, dict[bool, list[float]]] = {}
+        self._asked: dict[int, int] = {}  # batch size bucket -> decisions made there
+
+    @staticmethod
+    def _bucket(num_rows: int) -> int:
+        return max(num_rows, 1).bit_length()
+
+    def record_step(self, num_rows: int, drafted: bool, num_tokens: int, seconds: float) -> None:
+        """A step of num_rows rows (drafted: it was meant to verify drafts) produced num_tokens tokens."""
+        sides = self._rates.setdefault(self._bucket(num_rows), {False: [0.0, 0.0, 0], True: [0.0, 0.0, 0]})
+        tokens, spent, steps = sides[drafted]
+        if steps < WARMUP_STEPS:
+            sides[drafted][2] = steps + 1
+            return
+        sides[drafted] = [tokens * DECAY + num_tokens, spent * DECAY + seconds, steps + 1]
+
+    def should_draft(self, num_rows: int) -> bool:
+        """Whether the next step, of about num_rows rows, should verify drafts."""
+        bucket = self._bucket(num_rows)
+        asked = self._asked[bucket] = self._asked.get(bucket, 0) + 1
+        sides = self._rates.get(bucket)
+        if sides is None:
+            return True
+        for side in (True, False):  # each side a few steps first, drafting first
+            if sides[side][2] < WARMUP_STEPS + MIN_STEPS:
+                return side
+        better = self._rate(sides[True]) >= self._rate(sides[False])
+        settled = sides[not better][2] >= WARMUP_STEPS + SETTLED_STEPS
+        every = self.explore_every if settled else max(1, self.explore_every // 4)
+        return not better if asked % every == 0 else better
+
+    @staticmethod
+    def _rate(side: list[float]) -> float:
+        return side[0] / side[1] if side[1] > 0 else 0.0

@@ -1,0 +1,106 @@
+"""The worker's side of speculative decoding, around one step: the scheduled drafts written after each
+row's known tokens (so the step's inputs read them like any token), the logits that verify them, and
+after sampling the proposer's drafts for the next step.
+
+A drafted row's chunk is its last known token and its k drafts; the drafts are never counted in the
+row's num_tokens, and the computed count moves back over the ones the step rejected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from tram.config.speculative import SpeculativeConfig
+from tram.core.sched_output import SchedulerOutput
+from tram.spec_decode import make_proposer
+from tram.spec_decode.budget import DraftSwitch
+from tram.worker.input_batch import InputBatch
+from tram.worker.logits_processors import LogitsProcessor
+from tram.worker.rejection_sampler import DraftRows
+
+
+def write_drafts(batch: InputBatch, spec: dict[str, list[int]]) -> np.ndarray | None:
+    """Put each row's scheduled drafts after its known tokens; the draft count per row (None: none)."""
+    if not spec:
+        return None
+    counts = np.zeros(batch.num_reqs, dtype=np.int64)
+    for rid, drafts in spec.items():
+        row = batch.row_of[rid]
+        n = int(batch.num_tokens[row])
+        batch.token_ids[row, n : n + len(drafts)] = drafts
+        counts[row] = len(drafts)
+    return counts
+
+
+def logits_rows(counts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The hidden rows a verification step needs logits for, in one LM-head call: each batch row's
+    drafts' positions, then its last. A row whose chunk ends at hidden row e verifies draft j with
+    the logits of hidden row e - k + j (they predict the token after each input). Returns (hidden
+    rows, where each batch row's last is among them, which of them verify drafts)."""
+    sizes = counts + 1
+    stop = np.cumsum(sizes)
+    rows = np.arange(int(stop[-1])) + np.repeat(ends - counts - (stop - sizes), sizes)
+    drafts = np.ones(len(rows), dtype=bool)
+    drafts[stop - 1] = False
+    return rows, stop - 1, drafts
+
+
+def draft_rows(batch: InputBatch, spec: dict[str, list[int]], counts: np.ndarray, logits: torch.Tensor) -> DraftRows:
+    """The drafted rows, their drafts and their verifying logits ([sum of draft counts, V])."""
+    rows = np.flatnonzero(counts).tolist()
+    drafts = [spec[batch.states[r].req_id] for r in rows]  # type: ignore[union-attr]
+    return DraftRows(rows, drafts, logits)
+
+
+def roll_back(batch: InputBatch, counts: np.ndarray | None, produced: dict[int, int]) -> None:
+    """After the step's computed counts advanced over whole chunks: back over each drafted row's
+    rejected drafts (`produced`: the tokens each row got, accepted drafts plus one)."""
+    if counts is None:
+        return
+    for row, n in produced.items():
+        batch.num_computed_tokens[row] -= int(counts[row]) + 1 - n
+
+
+class Drafter:
+    """The proposer of a model runner and its switch (spec_decode/budget.py): after each step, drafts
+    for the rows that sampled, where drafting has been paying at this batch size."""
+
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.config = config
+        self.proposer = make_proposer(config)
+        self.switch = DraftSwitch()
+        self.drafting = False  # whether the drafts of the step being run were asked for
+
+    def propose(
+        self, batch: InputBatch, rows: Sequence[int], processors: Sequence[LogitsProcessor]
+    ) -> dict[str, list[int]]:
+        """Drafts for the rows that sampled whose sampling no logits processor touches; none where
+        the batch has disable_by_batch_size requests or more, or where the switch says drafts do not pay."""
+        limit = self.config.disable_by_batch_size
+        self.drafting = (limit is None or batch.num_reqs < limit) and self.switch.should_draft(batch.num_reqs)
+        if not self.drafting:
+            return {}
+        out: dict[str, list[int]] = {}
+        for row in rows:
+            state = batch.states[row]
+            assert state is not None
+            if any(p.uses(state.sampling) for p in processors) or state.sampling.params.logprobs is not None:
+                continue
+            n = int(batch.num_tokens[row])
+            drafts = self.proposer.propose(batch.token_ids[row, :n], batch.max_model_len - n)
+            if drafts:
+                out[state.req_id] = drafts
+        return out
+
+    def record(self, num_rows: int, drafted: bool, num_tokens: int, seconds: float) -> None:
+        """A step's rows, whether it was asked to verify drafts, the tokens it produced and its time."""
+        self.switch.record_step(num_rows, drafted, num_tokens, seconds)
+
+
+def chunk_ends(sched: SchedulerOutput, batch: InputBatch) -> np.ndarray:
+    """Each row's last hidden row in the step's flattened batch."""
+    q = np.fromiter((sched.num_scheduled_tokens[r] for r in batch.req_ids), dtype=np.int64, count=batch.num_reqs)
+    return np.cumsum(q) - 1
