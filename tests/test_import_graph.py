@@ -39,6 +39,7 @@ FLOORS: dict[str, int] = {
     "worker": 3,
     "core": 2,
     "model": 2,
+    "spec_decode": 2,  # the proposers: the worker runs them, the engine's config validation names them
     "distributed": 1,
     # public types and process-wide settings, importable from every floor
     "config": LEAF,

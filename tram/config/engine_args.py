@@ -19,6 +19,7 @@ from tram.config.registry import (
     EXECUTOR_BACKENDS,
     GGUF_ACTIVATIONS,
     QUANTIZATION_METHODS,
+    SPECULATIVE_METHODS,
     STRUCTURED_OUTPUTS_BACKENDS,
 )
 from tram.config.speculative import parse_speculative_config
@@ -171,8 +172,10 @@ class EngineArgs(CliSettings):
     )
     speculative_config: dict[str, Any] | None = setting(
         None,
-        'speculative decoding, as a JSON object (vLLM\'s): {"method": "ngram", "num_speculative_tokens": 4, '
-        '"prompt_lookup_min": 2, "prompt_lookup_max": 4}',
+        "speculative decoding, as a JSON object (vLLM's), e.g. "
+        '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}; '
+        "method",
+        choices=SPECULATIVE_METHODS,
     )
 
     @classmethod
