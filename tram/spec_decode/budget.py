@@ -14,9 +14,9 @@ noticed. Speculation never changes a token (rejection_sampler.py), so the choice
 from __future__ import annotations
 
 DECAY = 0.97  # per step of the same batch size and side: the last ~30 carry most of the weight
-MIN_STEPS = 8  # steps each side runs at a batch size before the switch trusts its rate
-WARMUP_STEPS = 2  # a side's first steps at a batch size pay one-time costs: not counted
-SETTLED_STEPS = 32  # until the other side has this many, it is tried more often (explore_every / 4)
+MIN_STEPS = 4  # steps each side runs at a batch size before the switch trusts its rate
+WARMUP_STEPS = 1  # a side's first steps at a batch size pay one-time costs: not counted
+SETTLED_STEPS = 16  # until the other side has this many, it is tried more often (explore_every / 4)
 
 
 class DraftSwitch:
