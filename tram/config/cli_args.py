@@ -117,13 +117,7 @@ def _list_type(kind: type) -> typing.Callable[[str], list[Any]]:
 
     def parse(text: str) -> list[Any]:
         if text.lstrip().startswith("["):
-            try:
-                items = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise argparse.ArgumentTypeError(f"invalid JSON list {text!r}: {e}") from e
-            if not isinstance(items, list):
-                raise argparse.ArgumentTypeError(f"expected a JSON list, got {text!r}")
-            return [kind(item) for item in items]
+            return [kind(item) for item in _json(text, list, "list")]
         return [kind(text)]
 
     return parse
@@ -186,12 +180,17 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: typing.Colle
 
 def _json_object(text: str) -> dict[str, Any]:
     """A dict setting's flag: a JSON object (vLLM's `--speculative-config '{...}'`)."""
+    return _json(text, dict, "object")
+
+
+def _json(text: str, kind: type, what: str) -> Any:
+    """`text` parsed as JSON of type `kind` (argparse's error otherwise)."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"invalid JSON object {text!r}: {e}") from e
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+        raise argparse.ArgumentTypeError(f"invalid JSON {what} {text!r}: {e}") from e
+    if not isinstance(value, kind):
+        raise argparse.ArgumentTypeError(f"expected a JSON {what}, got {text!r}")
     return value
 
 
