@@ -146,7 +146,6 @@ def test_requests_with_logits_processors_are_served_undrafted(llm, spec, copy_pr
     processed = [
         SamplingParams(temperature=0, max_tokens=40, repetition_penalty=1.3),
         SamplingParams(temperature=0, max_tokens=40, frequency_penalty=0.5),
-        SamplingParams(temperature=0, max_tokens=40, logprobs=3),
         SamplingParams(temperature=0, max_tokens=40, min_tokens=40),  # drafted only past min_tokens
         SamplingParams(temperature=0, max_tokens=40, logit_bias={tok.encode(" ball")[-1]: -50.0}),
         SamplingParams(temperature=0, max_tokens=40, structured_outputs=StructuredOutputsParams(regex="( Tom had)+")),
@@ -155,10 +154,32 @@ def test_requests_with_logits_processors_are_served_undrafted(llm, spec, copy_pr
     before = _spec_counts(spec)
     got = spec.generate([prompt] * len(processed), processed, use_tqdm=False)
     assert _spec_counts(spec) == before, "a request a logits processor touches must not be drafted"
-    want = llm.generate([prompt] * len(processed), processed, use_tqdm=False)
-    _same(got, want)
-    assert got[2].outputs[0].logprobs == want[2].outputs[0].logprobs
+    _same(got, llm.generate([prompt] * len(processed), processed, use_tqdm=False))
     # The same prompt with plain greedy sampling beside them is drafted, and still unchanged.
     mixed = processed[:2] + [GREEDY]
     _same(spec.generate([prompt] * 3, mixed, use_tqdm=False), llm.generate([prompt] * 3, mixed, use_tqdm=False))
     assert _spec_counts(spec).num_accepted_tokens > (before.num_accepted_tokens if before else 0)
+
+
+def test_logprobs_of_accepted_drafts_are_those_of_plain_decoding(llm, spec, copy_prompts):
+    """A drafted request's logprobs come from the raw logits at each token's position, which the
+    one-token verification queries compute with plain decoding's kernels."""
+    params = [
+        SamplingParams(temperature=0, max_tokens=60, logprobs=3),
+        SamplingParams(temperature=0.8, seed=3, max_tokens=60, logprobs=0),
+        SamplingParams(temperature=0, max_tokens=60, logprobs=20, stop=[" the"]),
+    ]
+    prompts = copy_prompts[:3]
+    before = _spec_counts(spec)
+    got = spec.generate(prompts, params, use_tqdm=False)
+    want = llm.generate(prompts, params, use_tqdm=False)
+    _same(got, want)
+    assert _spec_counts(spec).num_accepted_tokens > (before.num_accepted_tokens if before else 0)
+    for g, w in zip(got, want):
+        rows_g, rows_w = g.outputs[0].logprobs, w.outputs[0].logprobs
+        assert len(rows_g) == len(rows_w) == len(g.outputs[0].token_ids)
+        for row_g, row_w in zip(rows_g, rows_w):
+            assert row_g.keys() == row_w.keys()
+            for tok in row_g:
+                assert row_g[tok].rank == row_w[tok].rank
+                assert row_g[tok].logprob == pytest.approx(row_w[tok].logprob, abs=1e-5)

@@ -25,7 +25,7 @@ from tram.worker.cuda_graph import DecodeGraphRunner
 from tram.worker.input_batch import CachedRequestState, InputBatch, advance_computed, apply_scheduler_output
 from tram.worker.kv_cache import allocate_kv_caches, bind_kv_cache_groups
 from tram.worker.memory_profiler import MemoryProfile, profile_cuda_memory, run_dummy_step
-from tram.worker.rejection_sampler import verify_drafts
+from tram.worker.rejection_sampler import DraftRows, verify_drafts
 from tram.worker.sampler import LogprobsTensors, Sampler, compute_token_logprobs
 from tram.worker.sampling_metadata import SamplingMetadata
 from tram.worker.spec_step import Drafter, chunk_ends, draft_rows, logits_rows, roll_back, write_drafts
@@ -266,7 +266,27 @@ class ModelRunner:
             out.spec_token_ids = self.drafter.propose(batch, row_list, meta.processors)
         if result.logprobs is not None:
             self._logprobs(result.logprobs, row_list, out)
+            if d is not None:
+                self._draft_logprobs(d, produced, meta.max_num_logprobs or 0, out)
         return {row: len(got) for row, got in produced.items()}
+
+    def _draft_logprobs(self, d: DraftRows, produced: dict[int, list[int]], num: int, out: ModelRunnerOutput) -> None:
+        """A drafted row's logprobs: a row per token it got, from the raw logits of that token's position
+        (a draft's, or past the last draft for the bonus token)."""
+        start = 0
+        for i, row in enumerate(d.rows):
+            drafts, got = d.drafts[i], produced[row]
+            state = self.input_batch.states[row]
+            assert state is not None and d.last_logits is not None
+            k = state.sampling.params.logprobs
+            if k is not None:
+                n = min(len(got), len(drafts))
+                raw = torch.cat([d.logits[start : start + n], d.last_logits[i : i + 1][: len(got) - n]])
+                targets = torch.tensor(got, device=raw.device)
+                ids, lps, ranks = compute_token_logprobs(raw, targets, num).tolists()
+                cols = len(ids[0]) if k < 0 else k + 1
+                out.logprobs[state.req_id] = LogprobsLists([r[:cols] for r in ids], [r[:cols] for r in lps], ranks)
+            start += len(drafts)
 
     def _logprobs(self, logprobs: LogprobsTensors, row_list: list[int], out: ModelRunnerOutput) -> None:
         ids, lps, ranks = logprobs.tolists()

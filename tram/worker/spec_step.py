@@ -87,7 +87,7 @@ class Drafter:
         for row in rows:
             state = batch.states[row]
             assert state is not None
-            if any(p.uses(state.sampling) for p in processors) or state.sampling.params.logprobs is not None:
+            if any(p.uses(state.sampling) for p in processors):
                 continue
             n = int(batch.num_tokens[row])
             drafts = self.proposer.propose(batch.token_ids[row, :n], batch.max_model_len - n)
