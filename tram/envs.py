@@ -95,6 +95,13 @@ _DECLARED = (
         _on_unless_0,
     ),
     EnvVar(
+        "TRAM_SPEC_DRAFT_SWITCH",
+        True,
+        "0 verifies the proposer's drafts at every batch size (no switching to plain decoding where drafting "
+        "measured slower); the tests use it so that drafting never depends on timing",
+        _on_unless_0,
+    ),
+    EnvVar(
         "TRAM_CPU_MALLOC_TUNING",
         True,
         "0 keeps glibc's malloc thresholds (no mallopt tuning in the worker)",
@@ -197,6 +204,7 @@ if TYPE_CHECKING:  # what attribute access returns, for type checkers
     TRAM_CPU_PAIR_LINEAR: bool
     TRAM_CPU_PAIR_COPIES: float
     TRAM_GGUF_REPACK: bool
+    TRAM_SPEC_DRAFT_SWITCH: bool
     TRAM_CPU_MALLOC_TUNING: bool
     TRAM_CPU_KVCACHE_SPACE: float | None
     VLLM_CPU_KVCACHE_SPACE: float | None

@@ -189,9 +189,10 @@ def test_latency_refuses_a_prompt_past_the_model_length(stories_path: str) -> No
         run_latency(args)
 
 
-def test_throughput_speculation_on_the_copy_workload(stories_path: str) -> None:
+def test_throughput_speculation_on_the_copy_workload(stories_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """tram-spec beside tram on prompts the model's own stories make: the same tokens, the ratio and
     the acceptance reported."""
+    monkeypatch.setenv("TRAM_SPEC_DRAFT_SWITCH", "0")  # drafts whatever the timing
     args = _args(
         add_throughput_args,
         [

@@ -169,8 +169,9 @@ def test_one_rank_in_its_own_process_matches_in_process(stories_path: str, one_r
         llm.llm_engine.engine_core.shutdown()
 
 
-def test_speculative_decoding_across_ranks(stories_path: str, one_rank: LLM):
+def test_speculative_decoding_across_ranks(stories_path: str, one_rank: LLM, monkeypatch: pytest.MonkeyPatch):
     """Every rank verifies the same drafts and keeps the same tokens: greedy output is one rank's."""
+    monkeypatch.setenv("TRAM_SPEC_DRAFT_SWITCH", "0")  # drafts whatever the timing
     ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 3}
     llm = LLM(stories_path, tensor_parallel_size=2, max_num_seqs=16, max_model_len=MAX_LEN, speculative_config=ngram)
     try:

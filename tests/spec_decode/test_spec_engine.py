@@ -17,8 +17,17 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
 GREEDY = SamplingParams(temperature=0, max_tokens=80)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _drafts_whatever_the_timing():
+    """Whether speculation pays at a batch size is measured (spec_decode/budget.py, tested on its own);
+    a test that must see drafts verified cannot depend on timing."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRAM_SPEC_DRAFT_SWITCH", "0")
+        yield
+
+
 @pytest.fixture(scope="module")
-def spec_llm() -> LLM:
+def spec_llm(_drafts_whatever_the_timing) -> LLM:
     return LLM(STORIES, max_num_seqs=64, speculative_config=NGRAM)
 
 

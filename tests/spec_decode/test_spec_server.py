@@ -13,7 +13,7 @@ from server_pool import ServerSpec, pool_server
 from server_utils import RemoteServer, module_client, shared_server
 
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
-SERVER = ServerSpec(STORIES, ("--speculative-config", NGRAM))
+SERVER = ServerSpec(STORIES, ("--speculative-config", NGRAM), (("TRAM_SPEC_DRAFT_SWITCH", "0"),))
 SERVERS = (SERVER,)  # started a module ahead (server_pool.py)
 OPENING = "Once upon a time"
 

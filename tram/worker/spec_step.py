@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+import tram.envs as envs
 from tram.config.speculative import SpeculativeConfig
 from tram.core.sched_output import SchedulerOutput
 from tram.spec_decode import make_proposer
@@ -71,7 +72,7 @@ class Drafter:
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
         self.proposer = make_proposer(config)
-        self.switch = DraftSwitch()
+        self.switch = DraftSwitch() if envs.TRAM_SPEC_DRAFT_SWITCH else None
         self.drafting = False  # whether the drafts of the step being run were asked for
 
     def propose(
@@ -80,7 +81,9 @@ class Drafter:
         """Drafts for the rows that sampled whose sampling no logits processor touches; none where
         the batch has disable_by_batch_size requests or more, or where the switch says drafts do not pay."""
         limit = self.config.disable_by_batch_size
-        self.drafting = (limit is None or batch.num_reqs < limit) and self.switch.should_draft(batch.num_reqs)
+        self.drafting = (limit is None or batch.num_reqs < limit) and (
+            self.switch is None or self.switch.should_draft(batch.num_reqs)
+        )
         if not self.drafting:
             return {}
         out: dict[str, list[int]] = {}
@@ -97,7 +100,8 @@ class Drafter:
 
     def record(self, num_rows: int, drafted: bool, num_tokens: int, seconds: float) -> None:
         """A step's rows, whether it was asked to verify drafts, the tokens it produced and its time."""
-        self.switch.record_step(num_rows, drafted, num_tokens, seconds)
+        if self.switch is not None:
+            self.switch.record_step(num_rows, drafted, num_tokens, seconds)
 
 
 def chunk_ends(sched: SchedulerOutput, batch: InputBatch) -> np.ndarray:
