@@ -25,21 +25,22 @@ from pathlib import Path
 
 TRAM = Path(__file__).resolve().parents[1] / "tram"
 
-TOP, LEAF = 7, 0
+TOP, LEAF = 8, 0
 FLOORS: dict[str, int] = {
     # tools above everything: the public package, the CLI, the offline LLM, `tram bench`
     "tram": TOP,
     "__main__": TOP,
     "entrypoints": TOP,
     "bench": TOP,
-    "server": 6,
-    "engine": 5,
-    "executor": 4,
-    "structured_output": 4,
-    "worker": 3,
+    "server": 7,
+    "engine": 6,
+    "executor": 5,
+    "structured_output": 5,
+    "worker": 4,
+    # the proposers: the worker runs them (a draft model is a model), the engine's config names them
+    "spec_decode": 3,
     "core": 2,
     "model": 2,
-    "spec_decode": 2,  # the proposers: the worker runs them, the engine's config validation names them
     "distributed": 1,
     # public types and process-wide settings, importable from every floor
     "config": LEAF,

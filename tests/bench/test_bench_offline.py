@@ -14,6 +14,7 @@ from tram.bench import presets
 from tram.bench.datasets import make_requests, parse_range, random_requests, text_file_requests, workload_summary
 from tram.bench.latency import add_latency_args, run_latency
 from tram.bench.throughput import add_throughput_args, run_throughput
+from tram.bench.truncated_draft import write_truncated_draft
 
 
 def test_parse_range() -> None:
@@ -189,10 +190,20 @@ def test_latency_refuses_a_prompt_past_the_model_length(stories_path: str) -> No
         run_latency(args)
 
 
-def test_throughput_speculation_on_the_copy_workload(stories_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """tram-spec beside tram on prompts the model's own stories make: the same tokens, the ratio and
-    the acceptance reported."""
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_throughput_speculation_on_the_copy_workload(
+    stories_path: str, monkeypatch: pytest.MonkeyPatch, tmp_path, method: str
+) -> None:
+    """tram-spec beside tram on prompts the model's own stories make: the same tokens, the ratio, the
+    acceptance, and the speed-up that acceptance allows in theory (a draft model's cost counted)."""
     monkeypatch.setenv("TRAM_SPEC_DRAFT_SWITCH", "0")  # drafts whatever the timing
+    spec = []
+    if method == "draft_model":
+        draft = write_truncated_draft(stories_path, 4, tmp_path)
+        spec = [
+            "--speculative-config",
+            json.dumps({"method": method, "model": str(draft), "num_speculative_tokens": 4}),
+        ]
     args = _args(
         add_throughput_args,
         [
@@ -211,6 +222,7 @@ def test_throughput_speculation_on_the_copy_workload(stories_path: str, monkeypa
             "1",
             "--kv-cache-memory-bytes",
             str(8 << 20),
+            *spec,
         ],
     )
     report = run_throughput(args)
@@ -219,7 +231,11 @@ def test_throughput_speculation_on_the_copy_workload(stories_path: str, monkeypa
     assert report["ratios"]["tram-spec/tram"] == pytest.approx(
         by["tram-spec"]["output_tokens_per_s"] / by["tram"]["output_tokens_per_s"]
     )
-    spec = by["tram-spec"]["info"]["spec_decoding"]
-    assert spec["num_accepted_tokens"] > 0 and 1 < spec["mean_acceptance_length"] <= 5
+    got = by["tram-spec"]["info"]["spec_decoding"]
+    assert got["num_accepted_tokens"] > 0 and 1 < got["mean_acceptance_length"] <= 5
+    # n-gram lookup costs nothing beside the target; the draft keeps 4 of its 5 layers' weights and the
+    # shared embedding: between 0.8 and 1 of the target's bytes.
+    assert got["draft_cost"] == 0 if method == "ngram" else 0.8 < got["draft_cost"] < 1
+    assert got["theoretical_speedup"] == pytest.approx(got["mean_acceptance_length"] / (1 + 4 * got["draft_cost"]))
     prompts = report["workload"]["prompt_tokens"]
     assert prompts > report["workload"]["output_tokens"], "each prompt holds the story its output retells"

@@ -184,11 +184,17 @@ ops = st.lists(
     caching=st.booleans(),
     seed=st.integers(0, 2**16),
     spec=st.booleans(),
+    lookahead=st.sampled_from([0, 3]),
 )
-def test_any_add_step_abort_sequence_leaks_no_block(ops, num_blocks, block_size, budget, max_seqs, caching, seed, spec):
-    """Speculative decoding's lookahead slots and rolled-back counts included (`spec`)."""
+def test_any_add_step_abort_sequence_leaks_no_block(
+    ops, num_blocks, block_size, budget, max_seqs, caching, seed, spec, lookahead
+):
+    """Speculative decoding's drafts and rolled-back counts included (`spec`), and a draft model's
+    lookahead slots (`lookahead`)."""
     max_model_len = min(num_blocks * block_size, 64)
-    sched = Scheduler(SchedulerConfig(max_seqs, budget, max_model_len), CacheConfig(block_size, num_blocks, caching))
+    sched = Scheduler(
+        SchedulerConfig(max_seqs, budget, max_model_len, lookahead), CacheConfig(block_size, num_blocks, caching)
+    )
     rng = random.Random(seed)
     prefixes = [[rng.randrange(3, 50) for _ in range(40)] for _ in range(4)]
     counter = 0
@@ -216,6 +222,21 @@ def test_any_add_step_abort_sequence_leaks_no_block(ops, num_blocks, block_size,
     assert counts["in_use"] == 0
     assert sched.kv_cache_manager.pool.num_free_blocks == num_blocks
     assert not sched.kv_cache_manager.groups[0].req_blocks
+
+
+def test_lookahead_slots_cover_a_draft_models_proposals_up_to_the_context():
+    """A step that samples gets blocks for num_lookahead_tokens slots past its tokens, never past
+    max_model_len; a prompt chunk that does not reach the end gets none."""
+    sched = Scheduler(SchedulerConfig(4, 16, 40, num_lookahead_tokens=4), CacheConfig(4, 64, False))
+    sched.add_request(make_request("whole", list(range(3, 13)), 30, 40))  # 10 tokens: 14 slots, 4 blocks
+    sched.add_request(make_request("chunked", list(range(3, 23)), 30, 40))  # 20 tokens; 6 fit the budget
+    sched.schedule()
+    blocks = sched.kv_cache_manager.get_block_ids
+    assert len(blocks("whole")[0]) == 4 and len(blocks("chunked")[0]) == 2
+    sched = Scheduler(SchedulerConfig(4, 64, 40, num_lookahead_tokens=4), CacheConfig(4, 64, False))
+    sched.add_request(make_request("edge", list(range(3, 41)), 30, 40))  # 38 tokens: 40 slots at most
+    sched.schedule()
+    assert len(sched.kv_cache_manager.get_block_ids("edge")[0]) == 10
 
 
 def test_core_imports_without_torch():

@@ -11,6 +11,7 @@ from conftest import STORIES_EOS, assert_no_leak, hf_greedy, hf_logprobs
 from hf_models import make_hf_model_dir
 
 from tram import LLM, SamplingParams
+from tram.bench.truncated_draft import write_truncated_draft
 
 PROMPTS = ["Once upon a time", "Tom and his dog", "The little bird", "Lily wanted to", "One day, a big"]
 MAX_LEN = 128
@@ -169,11 +170,21 @@ def test_one_rank_in_its_own_process_matches_in_process(stories_path: str, one_r
         llm.llm_engine.engine_core.shutdown()
 
 
-def test_speculative_decoding_across_ranks(stories_path: str, one_rank: LLM, monkeypatch: pytest.MonkeyPatch):
-    """Every rank verifies the same drafts and keeps the same tokens: greedy output is one rank's."""
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_speculative_decoding_across_ranks(
+    stories_path: str, one_rank: LLM, monkeypatch: pytest.MonkeyPatch, tmp_path, method: str
+):
+    """Every rank verifies the same drafts and keeps the same tokens: greedy output is one rank's. A
+    draft model is split over the ranks as its target is, its K/V beside the target's on each."""
     monkeypatch.setenv("TRAM_SPEC_DRAFT_SWITCH", "0")  # drafts whatever the timing
-    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 3}
-    llm = LLM(stories_path, tensor_parallel_size=2, max_num_seqs=16, max_model_len=MAX_LEN, speculative_config=ngram)
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 3}
+    if method == "draft_model":
+        spec = {
+            "method": method,
+            "model": str(write_truncated_draft(stories_path, 4, tmp_path)),
+            "num_speculative_tokens": 3,
+        }
+    llm = LLM(stories_path, tensor_parallel_size=2, max_num_seqs=16, max_model_len=MAX_LEN, speculative_config=spec)
     try:
         # A story the model told, then its opening again: the continuation retells it, so drafts hold.
         told = one_rank.generate(PROMPTS[:3], SamplingParams(temperature=0, max_tokens=40), use_tqdm=False)

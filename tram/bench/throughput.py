@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -27,6 +28,7 @@ from tram.bench.datasets import BenchRequest, make_requests, workload_summary
 from tram.bench.hf_backends import GenerateFn, hf_cb_backend, hf_static_backend
 from tram.bench.presets import checkpoint_for
 from tram.bench.report import machine_info, machine_summary, thread_settings, write_json
+from tram.bench.spec_report import draft_cost, spec_line, spec_summary, theoretical_speedup
 from tram.config.engine import KV_CACHE_DTYPES
 from tram.executor.cpu_threads import environment
 
@@ -151,8 +153,6 @@ def tram_llm(
     model: str, args: argparse.Namespace, max_num_seqs: int, enable_prefix_caching: bool, spec: str | None = None
 ) -> Any:
     """Tram's offline `LLM` with the engine flags of `add_engine_flags` (and speculative decoding)."""
-    import json
-
     from tram import LLM
 
     with environment({"TRAM_CPU_THREADS": str(args.threads)}):  # --threads decides, not the LLM's default
@@ -265,32 +265,17 @@ def run_backend(
     seconds = time.perf_counter() - start
     info = {"threads": thread_settings()} if name.startswith("tram") else {}
     if stats and stats().spec_decoding is not None:
-        info["spec_decoding"] = spec_summary(before, stats().spec_decoding)
+        info["spec_decoding"] = summary = spec_summary(before, stats().spec_decoding)
+        spec = getattr(args, "speculative_config", None) or DEFAULT_SPEC
+        summary["draft_cost"] = draft_cost(model, spec)
+        k = json.loads(spec)["num_speculative_tokens"]
+        summary["theoretical_speedup"] = theoretical_speedup(summary, k, summary["draft_cost"])
     del generate, stats
     gc.collect()
     summary = workload_summary(requests)
     return ThroughputResult(
         name, len(requests), summary["prompt_tokens"], sum(map(len, outputs)), seconds, info=info
     ), outputs
-
-
-def spec_summary(before: Any, after: Any) -> dict[str, Any]:
-    """The timed run's drafts: acceptance rate, mean acceptance length, acceptance per position."""
-    b = before or type(after)()
-    drafts, tokens = after.num_drafts - b.num_drafts, after.num_draft_tokens - b.num_draft_tokens
-    accepted = after.num_accepted_tokens - b.num_accepted_tokens
-    per_pos = [
-        (n - (b.accepted_per_pos[i] if i < len(b.accepted_per_pos) else 0)) / max(drafts, 1)
-        for i, n in enumerate(after.accepted_per_pos)
-    ]
-    return {
-        "num_drafts": drafts,
-        "num_draft_tokens": tokens,
-        "num_accepted_tokens": accepted,
-        "acceptance_rate": accepted / tokens if tokens else 0.0,
-        "mean_acceptance_length": 1 + accepted / drafts if drafts else 0.0,
-        "acceptance_per_position": per_pos,
-    }
 
 
 def best_runs(results: list[ThroughputResult]) -> dict[str, ThroughputResult]:
@@ -331,11 +316,7 @@ def print_report(results: list[ThroughputResult], outputs: dict[str, list[list[i
         s = spec.info.get("spec_decoding", {})
         same = sum(a == b for a, b in zip(outputs["tram"], outputs["tram-spec"]))
         print(f"tram-spec vs tram: greedy outputs identical for {same}/{len(outputs['tram'])} requests")
-        print(
-            f"speculation: tram-spec / tram = {ratios['tram-spec/tram']:.2f}x output tokens/s; acceptance rate "
-            f"{s.get('acceptance_rate', 0):.2f}, mean acceptance length {s.get('mean_acceptance_length', 0):.2f}, "
-            f"per position {', '.join(f'{r:.2f}' for r in s.get('acceptance_per_position', []))}"
-        )
+        print(spec_line(s, ratios["tram-spec/tram"]))
     peers = [best[n] for n in ALIASES["vllm"] if n in best]
     if tram is not None and peers:
         peer = max(peers, key=lambda r: r.output_tokens_per_s)

@@ -46,6 +46,9 @@ class SchedulerConfig:
     max_num_seqs: int = EngineArgs.max_num_seqs
     max_num_batched_tokens: int = default_token_budget(EngineArgs.max_num_seqs)
     max_model_len: int = FALLBACK_MAX_MODEL_LEN
+    # Slots past a request's scheduled tokens that its blocks must cover: a draft model writes the
+    # K/V of the tokens it proposes there (speculative decoding), before the next step verifies them.
+    num_lookahead_tokens: int = 0
 
 
 @dataclass
@@ -111,5 +114,9 @@ class EngineConfig:
 
     def for_workers(self) -> EngineConfig:
         """What the engine sends its worker processes: the model's config as a snapshot
-        (ModelConfig.for_workers), so that a worker need not import transformers to read it."""
-        return dataclasses.replace(self, model_config=self.model_config.for_workers())
+        (ModelConfig.for_workers), so that a worker need not import transformers to read it; a
+        draft model's config likewise."""
+        spec = self.speculative_config
+        if spec is not None and spec.draft_model_config is not None:
+            spec = dataclasses.replace(spec, draft_model_config=spec.draft_model_config.for_workers())
+        return dataclasses.replace(self, model_config=self.model_config.for_workers(), speculative_config=spec)

@@ -9,7 +9,7 @@ only checks the numbers, so that every refusal is one line at start.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tram.config.registry import SPECULATIVE_METHODS
@@ -26,6 +26,9 @@ class SpeculativeConfig:
     disable_by_batch_size: with this many requests running or more, a step drafts nothing: a large
     batch's verification costs more than the tokens it saves (vLLM's setting of the same name).
     None: the proposer's own default (spec_decode decides it from the step's shape).
+
+    model: the draft model's checkpoint (draft_model), which the engine reads at start into
+    draft_model_config (a ModelConfig: same dtype, device and context length as the target's).
     """
 
     method: str
@@ -33,9 +36,11 @@ class SpeculativeConfig:
     prompt_lookup_min: int = DEFAULT_PROMPT_LOOKUP
     prompt_lookup_max: int = DEFAULT_PROMPT_LOOKUP
     disable_by_batch_size: int | None = None
+    model: str | None = None
+    draft_model_config: Any = field(default=None, repr=False, compare=False)
 
 
-_KEYS = {f.name for f in fields(SpeculativeConfig)}
+_KEYS = {f.name for f in fields(SpeculativeConfig)} - {"draft_model_config"}
 
 
 def parse_speculative_config(value: dict[str, Any] | str | SpeculativeConfig | None) -> SpeculativeConfig | None:
@@ -67,7 +72,10 @@ def parse_speculative_config(value: dict[str, Any] | str | SpeculativeConfig | N
     disable = _int(value, "disable_by_batch_size", None)
     if disable is not None and disable < 1:
         raise ValueError(f"speculative_config disable_by_batch_size must be positive, got {disable}")
-    return SpeculativeConfig(method, k, low, high, disable)
+    model = value.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ValueError(f"speculative_config model must be a path or a Hugging Face name, got {model!r}")
+    return SpeculativeConfig(method, k, low, high, disable, model)
 
 
 def _int(value: dict[str, Any], key: str, default: int | None) -> int | None:

@@ -108,18 +108,24 @@ class KVCacheManager:
         return shared, n * self.block_size  # type: ignore[return-value]
 
     def allocate_slots(
-        self, request: Request, num_new_tokens: int, new_computed_blocks: GroupBlocks | None = None
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: GroupBlocks | None = None,
+        num_lookahead_tokens: int = 0,
     ) -> GroupBlocks | None:
         """Reserve room for `num_new_tokens` more tokens after the computed ones (and any new
-        computed blocks); return the newly allocated blocks per group, or None if the pool cannot
-        serve it. Blocks a sliding window no longer sees go back to the pool first."""
+        computed blocks), and `num_lookahead_tokens` slots past them (a draft model's proposals);
+        return the newly allocated blocks per group, or None if the pool cannot serve it. Blocks a
+        sliding window no longer sees go back to the pool first."""
         computed = new_computed_blocks or self.empty_blocks()
         rid = request.request_id
         for group in self.groups:
             group.remove_skipped_blocks(rid, request.num_computed_tokens)
         total_tokens = request.num_computed_tokens + len(computed[0]) * self.block_size + num_new_tokens
+        slots = total_tokens + num_lookahead_tokens
         num_new_blocks = sum(
-            group.num_blocks_to_allocate(rid, total_tokens, blocks) for group, blocks in zip(self.groups, computed)
+            group.num_blocks_to_allocate(rid, slots, blocks) for group, blocks in zip(self.groups, computed)
         )
         # Hit blocks sitting in the free queue stop being allocatable once we reference them.
         hits = {b.block_id: b for blocks in computed for b in blocks if b is not self.pool.null_block}
@@ -130,7 +136,7 @@ class KVCacheManager:
             return None
         for group, blocks in zip(self.groups, computed):
             group.take_hits(rid, blocks)
-        new_blocks = [group.allocate_new(rid, total_tokens) for group in self.groups]
+        new_blocks = [group.allocate_new(rid, slots) for group in self.groups]
         if self.enable_caching:
             num_full = min(total_tokens, request.num_tokens) // self.block_size
             if num_full:

@@ -17,7 +17,7 @@ import time
 from collections import deque
 
 from tram.config import CacheConfig, SchedulerConfig
-from tram.core.kv_cache_manager import KVCacheManager
+from tram.core.kv_cache_manager import GroupBlocks, KVCacheManager
 from tram.core.outputs import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from tram.core.request import Request, RequestStatus
 from tram.core.sched_output import (
@@ -114,7 +114,7 @@ class Scheduler:
             assert num_new > 0, f"running request with nothing to compute: {req}"
             drafts = self._drafts(req, num_new, budget)
             num_new += len(drafts)
-            new_blocks = self.kv_cache_manager.allocate_slots(req, num_new)
+            new_blocks = self._allocate(req, num_new)
             while new_blocks is None:
                 victim = self._pick_victim(i)  # newest first; never one already scheduled or in flight
                 if victim is None:
@@ -123,7 +123,7 @@ class Scheduler:
                 preempted = True
                 if victim is req:
                     break
-                new_blocks = self.kv_cache_manager.allocate_slots(req, num_new)
+                new_blocks = self._allocate(req, num_new)
             if new_blocks is None:
                 break
             out.scheduled_cached_reqs.append(
@@ -135,6 +135,15 @@ class Scheduler:
             budget -= num_new
             i += 1
         return budget, preempted
+
+    def _allocate(self, req: Request, num_new: int, computed_blocks: GroupBlocks | None = None) -> GroupBlocks | None:
+        """Blocks for the step's tokens, and for a draft model's lookahead where the step samples
+        (never past the context)."""
+        end = req.num_computed_tokens + num_new + (len(computed_blocks[0]) * self.block_size if computed_blocks else 0)
+        lookahead = 0
+        if self.config.num_lookahead_tokens and end >= req.num_tokens:
+            lookahead = max(0, min(self.config.num_lookahead_tokens, self.config.max_model_len - end))
+        return self.kv_cache_manager.allocate_slots(req, num_new, computed_blocks, lookahead)
 
     @staticmethod
     def _drafts(req: Request, num_new: int, budget: int) -> list[int]:
@@ -179,7 +188,7 @@ class Scheduler:
                 continue
             computed_blocks, num_hit = self._find_computed_blocks(req)
             num_new = min(req.num_tokens - num_hit, budget)
-            new_blocks = self.kv_cache_manager.allocate_slots(req, num_new, computed_blocks)
+            new_blocks = self._allocate(req, num_new, computed_blocks)
             if new_blocks is None:
                 break
             self.waiting.popleft()

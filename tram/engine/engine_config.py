@@ -9,6 +9,7 @@ API server process resolves the config without torch.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import tram.spec_decode  # noqa: F401 - registers the proposers
@@ -24,6 +25,8 @@ from tram.model.choices import check_model_files, check_sliding_window, checkpoi
 from tram.model.gguf.file import is_gguf
 from tram.model.hub import config_reader, resolve_model_path
 from tram.model.quant.check import check_quantization
+from tram.model.spec import layer_sliding_windows
+from tram.spec_decode import MODEL_METHODS
 
 
 def create_engine_config(args: EngineArgs) -> EngineConfig:
@@ -34,6 +37,8 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     check_model_files(model_path, args.tensor_parallel_size)
     model_config = _model_config(args, model_path)
     max_model_len = model_config.max_model_len
+    speculative_config = _speculative_config(args, model_config)
+    lookahead = speculative_config.num_speculative_tokens if _drafts_with_a_model(speculative_config) else 0
     return EngineConfig(
         model_config=model_config,
         cache_config=CacheConfig(
@@ -44,7 +49,10 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
             hybrid_kv_cache=not args.disable_hybrid_kv_cache_manager,
         ),
         scheduler_config=SchedulerConfig(
-            args.max_num_seqs, args.max_num_batched_tokens or default_token_budget(args.max_num_seqs), max_model_len
+            args.max_num_seqs,
+            args.max_num_batched_tokens or default_token_budget(args.max_num_seqs),
+            max_model_len,
+            lookahead,
         ),
         tokenizer=args.tokenizer or model_path,
         revision=args.revision,
@@ -59,7 +67,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         structured_outputs_compile_timeout=args.structured_outputs_compile_timeout,
         structured_outputs_disable_any_whitespace=args.structured_outputs_disable_any_whitespace,
         parallel_config=_parallel_config(args, model_config.hf_config),
-        speculative_config=_speculative_config(args),
+        speculative_config=speculative_config,
     )
 
 
@@ -116,13 +124,52 @@ def _parallel_config(args: EngineArgs, hf_config: Any) -> ParallelConfig:
     )
 
 
-def _speculative_config(args: EngineArgs) -> SpeculativeConfig | None:
-    """The proposer's settings; pipeline stages take no drafts (only the last stage samples, and a
-    step's rejected tokens would have to reach every stage)."""
+def _speculative_config(args: EngineArgs, target: ModelConfig) -> SpeculativeConfig | None:
+    """The proposer's settings, a draft model's config read and checked against the target's;
+    pipeline stages take no drafts (only the last stage samples, and a step's rejected tokens would
+    have to reach every stage)."""
     spec = parse_speculative_config(args.speculative_config)
-    if spec is not None and args.pipeline_parallel_size > 1:
+    if spec is None:
+        return None
+    if args.pipeline_parallel_size > 1:
         raise ValueError("speculative decoding does not run with pipeline_parallel_size > 1")
-    return spec
+    if spec.method not in MODEL_METHODS:
+        if spec.model is not None:
+            raise ValueError(f"speculative_config method {spec.method!r} takes no model")
+        return spec
+    if spec.model is None:
+        raise ValueError(f"speculative_config method {spec.method!r} needs a model: the draft checkpoint")
+    return dataclasses.replace(spec, draft_model_config=_draft_model_config(args, spec.model, target))
+
+
+def _drafts_with_a_model(spec: SpeculativeConfig | None) -> bool:
+    return spec is not None and spec.draft_model_config is not None
+
+
+def _draft_model_config(args: EngineArgs, model: str, target: ModelConfig) -> ModelConfig:
+    """The draft's config: the target's dtype, device and context length. Its K/V sits in the
+    target's blocks (one block table for both), so neither may have a sliding window; and its
+    tokens are the target's, so the vocabularies must match."""
+    path = resolve_model_path(model, None, args.download_dir)
+    check_model_files(path, args.tensor_parallel_size)
+    draft_args = dataclasses.replace(
+        args, model=path, max_model_len=target.max_model_len, quantization=None, revision=None, tokenizer=None
+    )
+    try:
+        draft = _model_config(draft_args, path)
+    except ValueError as e:
+        raise ValueError(f"the draft model {model}: {e}") from e
+    got, want = int(draft.hf_config.vocab_size), int(target.hf_config.vocab_size)
+    if got != want:
+        raise ValueError(
+            f"the draft model's vocabulary ({got} tokens) is not the target's ({want}): "
+            "a draft must share its tokenizer"
+        )
+    for name, config in (("target", target), ("draft", draft)):
+        if any(w is not None for w in layer_sliding_windows(config.hf_config)):
+            raise ValueError(f"a draft model needs full attention in both models; the {name} has a sliding window")
+    check_tensor_parallel(draft.hf_config, args.tensor_parallel_size)
+    return draft
 
 
 def _generation_config_folder(args: EngineArgs, model_path: str) -> str | None:

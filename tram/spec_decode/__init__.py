@@ -18,6 +18,14 @@ SPECULATIVE_METHODS.add(
     "prompt lookup: the tokens that followed the latest earlier occurrence of the last n tokens",
     target="tram.spec_decode.ngram:NgramProposer",
 )
+SPECULATIVE_METHODS.add(
+    "draft_model",
+    "a smaller model with the target's tokenizer drafts greedily; its K/V sits in the target's blocks",
+    target="tram.spec_decode.draft_model:DraftModelProposer",
+)
+# The methods that run a model of their own (speculative_config's `model`): the engine reads its
+# config at start, and the scheduler keeps lookahead slots for the K/V of the tokens it proposes.
+MODEL_METHODS = frozenset({"draft_model"})
 
 
 def make_proposer(config: Any) -> Any:

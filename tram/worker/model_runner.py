@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -30,6 +31,9 @@ from tram.worker.sampler import LogprobsTensors, Sampler, compute_token_logprobs
 from tram.worker.sampling_metadata import SamplingMetadata
 from tram.worker.spec_step import Drafter, chunk_ends, draft_rows, logits_rows, roll_back, write_drafts
 from tram.worker.step_inputs import PromptLogprobsJob, StepBuffers, StepInputs, prepare_inputs
+
+if TYPE_CHECKING:
+    from tram.spec_decode.draft_model import DraftModelProposer
 
 logger = logging.getLogger(__name__)
 # Tokens in the CPU warm-up step: a long prompt, yet ~2.5 TFLOP for a 1B model, seconds on a small CPU.
@@ -95,7 +99,15 @@ class ModelRunner:
         """Bytes of one pool block on this rank: a block of every cache tensor (slot) it holds."""
         elem = torch.empty((), dtype=self.kv_cache_dtype).element_size()
         num_slots = len(self.kv_cache_layout.slots_of(self.stage_layers))
-        return 2 * num_slots * self.block_size * self.num_kv_heads * self.head_dim * elem
+        target = 2 * num_slots * self.block_size * self.num_kv_heads * self.head_dim * elem
+        draft = self._draft_model()
+        if draft is None:
+            return target
+        return target + 2 * draft.num_layers * self.block_size * draft.num_kv_heads * draft.head_dim * elem
+
+    def _draft_model(self) -> DraftModelProposer | None:
+        """The draft-model proposer, whose K/V shares the target's blocks (None: no such proposer)."""
+        return self.drafter.proposer if self.drafter is not None and self.drafter.batched else None
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.kv_caches = allocate_kv_caches(
@@ -106,6 +118,14 @@ class ModelRunner:
             self.kv_cache_dtype,
             self.device,
         )
+        draft = self._draft_model()
+        if draft is not None:  # one KV cache group, every layer in it (the engine refuses windows)
+            layout = plan_kv_cache_groups([None] * draft.num_layers)
+            shape = (self.block_size, draft.num_kv_heads, draft.head_dim)
+            caches = allocate_kv_caches(
+                layout, range(draft.num_layers), num_blocks, shape, self.kv_cache_dtype, self.device
+            )
+            draft.bind_kv_caches(caches, self.block_size)
         if self._use_cuda_graphs():
             self.capture_cuda_graphs()
         if self.device.type == "cpu":
@@ -184,6 +204,8 @@ class ModelRunner:
                 return ModelRunnerOutput()
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        if self.drafter is not None:
+            self.drafter.run_step(inputs)
         out = ModelRunnerOutput(sampled_token_ids={}, logprobs={}, prompt_logprobs={}, spec_token_ids={})
         produced: dict[int, int] = {}
         if inputs.sample_rows.any():

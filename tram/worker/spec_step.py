@@ -21,6 +21,7 @@ from tram.spec_decode.budget import DraftSwitch
 from tram.worker.input_batch import InputBatch
 from tram.worker.logits_processors import LogitsProcessor
 from tram.worker.rejection_sampler import DraftRows
+from tram.worker.step_inputs import StepInputs
 
 
 def write_drafts(batch: InputBatch, spec: dict[str, list[int]]) -> np.ndarray | None:
@@ -67,13 +68,19 @@ def roll_back(batch: InputBatch, counts: np.ndarray | None, produced: dict[int, 
 
 class Drafter:
     """The proposer of a model runner and its switch (spec_decode/budget.py): after each step, drafts
-    for the rows that sampled, where drafting has been paying at this batch size."""
+    for the rows that sampled, where drafting has been paying at this batch size. A proposer with a
+    model of its own (`batched`) also runs every step's inputs, keeping its K/V beside the target's."""
 
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
         self.proposer = make_proposer(config)
+        self.batched = getattr(self.proposer, "batched", False)
         self.switch = DraftSwitch() if envs.TRAM_SPEC_DRAFT_SWITCH else None
         self.drafting = False  # whether the drafts of the step being run were asked for
+
+    def run_step(self, inputs: StepInputs) -> None:
+        if self.batched:
+            self.proposer.run_step(inputs.input_ids, inputs.positions, inputs.meta)
 
     def propose(
         self, batch: InputBatch, rows: Sequence[int], processors: Sequence[LogitsProcessor]
@@ -86,17 +93,36 @@ class Drafter:
         )
         if not self.drafting:
             return {}
+        eligible = [r for r in rows if not any(p.uses(batch.states[r].sampling) for p in processors)]  # type: ignore[union-attr]
+        if self.batched:
+            return self._propose_batched(batch, eligible)
         out: dict[str, list[int]] = {}
-        for row in rows:
-            state = batch.states[row]
-            assert state is not None
-            if any(p.uses(state.sampling) for p in processors):
-                continue
+        for row in eligible:
             n = int(batch.num_tokens[row])
             drafts = self.proposer.propose(batch.token_ids[row, :n], batch.max_model_len - n)
             if drafts:
-                out[state.req_id] = drafts
+                out[batch.states[row].req_id] = drafts  # type: ignore[union-attr]
         return out
+
+    def _propose_batched(self, batch: InputBatch, rows: list[int]) -> dict[str, list[int]]:
+        """Every row's drafts from one proposer call: up to k each, none past the context."""
+        ends = batch.num_tokens[rows].astype(np.int64)
+        room = np.minimum(batch.max_model_len - ends, self.config.num_speculative_tokens)
+        keep = room > 0
+        if not keep.any():
+            return {}
+        rows, ends, room = [r for r, k in zip(rows, keep) if k], ends[keep], room[keep]
+        drafts = self.proposer.propose_batch(
+            batch.token_ids[rows, ends - 1],
+            ends - 1,
+            batch.block_table.groups[0].np[rows],
+            int(room.max()),
+            batch.max_model_len - 1,
+        )
+        return {
+            batch.states[r].req_id: drafts[i, : room[i]].tolist()  # type: ignore[union-attr]
+            for i, r in enumerate(rows)
+        }
 
     def record(self, num_rows: int, drafted: bool, num_tokens: int, seconds: float) -> None:
         """A step's rows, whether it was asked to verify drafts, the tokens it produced and its time."""

@@ -1,0 +1,89 @@
+"""The draft-model proposer: a smaller model with the target's tokenizer proposes the next k tokens
+greedily, one forward per token, for every drafted row at once.
+
+Its K/V lives in cache tensors of its own, at the same slots as the target's: one block table, one
+slot mapping, one computed count for both. The draft runs every step's inputs after the target
+(`run_step`), so whatever the target has computed (a prefill chunk, a prefix-cache hit another
+request computed, a recompute after preemption, the tokens of a verification step) the draft has
+too, and a rejected token's K/V is rolled back with the target's by the computed count alone. Its
+proposals write K/V past the scheduled tokens, into the lookahead slots the scheduler keeps
+(SchedulerConfig.num_lookahead_tokens); the next step writes the verified tokens over them.
+
+Greedy drafts are deterministic proposals: the rejection sampler accepts one with the target's own
+probability of it (worker/rejection_sampler.py), so output stays the target's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tram.config.speculative import SpeculativeConfig
+from tram.model.attention.base import AttentionMetadata
+from tram.model.loader import load_model
+from tram.model.registry import kv_cache_shape_info
+
+
+class DraftModelProposer:
+    """The draft model and its K/V caches (allocated by the worker, `bind_kv_caches`)."""
+
+    batched = True  # proposes for many rows in one call (`propose_batch`), not row by row
+
+    def __init__(self, config: SpeculativeConfig) -> None:
+        model_config = config.draft_model_config
+        assert model_config is not None, "the engine reads the draft model's config at start"
+        model_config.resolve()
+        self.model_config = model_config
+        self.device = model_config.torch_device
+        self.model = load_model(model_config)
+        self.num_layers, self.num_kv_heads, self.head_dim = kv_cache_shape_info(model_config.hf_config)
+        self.kv_caches: list[torch.Tensor] = []
+        self.block_size = 0
+
+    def bind_kv_caches(self, kv_caches: list[torch.Tensor], block_size: int) -> None:
+        """The draft's cache tensors, one per layer, over the pool's blocks."""
+        assert len(kv_caches) == self.num_layers
+        self.kv_caches, self.block_size = kv_caches, block_size
+
+    @torch.inference_mode()
+    def run_step(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> None:
+        """The target's step through the draft: its K/V at every slot the step writes."""
+        self.model(input_ids, positions, self.kv_caches, meta)
+
+    @torch.inference_mode()
+    def propose_batch(
+        self, last_tokens: np.ndarray, positions: np.ndarray, tables: np.ndarray, num: int, limit: int
+    ) -> np.ndarray:
+        """`num` greedy drafts for each row ([B, num]): row i's last token sits at positions[i], and
+        its blocks are tables[i]. No position past `limit` (the context's last) is written: a row
+        that reaches it keeps writing there, and its drafts past it are not asked for."""
+        tokens = torch.from_numpy(last_tokens.astype(np.int64)).to(self.device)
+        drafts = []
+        for j in range(num):
+            pos = np.minimum(positions + j, limit)
+            hidden = self.model(tokens, torch.from_numpy(pos).to(self.device), self.kv_caches, self._meta(pos, tables))
+            tokens = self.model.compute_logits(hidden).argmax(dim=-1)
+            drafts.append(tokens)
+        return torch.stack(drafts, dim=1).cpu().numpy()
+
+    def _meta(self, positions: np.ndarray, tables: np.ndarray) -> AttentionMetadata:
+        """One-token queries, one per row, at `positions`."""
+        bs, n = self.block_size, len(positions)
+        slots = tables[np.arange(n), positions // bs].astype(np.int64) * bs + positions % bs
+        seq_lens = positions + 1
+        width = -(-int(seq_lens.max()) // bs)
+
+        def dev(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a)).to(device=self.device, dtype=dtype)
+
+        return AttentionMetadata(
+            num_tokens=n,
+            slot_mapping=dev(slots, torch.int64),
+            query_start_loc=dev(np.arange(n + 1), torch.int32),
+            seq_lens=dev(seq_lens, torch.int32),
+            block_tables=dev(tables[:, :width], torch.int32),
+            query_lens_list=[1] * n,
+            seq_lens_list=seq_lens.tolist(),
+            max_query_len=1,
+            max_seq_len=int(seq_lens.max()),
+        )
