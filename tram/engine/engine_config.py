@@ -139,26 +139,40 @@ def _speculative_config(args: EngineArgs, target: ModelConfig) -> SpeculativeCon
         return spec
     if spec.model is None:
         raise ValueError(f"speculative_config method {spec.method!r} needs a model: the draft checkpoint")
-    return dataclasses.replace(spec, draft_model_config=_draft_model_config(args, spec.model, target))
+    return dataclasses.replace(spec, draft_model_config=_draft_model_config(args, spec.method, spec.model, target))
 
 
 def _drafts_with_a_model(spec: SpeculativeConfig | None) -> bool:
     return spec is not None and spec.draft_model_config is not None
 
 
-def _draft_model_config(args: EngineArgs, model: str, target: ModelConfig) -> ModelConfig:
-    """The draft's config: the target's dtype, device and context length. Its K/V sits in the
-    target's blocks (one block table for both), so neither may have a sliding window; and its
-    tokens are the target's, so the vocabularies must match."""
+def _draft_model_config(args: EngineArgs, method: str, model: str, target: ModelConfig) -> ModelConfig:
+    """The draft's config: the target's dtype, device and context length (a draft model must reach
+    it; an EAGLE head, which only extends the target's features, is stretched to it). Its K/V sits in
+    the target's blocks (one block table for both), so neither may have a sliding window; and its
+    tokens are the target's, so the vocabularies must match, and a head's width too (it reads the
+    target's embedding)."""
     path = resolve_model_path(model, None, args.download_dir)
     check_model_files(path, args.tensor_parallel_size)
+    head = method != "draft_model"
     draft_args = dataclasses.replace(
-        args, model=path, max_model_len=target.max_model_len, quantization=None, revision=None, tokenizer=None
+        args,
+        model=path,
+        max_model_len=None if head else target.max_model_len,
+        quantization=None,
+        revision=None,
+        tokenizer=None,
     )
     try:
         draft = _model_config(draft_args, path)
     except ValueError as e:
         raise ValueError(f"the draft model {model}: {e}") from e
+    draft.max_model_len = target.max_model_len
+    if head and int(draft.hf_config.hidden_size) != int(target.hf_config.hidden_size):
+        raise ValueError(
+            f"the {method} head's hidden_size ({draft.hf_config.hidden_size}) is not the target's "
+            f"({target.hf_config.hidden_size}): it was trained for another model"
+        )
     got, want = int(draft.hf_config.vocab_size), int(target.hf_config.vocab_size)
     if got != want:
         raise ValueError(

@@ -68,11 +68,12 @@ def safetensors_files(path: str) -> list[str]:
     return files
 
 
-def load_model(model_config: ModelConfig) -> nn.Module:
-    """Build the architecture's model on model_config.device in model_config.dtype and fill its weights."""
+def load_model(model_config: ModelConfig, cls: type[nn.Module] | None = None) -> nn.Module:
+    """Build the architecture's model (or `cls`: a speculative head, whose class its method names)
+    on model_config.device in model_config.dtype and fill its weights."""
     start = time.perf_counter()
     model_config.resolve()
-    cls = get_model_class(model_config.architecture)
+    cls = cls or get_model_class(model_config.architecture)
     backend = get_attention_backend(model_config.attention_backend)
     with torch.device("meta"):
         model = cls(model_config.hf_config, model_config.torch_dtype, backend)

@@ -23,9 +23,19 @@ SPECULATIVE_METHODS.add(
     "a smaller model with the target's tokenizer drafts greedily; its K/V sits in the target's blocks",
     target="tram.spec_decode.draft_model:DraftModelProposer",
 )
+SPECULATIVE_METHODS.add(
+    "eagle",
+    "an EAGLE head drafts from the target's last hidden states (its checkpoint: fc, layers.N)",
+    target="tram.spec_decode.eagle:EagleProposer",
+)
+SPECULATIVE_METHODS.add(
+    "eagle3",
+    "an EAGLE-3 head drafts from three of the target's layers (its checkpoint: fc, midlayer, d2t)",
+    target="tram.spec_decode.eagle:EagleProposer",
+)
 # The methods that run a model of their own (speculative_config's `model`): the engine reads its
 # config at start, and the scheduler keeps lookahead slots for the K/V of the tokens it proposes.
-MODEL_METHODS = frozenset({"draft_model"})
+MODEL_METHODS = frozenset({"draft_model", "eagle", "eagle3"})
 
 
 def make_proposer(config: Any) -> Any:

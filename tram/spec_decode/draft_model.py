@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from torch import nn
 
 from tram.config.speculative import SpeculativeConfig
 from tram.model.attention.base import AttentionMetadata
@@ -29,16 +30,19 @@ class DraftModelProposer:
 
     batched = True  # proposes for many rows in one call (`propose_batch`), not row by row
 
-    def __init__(self, config: SpeculativeConfig) -> None:
+    def __init__(self, config: SpeculativeConfig, model_class: type[nn.Module] | None = None) -> None:
         model_config = config.draft_model_config
         assert model_config is not None, "the engine reads the draft model's config at start"
         model_config.resolve()
         self.model_config = model_config
         self.device = model_config.torch_device
-        self.model = load_model(model_config)
+        self.model = load_model(model_config, model_class)
         self.num_layers, self.num_kv_heads, self.head_dim = kv_cache_shape_info(model_config.hf_config)
         self.kv_caches: list[torch.Tensor] = []
         self.block_size = 0
+
+    def attach(self, target: nn.Module) -> None:
+        """The target model it drafts for (a draft model needs nothing of it)."""
 
     def bind_kv_caches(self, kv_caches: list[torch.Tensor], block_size: int) -> None:
         """The draft's cache tensors, one per layer, over the pool's blocks."""
@@ -46,17 +50,23 @@ class DraftModelProposer:
         self.kv_caches, self.block_size = kv_caches, block_size
 
     @torch.inference_mode()
-    def run_step(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> None:
-        """The target's step through the draft: its K/V at every slot the step writes."""
+    def run_step(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, hidden: torch.Tensor
+    ) -> None:
+        """The target's step (and its hidden states) through the draft: its K/V at every slot the step writes."""
         self.model(input_ids, positions, self.kv_caches, meta)
+
+    def after_step(self, token_ids: np.ndarray, token_rows: np.ndarray, token_positions: np.ndarray) -> None:
+        """After the step's tokens were sampled (token_ids: the batch's, [rows, max_model_len]; the
+        step's tokens' batch rows and positions): nothing for a draft model."""
 
     @torch.inference_mode()
     def propose_batch(
-        self, last_tokens: np.ndarray, positions: np.ndarray, tables: np.ndarray, num: int, limit: int
+        self, rows: np.ndarray, last_tokens: np.ndarray, positions: np.ndarray, tables: np.ndarray, num: int, limit: int
     ) -> np.ndarray:
-        """`num` greedy drafts for each row ([B, num]): row i's last token sits at positions[i], and
-        its blocks are tables[i]. No position past `limit` (the context's last) is written: a row
-        that reaches it keeps writing there, and its drafts past it are not asked for."""
+        """`num` greedy drafts for each of the batch `rows` ([B, num]): row i's last token sits at
+        positions[i], and its blocks are tables[i]. No position past `limit` (the context's last) is
+        written: a row that reaches it keeps writing there, and its drafts past it are not asked for."""
         tokens = torch.from_numpy(last_tokens.astype(np.int64)).to(self.device)
         drafts = []
         for j in range(num):

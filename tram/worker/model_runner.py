@@ -79,6 +79,8 @@ class ModelRunner:
         self.drafter = None
         if speculative_config is not None:
             self.drafter = Drafter(speculative_config)
+            if self.drafter.batched:
+                self.drafter.proposer.attach(self.model)
             logger.info("Speculative decoding: %s", speculative_config)
         self.requests: dict[str, CachedRequestState] = {}
         self.input_batch = InputBatch(
@@ -153,6 +155,8 @@ class ModelRunner:
             and mc.attention_backend == "triton"
             and get_pp().size == 1
             and self.kv_cache_layout.num_groups == 1
+            # An EAGLE-3 head reads the target's aux hidden states, which a replay does not hand back.
+            and (self.drafter is None or self.drafter.config.method != "eagle3")
         )
 
     def capture_cuda_graphs(self, use_graphs: bool = True) -> None:
@@ -205,11 +209,13 @@ class ModelRunner:
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         if self.drafter is not None:
-            self.drafter.run_step(inputs)
+            self.drafter.run_step(inputs, hidden)
         out = ModelRunnerOutput(sampled_token_ids={}, logprobs={}, prompt_logprobs={}, spec_token_ids={})
         produced: dict[int, int] = {}
         if inputs.sample_rows.any():
             produced = self._sample(hidden, inputs, out, sched, num_drafts)
+        elif self.drafter is not None:
+            self.drafter.after_step(self.input_batch, inputs)
         for job in inputs.prompt_logprobs_jobs:
             out.prompt_logprobs[job.req_id] = self._prompt_logprobs(hidden, job)
         advance_computed(self.input_batch, sched)
@@ -285,6 +291,7 @@ class ModelRunner:
         for i in row_list:
             out.sampled_token_ids[batch.states[i].req_id] = chosen[i]  # type: ignore[union-attr]
         if self.drafter is not None:
+            self.drafter.after_step(batch, inputs)
             out.spec_token_ids = self.drafter.propose(batch, row_list, meta.processors)
         if result.logprobs is not None:
             self._logprobs(result.logprobs, row_list, out)

@@ -78,9 +78,15 @@ class Drafter:
         self.switch = DraftSwitch() if envs.TRAM_SPEC_DRAFT_SWITCH else None
         self.drafting = False  # whether the drafts of the step being run were asked for
 
-    def run_step(self, inputs: StepInputs) -> None:
+    def run_step(self, inputs: StepInputs, hidden: torch.Tensor) -> None:
+        """The target's step done: a proposer with a model runs it too (or keeps the features)."""
         if self.batched:
-            self.proposer.run_step(inputs.input_ids, inputs.positions, inputs.meta)
+            self.proposer.run_step(inputs.input_ids, inputs.positions, inputs.meta, hidden)
+
+    def after_step(self, batch: InputBatch, inputs: StepInputs) -> None:
+        """The step's tokens sampled and appended: an EAGLE head's pass over them."""
+        if self.batched:
+            self.proposer.after_step(batch.token_ids, inputs.token_rows, inputs.token_positions)
 
     def propose(
         self, batch: InputBatch, rows: Sequence[int], processors: Sequence[LogitsProcessor]
@@ -113,6 +119,7 @@ class Drafter:
             return {}
         rows, ends, room = [r for r, k in zip(rows, keep) if k], ends[keep], room[keep]
         drafts = self.proposer.propose_batch(
+            np.array(rows, dtype=np.int64),
             batch.token_ids[rows, ends - 1],
             ends - 1,
             batch.block_table.groups[0].np[rows],

@@ -86,6 +86,8 @@ class StepInputs:
     # [B] bool: the row's chunk reaches its last known token (and its drafts), so it samples
     sample_rows: np.ndarray
     prompt_logprobs_jobs: list[PromptLogprobsJob]
+    token_rows: np.ndarray  # [T] each token's batch row (ascending)
+    token_positions: np.ndarray  # [T] each token's position (a copy: the buffer is the next step's)
 
 
 def prepare_inputs(
@@ -141,6 +143,8 @@ def prepare_inputs(
         logits_indices=buffers.to_device("logits_indices", num_reqs),
         sample_rows=(seq if num_drafts is None else seq - num_drafts) == batch.num_tokens[:num_reqs],
         prompt_logprobs_jobs=_prompt_logprobs_jobs(batch, cu - q, q),
+        token_rows=rows,
+        token_positions=positions.copy(),
     )
     buffers.copies_queued()
     return inputs

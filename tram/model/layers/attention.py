@@ -28,6 +28,7 @@ class Attention(nn.Module):
     scale defaults to head_dim ** -0.5; sliding_window None means full attention, else the query
     sees itself and the sliding_window - 1 keys before it (transformers' convention).
     logits_soft_cap c (Gemma 2) turns each score into c * tanh(score / c) before the mask and softmax.
+    input_size: q's, k's and v's input width where it is not hidden_size (an EAGLE-3 head's 2 x hidden).
     sinks=True (gpt-oss) adds `sinks`, a learned logit per head that joins the softmax's denominator
     (checkpoint name self_attn.sinks), kept in float32 whatever the model's dtype.
 
@@ -52,6 +53,7 @@ class Attention(nn.Module):
         head_norm: HeadNormFactory | None = None,
         logits_soft_cap: float | None = None,
         sinks: bool = False,
+        input_size: int | None = None,
     ) -> None:
         super().__init__()
         tp = get_tp()
@@ -73,7 +75,7 @@ class Attention(nn.Module):
 
         def column(first_head: int, heads: int, total_heads: int) -> ColumnParallelLinear:
             return ColumnParallelLinear(
-                hidden_size, total_heads * d, first_head * d, heads * d, bias=qkv_bias, dtype=dtype
+                input_size or hidden_size, total_heads * d, first_head * d, heads * d, bias=qkv_bias, dtype=dtype
             )
 
         self.q_proj = column(q_start, self.num_heads, num_heads)

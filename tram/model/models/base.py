@@ -53,6 +53,10 @@ class DecoderModel(nn.Module):
     local_layers: tuple[nn.Module, ...]
     pp_first: bool
     pp_last: bool
+    # Layers whose input (the residual stream entering them) a forward keeps in `aux_hidden`, side by
+    # side [T, len * hidden]: what an EAGLE-3 head drafts from (spec_decode/eagle.py sets them).
+    aux_hidden_layers: tuple[int, ...] = ()
+    aux_hidden: torch.Tensor | None = None
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
         return self.embed_tokens(input_ids)
@@ -75,13 +79,18 @@ class DecoderModel(nn.Module):
         # A layer with forward_residual leaves its residual add to the next norm's call (add_rms_norm):
         # the stream is then residual + h, one op and its dispatch fewer per layer.
         residual: torch.Tensor | None = None
-        for layer, kv_cache in zip(self.local_layers, kv_caches, strict=True):
+        aux: list[torch.Tensor] = []
+        for i, (layer, kv_cache) in enumerate(zip(self.local_layers, kv_caches, strict=True)):
+            if self.aux_hidden_layers and i in self.aux_hidden_layers:  # a layer named twice is kept twice
+                aux.extend([h if residual is None else residual + h] * self.aux_hidden_layers.count(i))
             if hasattr(layer, "forward_residual"):
                 h, residual = layer.forward_residual(h, residual, *args, kv_cache, meta)
                 continue
             if residual is not None:
                 h, residual = residual + h, None
             h = layer(h, *args, kv_cache, meta)
+        if aux:
+            self.aux_hidden = torch.cat(aux, dim=-1)
         if residual is None:
             return self.norm(h) if self.pp_last else h
         if self.pp_last and hasattr(self.norm, "add_forward"):
