@@ -32,7 +32,7 @@ from tram.bench.spec_report import draft_cost, spec_line, spec_summary, theoreti
 from tram.config.engine import KV_CACHE_DTYPES
 from tram.executor.cpu_threads import environment
 
-BACKENDS = ("tram", "tram-spec", "hf-static", "hf-cb", "vllm-eager", "vllm-compile")
+BACKENDS = ("tram", "tram-spec", "hf-static", "hf-cb", "vllm-eager", "vllm-compile", "vllm-spec")
 # tram-spec's speculative decoding where --speculative-config gives none: the issue's n-gram setting.
 DEFAULT_SPEC = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
 ALIASES = {"vllm": ("vllm-eager", "vllm-compile")}
@@ -206,7 +206,7 @@ def vllm_llm_kwargs(name: str, model: str, args: argparse.Namespace) -> dict[str
     """vLLM's LLM(**kwargs) for backend `name`, with the engine settings Tram runs with."""
     from tram.bench import vllm_peer
 
-    return vllm_peer.llm_kwargs(
+    kwargs = vllm_peer.llm_kwargs(
         model,
         args.dtype,
         vllm_peer.MODES[name],
@@ -217,6 +217,9 @@ def vllm_llm_kwargs(name: str, model: str, args: argparse.Namespace) -> dict[str
         args.max_model_len,
         args.enable_prefix_caching,
     )
+    if name == "vllm-spec":  # the speculative decoding tram-spec runs
+        kwargs["speculative_config"] = json.loads(getattr(args, "speculative_config", None) or DEFAULT_SPEC)
+    return kwargs
 
 
 def run_vllm_backend(
@@ -234,10 +237,10 @@ def run_vllm_backend(
         args.vllm_kvcache_gb,
         args.ignore_eos,
     )
-    info = {
-        k: out[k]
-        for k in ("env", "llm_kwargs", "config", "setup_seconds", "process_seconds", "vllm_version", "torch_version")
-    }
+    keys = ("env", "llm_kwargs", "config", "setup_seconds", "process_seconds", "vllm_version", "torch_version")
+    info = {k: out[k] for k in keys}
+    if out.get("spec_decoding"):
+        info["spec_decoding"] = out["spec_decoding"]
     summary = workload_summary(requests)
     result = ThroughputResult(
         name,
@@ -254,7 +257,7 @@ def run_vllm_backend(
 def run_backend(
     name: str, model: str, args: argparse.Namespace, requests: list[BenchRequest]
 ) -> tuple[ThroughputResult, list[list[int]]]:
-    if name in ALIASES["vllm"]:
+    if name.startswith("vllm-"):
         return run_vllm_backend(name, model, args, requests)
     generate = build_backend(name, model, args)
     generate(warmup_requests(requests))  # warm-up, untimed
@@ -302,7 +305,7 @@ def print_report(results: list[ThroughputResult], outputs: dict[str, list[list[i
     best = best_runs(results)
     tram = best.get("tram")
     for r in best.values():
-        if tram is not None and r is not tram and r.backend != "tram-spec":
+        if tram is not None and r is not tram and r.backend not in ("tram-spec", "vllm-spec"):
             ratios[f"tram/{r.backend}"] = tram.output_tokens_per_s / r.output_tokens_per_s
             if r.same_weights:
                 same = sum(a == b for a, b in zip(outputs["tram"], outputs[r.backend]))
@@ -317,12 +320,32 @@ def print_report(results: list[ThroughputResult], outputs: dict[str, list[list[i
         same = sum(a == b for a, b in zip(outputs["tram"], outputs["tram-spec"]))
         print(f"tram-spec vs tram: greedy outputs identical for {same}/{len(outputs['tram'])} requests")
         print(spec_line(s, ratios["tram-spec/tram"]))
+    _vllm_spec_report(best, outputs, ratios)
     peers = [best[n] for n in ALIASES["vllm"] if n in best]
     if tram is not None and peers:
         peer = max(peers, key=lambda r: r.output_tokens_per_s)
         ratios["tram/vllm"] = tram.output_tokens_per_s / peer.output_tokens_per_s
         print(f"tram vs vllm (its better configuration, {peer.backend}): {ratios['tram/vllm']:.2f}x output tokens/s")
     return ratios
+
+
+def _vllm_spec_report(best: dict[str, ThroughputResult], outputs: dict[str, list[list[int]]], ratios: dict) -> None:
+    """vLLM's speculation against its own plain engine, and tram-spec against it (same settings)."""
+    spec, plain = best.get("vllm-spec"), best.get("vllm-compile")
+    if spec is None:
+        return
+    if plain is not None:
+        ratios["vllm-spec/vllm-compile"] = spec.output_tokens_per_s / plain.output_tokens_per_s
+        print(f"vllm speculation: vllm-spec / vllm-compile = {ratios['vllm-spec/vllm-compile']:.2f}x output tokens/s")
+    if "tram-spec" in best:
+        ratios["tram-spec/vllm-spec"] = best["tram-spec"].output_tokens_per_s / spec.output_tokens_per_s
+        same = sum(a == b for a, b in zip(outputs["tram-spec"], outputs["vllm-spec"]))
+        print(
+            f"tram-spec vs vllm-spec: {ratios['tram-spec/vllm-spec']:.2f}x output tokens/s; "
+            f"greedy outputs identical for {same}/{len(outputs['tram-spec'])} requests"
+        )
+    if spec.info.get("spec_decoding"):
+        print(f"vllm-spec counters: {spec.info['spec_decoding']}")
 
 
 def backend_names(

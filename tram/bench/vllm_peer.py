@@ -24,7 +24,8 @@ import tram.envs as envs
 RUNNER = Path(__file__).resolve().parent / "vllm_runner.py"
 DEFAULT_VENV: Path = envs.TRAM_VLLM_VENV
 # The two configurations measured: vLLM's default (the model compiled with inductor) and eager.
-MODES = {"vllm-eager": True, "vllm-compile": False}
+# Backend name -> enforce_eager; vllm-spec is the compiled engine with speculative decoding.
+MODES = {"vllm-eager": True, "vllm-compile": False, "vllm-spec": False}
 THREAD_ENV = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "OMP_NUM_THREADS", "LD_PRELOAD")
 
 VENV_SETUP = """\

@@ -122,10 +122,13 @@ def _run(job: dict) -> dict:
     if job.get("warmup"):
         generate(llm, job["warmup"])  # untimed, as Tram's warm-up
     setup = time.perf_counter() - start
+    before = _spec_counters(llm)
     start = time.perf_counter()
     outputs = generate(llm, job["requests"])
     seconds = time.perf_counter() - start
+    after = _spec_counters(llm)
     return {
+        "spec_decoding": {k: v - before.get(k, 0) for k, v in after.items()},
         "seconds": seconds,
         "setup_seconds": setup,
         "outputs": outputs,
@@ -134,6 +137,19 @@ def _run(job: dict) -> dict:
         "torch_version": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "config": _settled_config(llm),
+    }
+
+
+def _spec_counters(llm) -> dict:
+    """vLLM's speculative decoding counters (vllm:spec_decode_*), by name; {} without them."""
+    try:
+        metrics = llm.get_metrics()
+    except Exception:  # an engine built without stats
+        return {}
+    return {
+        m.name: m.value
+        for m in metrics
+        if "spec_decode" in m.name and isinstance(getattr(m, "value", None), int | float)
     }
 
 

@@ -25,7 +25,6 @@ from tram.model.choices import check_model_files, check_sliding_window, checkpoi
 from tram.model.gguf.file import is_gguf
 from tram.model.hub import config_reader, resolve_model_path
 from tram.model.quant.check import check_quantization
-from tram.model.spec import layer_sliding_windows
 from tram.spec_decode import MODEL_METHODS
 
 
@@ -180,7 +179,8 @@ def _draft_model_config(args: EngineArgs, method: str, model: str, target: Model
             "a draft must share its tokenizer"
         )
     for name, config in (("target", target), ("draft", draft)):
-        if any(w is not None for w in layer_sliding_windows(config.hf_config)):
+        window = getattr(config.hf_config, "sliding_window", None)
+        if window and getattr(config.hf_config, "use_sliding_window", True) and window < target.max_model_len:
             raise ValueError(f"a draft model needs full attention in both models; the {name} has a sliding window")
     check_tensor_parallel(draft.hf_config, args.tensor_parallel_size)
     return draft
