@@ -67,3 +67,29 @@ def test_refusals_at_start(tmp_path):
         _config({"method": "draft_model", "model": str(other), "num_speculative_tokens": 3})
     with pytest.raises(ValueError, match="speculative_config model must be a path"):
         _config({"method": "draft_model", "model": 3, "num_speculative_tokens": 3})
+
+
+def test_the_draft_catches_up_over_the_steps_it_sat_out(monkeypatch: pytest.MonkeyPatch):
+    """From two requests on nothing is drafted (disable_by_batch_size), and the draft model does not
+    run; once one request is left, the draft first computes the positions it missed: with the target
+    as its own draft, every draft is then accepted, which stale K/V would not allow."""
+    monkeypatch.setenv("TRAM_SPEC_DRAFT_SWITCH", "0")
+    spec = {"method": "draft_model", "model": STORIES, "num_speculative_tokens": 3, "disable_by_batch_size": 2}
+    drafted = LLM(STORIES, speculative_config=spec, max_num_seqs=3, max_model_len=MAX_LEN)
+    plain = LLM(STORIES, max_num_seqs=3, max_model_len=MAX_LEN)
+    try:
+        tok = plain.get_tokenizer()
+        story = tok.encode("Once upon a time, there was a little girl named Lily.")
+        params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (10, 30, 90)]
+        prompts = [{"prompt_token_ids": story + [i + 10]} for i in range(3)]
+        got = drafted.generate(prompts, params, use_tqdm=False)
+        want = plain.generate(prompts, params, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+        counts = drafted.llm_engine.get_stats().spec_decoding
+        produced_alone = 90 - 30  # the tokens the last request makes alone, where drafting is allowed
+        assert 0 < counts.num_drafts < produced_alone
+        assert counts.num_accepted_tokens == counts.num_draft_tokens
+        assert_no_leak(drafted.llm_engine)
+    finally:
+        drafted.llm_engine.engine_core.shutdown()
+        plain.llm_engine.engine_core.shutdown()

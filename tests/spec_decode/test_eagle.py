@@ -175,3 +175,30 @@ def test_a_head_for_another_width_is_refused(tmp_path):
                 model=STORIES, speculative_config={"method": "eagle", "model": str(path), "num_speculative_tokens": 2}
             )
         )
+
+
+def test_a_request_the_head_sat_out_is_not_drafted_again(head, llm, monkeypatch: pytest.MonkeyPatch):
+    """From two requests on nothing is drafted and the head does not run (disable_by_batch_size);
+    it cannot recompute what it missed without the target's features, so those requests finish
+    undrafted, and unchanged; a request that arrives to a batch of one is drafted from its start."""
+    monkeypatch.setenv("TRAM_SPEC_DRAFT_SWITCH", "0")
+    method, path = head
+    spec = {"method": method, "model": path, "num_speculative_tokens": K, "disable_by_batch_size": 2}
+    small = LLM(STORIES, max_model_len=MAX_LEN, speculative_config=spec)
+    try:
+        tok = llm.get_tokenizer()
+        prompts = [tok.encode("Once upon a time, Lily"), tok.encode("Tom and his dog")]
+        params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (10, 40)]
+        got = small.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        want = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+        assert (
+            small.llm_engine.get_stats().spec_decoding is None
+            or small.llm_engine.get_stats().spec_decoding.num_drafts == 0
+        )
+        alone = small.generate({"prompt_token_ids": prompts[1]}, params[1], use_tqdm=False)[0]
+        assert alone.outputs[0].token_ids == want[1].outputs[0].token_ids
+        assert small.llm_engine.get_stats().spec_decoding.num_drafts > 0
+        assert_no_leak(small.llm_engine)
+    finally:
+        small.llm_engine.engine_core.shutdown()

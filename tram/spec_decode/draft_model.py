@@ -15,6 +15,8 @@ probability of it (worker/rejection_sampler.py), so output stays the target's.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch import nn
@@ -49,11 +51,25 @@ class DraftModelProposer:
         assert len(kv_caches) == self.num_layers
         self.kv_caches, self.block_size = kv_caches, block_size
 
+    # A draft model can compute the K/V of positions it missed from their tokens alone (an EAGLE head
+    # needs the target's features there, which are gone).
+    catches_up = True
+
     @torch.inference_mode()
     def run_step(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, hidden: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        hidden: torch.Tensor,
+        catch_up: Spans | None = None,
     ) -> None:
-        """The target's step (and its hidden states) through the draft: its K/V at every slot the step writes."""
+        """The target's step (and its hidden states) through the draft: its K/V at every slot the step
+        writes; with `catch_up`, those spans instead (each row's missed positions and the step's)."""
+        if catch_up is not None:
+            pos, meta = self._meta(catch_up.starts, catch_up.ends, catch_up.tables)
+            input_ids = torch.from_numpy(catch_up.tokens.astype(np.int64)).to(self.device)
+            positions = torch.from_numpy(pos).to(self.device)
         self.model(input_ids, positions, self.kv_caches, meta)
 
     def after_step(self, token_ids: np.ndarray, token_rows: np.ndarray, token_positions: np.ndarray) -> None:
@@ -70,30 +86,48 @@ class DraftModelProposer:
         tokens = torch.from_numpy(last_tokens.astype(np.int64)).to(self.device)
         drafts = []
         for j in range(num):
-            pos = np.minimum(positions + j, limit)
-            hidden = self.model(tokens, torch.from_numpy(pos).to(self.device), self.kv_caches, self._meta(pos, tables))
+            pos, meta = self._meta(np.minimum(positions + j, limit), tables=tables)
+            hidden = self.model(tokens, torch.from_numpy(pos).to(self.device), self.kv_caches, meta)
             tokens = self.model.compute_logits(hidden).argmax(dim=-1)
             drafts.append(tokens)
         return torch.stack(drafts, dim=1).cpu().numpy()
 
-    def _meta(self, positions: np.ndarray, tables: np.ndarray) -> AttentionMetadata:
-        """One-token queries, one per row, at `positions`."""
-        bs, n = self.block_size, len(positions)
-        slots = tables[np.arange(n), positions // bs].astype(np.int64) * bs + positions % bs
-        seq_lens = positions + 1
-        width = -(-int(seq_lens.max()) // bs)
+    def _meta(
+        self, starts: np.ndarray, ends: np.ndarray | None = None, tables: np.ndarray | None = None
+    ) -> tuple[np.ndarray, AttentionMetadata]:
+        """Each row's positions [starts, ends) as one query over its blocks (tables); without ends, one
+        token at each start. Returns the flattened positions and the metadata."""
+        assert tables is not None
+        ends = starts + 1 if ends is None else ends
+        bs, n = self.block_size, len(starts)
+        q = ends - starts
+        cu = np.cumsum(q)
+        rows = np.repeat(np.arange(n), q)
+        positions = np.arange(int(cu[-1])) - np.repeat(cu - q - starts, q)
+        slots = tables[rows, positions // bs].astype(np.int64) * bs + positions % bs
+        width = -(-int(ends.max()) // bs)
 
         def dev(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(a)).to(device=self.device, dtype=dtype)
 
-        return AttentionMetadata(
-            num_tokens=n,
+        return positions, AttentionMetadata(
+            num_tokens=len(positions),
             slot_mapping=dev(slots, torch.int64),
-            query_start_loc=dev(np.arange(n + 1), torch.int32),
-            seq_lens=dev(seq_lens, torch.int32),
+            query_start_loc=dev(np.concatenate([[0], cu]), torch.int32),
+            seq_lens=dev(ends, torch.int32),
             block_tables=dev(tables[:, :width], torch.int32),
-            query_lens_list=[1] * n,
-            seq_lens_list=seq_lens.tolist(),
-            max_query_len=1,
-            max_seq_len=int(seq_lens.max()),
+            query_lens_list=q.tolist(),
+            seq_lens_list=ends.tolist(),
+            max_query_len=int(q.max()),
+            max_seq_len=int(ends.max()),
         )
+
+
+@dataclass
+class Spans:
+    """Positions [starts, ends) of each of some rows, their tokens (flattened) and block tables."""
+
+    tokens: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+    tables: np.ndarray

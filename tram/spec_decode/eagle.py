@@ -22,7 +22,7 @@ from tram.model.attention.base import AttentionMetadata
 from tram.model.hub import resolve_model_path
 from tram.model.loader import safetensors_files
 from tram.model.models.eagle import Eagle3LlamaForCausalLM, EagleLlamaForCausalLM, aux_hidden_layers
-from tram.spec_decode.draft_model import DraftModelProposer
+from tram.spec_decode.draft_model import DraftModelProposer, Spans
 
 HEADS = {"eagle": EagleLlamaForCausalLM, "eagle3": Eagle3LlamaForCausalLM}
 
@@ -41,6 +41,8 @@ def checkpoint_names(model_config: ModelConfig) -> set[str]:
 
 
 class EagleProposer(DraftModelProposer):
+    catches_up = False
+
     def __init__(self, config: SpeculativeConfig) -> None:
         if config.method == "eagle":  # the first releases' fc has a bias, later ones none
             hf_config = config.draft_model_config.hf_config
@@ -62,7 +64,12 @@ class EagleProposer(DraftModelProposer):
 
     @torch.inference_mode()
     def run_step(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, hidden: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        hidden: torch.Tensor,
+        catch_up: Spans | None = None,
     ) -> None:
         aux = self.model.target.model.aux_hidden if self.eagle3 else None
         self._step = (positions, meta, self.model.target_feature(hidden, aux))
@@ -88,8 +95,7 @@ class EagleProposer(DraftModelProposer):
         tokens = self.model.draft_ids(out)
         drafts = [tokens]
         for j in range(1, num):
-            pos = np.minimum(positions + j - 1, limit)
-            meta = self._meta(pos, tables)
+            pos, meta = self._meta(np.minimum(positions + j - 1, limit), tables=tables)
             out, feature = self.model(tokens, torch.from_numpy(pos).to(self.device), self.kv_caches, meta, feature)
             tokens = self.model.draft_ids(out)
             drafts.append(tokens)

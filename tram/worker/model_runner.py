@@ -194,6 +194,8 @@ class ModelRunner:
         if sched.is_empty:
             return ModelRunnerOutput()
         start = time.perf_counter()
+        if self.drafter is not None:
+            self.drafter.begin_step(self.input_batch, sched)
         drafted = self.drafter is not None and self.drafter.drafting
         num_drafts = write_drafts(self.input_batch, sched.scheduled_spec_decode_tokens)
         inputs = prepare_inputs(self.input_batch, sched, self.buffers, self.block_size, num_drafts)
@@ -209,7 +211,7 @@ class ModelRunner:
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         if self.drafter is not None:
-            self.drafter.run_step(inputs, hidden)
+            self.drafter.run_step(self.input_batch, sched, inputs, hidden)
         out = ModelRunnerOutput(sampled_token_ids={}, logprobs={}, prompt_logprobs={}, spec_token_ids={})
         produced: dict[int, int] = {}
         if inputs.sample_rows.any():

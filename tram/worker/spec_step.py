@@ -18,6 +18,7 @@ from tram.config.speculative import SpeculativeConfig
 from tram.core.sched_output import SchedulerOutput
 from tram.spec_decode import make_proposer
 from tram.spec_decode.budget import DraftSwitch
+from tram.spec_decode.draft_model import Spans
 from tram.worker.input_batch import InputBatch
 from tram.worker.logits_processors import LogitsProcessor
 from tram.worker.rejection_sampler import DraftRows
@@ -68,40 +69,84 @@ def roll_back(batch: InputBatch, counts: np.ndarray | None, produced: dict[int, 
 
 class Drafter:
     """The proposer of a model runner and its switch (spec_decode/budget.py): after each step, drafts
-    for the rows that sampled, where drafting has been paying at this batch size. A proposer with a
-    model of its own (`batched`) also runs every step's inputs, keeping its K/V beside the target's."""
+    for the rows that sampled, where drafting has been paying at this batch size.
+
+    A proposer with a model of its own (`batched`) runs the steps that propose, keeping its K/V
+    beside the target's; steps that do not propose leave it alone (at a large batch size the switch
+    turns drafting off, and the target then runs alone). `valid` remembers up to where each
+    request's proposer K/V is right: a draft model catches up over the positions it missed before it
+    proposes again; an EAGLE head cannot (it needs the target's features there), and a request it
+    missed is not drafted again."""
 
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
         self.proposer = make_proposer(config)
         self.batched = getattr(self.proposer, "batched", False)
         self.switch = DraftSwitch() if envs.TRAM_SPEC_DRAFT_SWITCH else None
-        self.drafting = False  # whether the drafts of the step being run were asked for
+        self.drafting = False  # whether the step being run verifies drafts (the last one proposed)
+        self.proposing = False  # whether the step being run proposes at its end
+        self.valid: dict[str, int] = {}
 
-    def run_step(self, inputs: StepInputs, hidden: torch.Tensor) -> None:
-        """The target's step done: a proposer with a model runs it too (or keeps the features)."""
-        if self.batched:
-            self.proposer.run_step(inputs.input_ids, inputs.positions, inputs.meta, hidden)
+    def begin_step(self, batch: InputBatch, sched: SchedulerOutput) -> None:
+        """Whether this step proposes: not from disable_by_batch_size requests on, nor where the
+        switch says drafts do not pay at this batch size. A request computed again after preemption
+        starts over."""
+        self.drafting = self.proposing
+        limit = self.config.disable_by_batch_size
+        self.proposing = (limit is None or batch.num_reqs < limit) and (
+            self.switch is None or self.switch.should_draft(batch.num_reqs)
+        )
+        for cached in sched.scheduled_cached_reqs:
+            if cached.resumed_from_preemption:
+                self.valid.pop(cached.req_id, None)
+        if len(self.valid) > 2 * batch.num_reqs + 64:  # finished requests' entries
+            live = set(batch.req_ids)
+            self.valid = {rid: n for rid, n in self.valid.items() if rid in live}
+
+    def run_step(self, batch: InputBatch, sched: SchedulerOutput, inputs: StepInputs, hidden: torch.Tensor) -> None:
+        """The target's step done (computed counts not yet advanced): a proposer with a model runs
+        it too, or keeps the features, if this step proposes; else its requests miss the step."""
+        if not self.batched:
+            return
+        n = batch.num_reqs
+        start = batch.num_computed_tokens[:n].astype(np.int64)
+        end = start + np.fromiter((sched.num_scheduled_tokens[r] for r in batch.req_ids), dtype=np.int64, count=n)
+        # A request first seen: a draft model trusts nothing (a prefix-cache hit may hold blocks it
+        # never ran); an EAGLE head trusts the hit, which it cannot recompute.
+        fresh = 0 if self.proposer.catches_up else start
+        valid = np.minimum(
+            np.fromiter((self.valid.get(rid, -1) for rid in batch.req_ids), dtype=np.int64, count=n), start
+        )
+        valid = np.where(valid < 0, fresh, valid)
+        if not self.proposing:  # the step's positions are missed: the valid counts stay where they are
+            self.valid.update(zip(batch.req_ids, valid.tolist()))
+            return
+        missed = valid < start
+        catch_up = None
+        if missed.any() and self.proposer.catches_up:
+            catch_up = _spans(batch, valid, end)
+            missed[:] = False
+        self.proposer.run_step(inputs.input_ids, inputs.positions, inputs.meta, hidden, catch_up)
+        for i, rid in enumerate(batch.req_ids):
+            self.valid[rid] = int(valid[i] if missed[i] else end[i])
 
     def after_step(self, batch: InputBatch, inputs: StepInputs) -> None:
         """The step's tokens sampled and appended: an EAGLE head's pass over them."""
-        if self.batched:
+        if self.batched and self.proposing:
             self.proposer.after_step(batch.token_ids, inputs.token_rows, inputs.token_positions)
 
     def propose(
         self, batch: InputBatch, rows: Sequence[int], processors: Sequence[LogitsProcessor]
     ) -> dict[str, list[int]]:
-        """Drafts for the rows that sampled whose sampling no logits processor touches; none where
-        the batch has disable_by_batch_size requests or more, or where the switch says drafts do not pay."""
-        limit = self.config.disable_by_batch_size
-        self.drafting = (limit is None or batch.num_reqs < limit) and (
-            self.switch is None or self.switch.should_draft(batch.num_reqs)
-        )
-        if not self.drafting:
+        """Drafts for the rows that sampled whose sampling no logits processor touches, if this step
+        proposes; with a model, for the rows whose proposer K/V is whole."""
+        if not self.proposing:
             return {}
         eligible = [r for r in rows if not any(p.uses(batch.states[r].sampling) for p in processors)]  # type: ignore[union-attr]
         if self.batched:
-            return self._propose_batched(batch, eligible)
+            ids = batch.req_ids
+            whole = [r for r in eligible if self.valid.get(ids[r], -1) >= batch.num_computed_tokens[r]]
+            return self._propose_batched(batch, whole)
         out: dict[str, list[int]] = {}
         for row in eligible:
             n = int(batch.num_tokens[row])
@@ -135,6 +180,15 @@ class Drafter:
         """A step's rows, whether it was asked to verify drafts, the tokens it produced and its time."""
         if self.switch is not None:
             self.switch.record_step(num_rows, drafted, num_tokens, seconds)
+
+
+def _spans(batch: InputBatch, start: np.ndarray, end: np.ndarray) -> Spans:
+    """Every row's positions [start, end), with the batch's tokens there (the step's drafts included)."""
+    q = end - start
+    cu = np.cumsum(q)
+    rows = np.repeat(np.arange(len(q)), q)
+    positions = np.arange(int(cu[-1])) - np.repeat(cu - q - start, q)
+    return Spans(batch.token_ids[rows, positions], start, end, batch.block_table.groups[0].np[: len(q)])
 
 
 def chunk_ends(sched: SchedulerOutput, batch: InputBatch) -> np.ndarray:
