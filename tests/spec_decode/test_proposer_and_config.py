@@ -100,3 +100,17 @@ def test_switch_drafts_where_drafting_has_been_faster():
     assert sum(late[1]) > 0.85 * len(late[1]), "one request: drafting pays"
     assert sum(late[64]) < 0.15 * len(late[64]), "64 requests: it does not"
     assert 0 < sum(late[64]), "the losing side is still tried now and then"
+
+
+def test_switch_explores_in_runs_for_a_model_proposer():
+    from tram.spec_decode.budget import DraftSwitch
+
+    switch = DraftSwitch(explore_every=32, explore_run=3)
+    choices = []
+    for _ in range(300):  # plain decoding is twice as fast: drafting is only explored
+        side = switch.should_draft(1)
+        choices.append(side)
+        switch.record_step(1, side, 1, 2e-3 if side else 1e-3)
+    late = "".join("d" if c else "." for c in choices[150:])
+    runs = [len(r) for r in late.split(".") if r]
+    assert runs and all(n == 3 for n in runs[1:-1]), late

@@ -7,8 +7,10 @@ drafts slow everyone down. Which regime a batch is in depends on the model, the 
 workload's acceptance, so the switch measures it: for each batch size (in powers of two) it keeps the
 output tokens per second of the steps that drafted and of those that did not, recent steps weighing
 most, and drafts where drafting has been faster. It tries each side a few times per batch size before
-trusting it, and the other side one step in `explore_every` afterwards, so a change in the workload is
-noticed. Speculation never changes a token (rejection_sampler.py), so the choice moves only speed.
+trusting it, and the other side `explore_run` steps in `explore_every` afterwards, so a change in the
+workload is noticed (a proposer with a model explores in runs: its first step back catches up, and
+only the steps between are measured). Speculation never changes a token (rejection_sampler.py), so
+the choice moves only speed.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ SETTLED_STEPS = 16  # until the other side has this many, it is tried more often
 
 
 class DraftSwitch:
-    def __init__(self, explore_every: int = 32) -> None:
+    def __init__(self, explore_every: int = 32, explore_run: int = 1) -> None:
         self.explore_every = explore_every
+        self.explore_run = explore_run
         # batch size bucket -> side (False: plain, True: drafting) -> [tokens, seconds, steps], decayed
         self._rates: dict[int, dict[bool, list[float]]] = {}
         self._asked: dict[int, int] = {}  # batch size bucket -> decisions made there
@@ -52,7 +55,8 @@ class DraftSwitch:
         better = self._rate(sides[True]) >= self._rate(sides[False])
         settled = sides[not better][2] >= WARMUP_STEPS + SETTLED_STEPS
         every = self.explore_every if settled else max(1, self.explore_every // 4)
-        return not better if asked % every == 0 else better
+        run = max(1, min(self.explore_run, every - 1))  # never the whole period
+        return not better if asked % every < run else better
 
     @staticmethod
     def _rate(side: list[float]) -> float:

@@ -82,7 +82,8 @@ class Drafter:
         self.config = config
         self.proposer = make_proposer(config)
         self.batched = getattr(self.proposer, "batched", False)
-        self.switch = DraftSwitch() if envs.TRAM_SPEC_DRAFT_SWITCH else None
+        # A model proposer's first step back catches up: it explores three steps at a time.
+        self.switch = DraftSwitch(explore_run=3 if self.batched else 1) if envs.TRAM_SPEC_DRAFT_SWITCH else None
         self.drafting = False  # whether the step being run verifies drafts (the last one proposed)
         self.proposing = False  # whether the step being run proposes at its end
         self.valid: dict[str, int] = {}
@@ -177,7 +178,11 @@ class Drafter:
         }
 
     def record(self, num_rows: int, drafted: bool, num_tokens: int, seconds: float) -> None:
-        """A step's rows, whether it was asked to verify drafts, the tokens it produced and its time."""
+        """A step's rows, whether it was asked to verify drafts, the tokens it produced and its time.
+        A model proposer's steps between regimes (proposing without verifying, or the reverse) are
+        neither side's: they are not counted."""
+        if self.batched and self.drafting != self.proposing:
+            return
         if self.switch is not None:
             self.switch.record_step(num_rows, drafted, num_tokens, seconds)
 
