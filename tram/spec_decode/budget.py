@@ -19,6 +19,9 @@ DECAY = 0.97  # per step of the same batch size and side: the last ~30 carry mos
 MIN_STEPS = 4  # steps each side runs at a batch size before the switch trusts its rate
 WARMUP_STEPS = 1  # a side's first steps at a batch size pay one-time costs: not counted
 SETTLED_STEPS = 16  # until the other side has this many, it is tried more often (explore_every / 4)
+# ... unless it is this much slower already: a drafting step that verifies 5 tokens a row in a
+# compute-bound batch costs several plain steps, and trying it often would cost more than it tells.
+CLEAR_LOSS = 0.75
 
 
 class DraftSwitch:
@@ -52,8 +55,9 @@ class DraftSwitch:
         for side in (True, False):  # each side a few steps first, drafting first
             if sides[side][2] < WARMUP_STEPS + MIN_STEPS:
                 return side
-        better = self._rate(sides[True]) >= self._rate(sides[False])
-        settled = sides[not better][2] >= WARMUP_STEPS + SETTLED_STEPS
+        rates = {side: self._rate(sides[side]) for side in (True, False)}
+        better = rates[True] >= rates[False]
+        settled = sides[not better][2] >= WARMUP_STEPS + SETTLED_STEPS or rates[not better] < CLEAR_LOSS * rates[better]
         every = self.explore_every if settled else max(1, self.explore_every // 4)
         run = max(1, min(self.explore_run, every - 1))  # never the whole period
         return not better if asked % every < run else better
