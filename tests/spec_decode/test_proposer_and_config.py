@@ -114,3 +114,21 @@ def test_switch_explores_in_runs_for_a_model_proposer():
     late = "".join("d" if c else "." for c in choices[150:])
     runs = [len(r) for r in late.split(".") if r]
     assert runs and all(n == 3 for n in runs[1:-1]), late
+
+
+def test_switch_trusts_a_smaller_batch_where_drafting_lost_clearly():
+    """Drafting five times slower at one request: at 64 it is not tried first, and then only at the
+    pace that keeps its tries under EXPLORE_COST of the throughput."""
+    from tram.spec_decode.budget import EXPLORE_COST, DraftSwitch
+
+    switch = DraftSwitch(explore_every=32, explore_run=1)
+    for _ in range(40):
+        side = switch.should_draft(1)
+        switch.record_step(1, side, 1, 5e-3 if side else 1e-3)
+    choices = []
+    for _ in range(400):
+        side = switch.should_draft(64)
+        choices.append(side)
+        switch.record_step(64, side, 64, 5e-3 * 64 / 10 if side else 1e-3 * 64 / 10)
+    assert not any(choices[:50]), "not tried first"
+    assert 0 < sum(choices) and sum(choices) * 4 <= EXPLORE_COST * len(choices) + 4
