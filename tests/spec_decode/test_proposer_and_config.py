@@ -22,8 +22,8 @@ def _proposer(k: int = 4, low: int = 2, high: int = 4) -> NgramProposer:
         ([1, 2, 3, 4, 5, 6, 1, 2, 3], [4, 5, 6, 1]),  # the 3-gram 1 2 3 recurs
         ([1, 2, 3, 4, 5, 6, 9, 2, 3], [4, 5, 6, 9]),  # only the 2-gram 2 3 does
         ([1, 2, 3, 9, 3], []),  # a 1-gram is below prompt_lookup_min
-        ([5, 5, 5, 5], [5]),  # the latest earlier 4-gram ... 3-gram 5 5 5 ends at 2: one token follows
-        ([7, 8, 1, 7, 8, 2, 7, 8], [2, 7, 8]),  # the latest occurrence wins, its follow-up cut at the end
+        ([5, 5, 5, 5], [5, 5, 5, 5]),  # 5 5 5 ends at 2: a loop of period 1, followed around
+        ([7, 8, 1, 7, 8, 2, 7, 8], [2, 7, 8, 2]),  # the latest occurrence wins; a loop of period 3
         ([3], []),
     ],
 )

@@ -1,7 +1,9 @@
 """N-gram prompt lookup (vLLM's `ngram` method, llama.cpp's lookup decoding): the last n tokens of a
 request (prompt and output so far) are looked for earlier in the same tokens; the tokens that
 followed their latest earlier occurrence are the draft. Longer n-grams are tried first, from
-prompt_lookup_max down to prompt_lookup_min. Costs no model: it pays where outputs copy their
+prompt_lookup_max down to prompt_lookup_min. Where fewer than k tokens follow that occurrence (a
+loop: the occurrence is a period back), the draft goes on around the loop: what followed it is what
+followed again, so the continuation repeats with that period. Costs no model: it pays where outputs copy their
 prompt (code edits, quotations, summaries) and drafts nothing elsewhere.
 """
 
@@ -40,5 +42,6 @@ class NgramProposer:
             hits = fits[(windows == suffix).all(axis=1)]
             if hits.size:
                 start = int(hits[-1]) + 1
-                return context[start : start + k].tolist()
+                period = size - start
+                return context[start + np.arange(k) % period].tolist()
         return []
