@@ -8,7 +8,9 @@ newly sampled ones included) and the target's feature there. Every step gets tha
 not, so the head has seen whatever the target has computed; positions past a row's accepted tokens
 hold rejected inputs until the next step writes over them. The pass's output at a row's position
 n-2 (n: its tokens) predicts its first draft; each further draft is one one-token step of the head
-on its own feature.
+on its own feature. A prefix-cache hit brings the head's K/V of the request that computed the block,
+whose last position holds the token that followed it there: where the new request goes on
+differently, that one position is off (acceptance, never output, can suffer), as in vLLM.
 """
 
 from __future__ import annotations
