@@ -2,12 +2,13 @@
 greedily, one forward per token, for every drafted row at once.
 
 Its K/V lives in cache tensors of its own, at the same slots as the target's: one block table, one
-slot mapping, one computed count for both. The draft runs every step's inputs after the target
-(`run_step`), so whatever the target has computed (a prefill chunk, a prefix-cache hit another
-request computed, a recompute after preemption, the tokens of a verification step) the draft has
-too, and a rejected token's K/V is rolled back with the target's by the computed count alone. Its
-proposals write K/V past the scheduled tokens, into the lookahead slots the scheduler keeps
-(SchedulerConfig.num_lookahead_tokens); the next step writes the verified tokens over them.
+slot mapping, one computed count for both, so a rejected token's K/V is rolled back with the
+target's by the computed count alone. The draft runs the inputs of every step that proposes after
+the target (`run_step`); positions it missed in steps that did not propose (a prefill chunk, a
+prefix-cache hit, tokens decoded while drafting was off) it first computes from their tokens
+(`catch_up`, the worker's Drafter keeping count). Its proposals write K/V past the scheduled tokens,
+into the lookahead slots the scheduler keeps (SchedulerConfig.num_lookahead_tokens); the next step
+writes the verified tokens over them.
 
 Greedy drafts are deterministic proposals: the rejection sampler accepts one with the target's own
 probability of it (worker/rejection_sampler.py), so output stays the target's.

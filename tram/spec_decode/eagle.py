@@ -4,9 +4,10 @@ and one-token steps this reuses).
 
 The head's K/V at position p holds token p+1 with the feature of p, so its first pass of a step runs
 after sampling: over the step's positions, each fed the token after it (the batch's tokens, the
-newly sampled ones included) and the target's feature there. Every step gets that pass, drafted or
-not, so the head has seen whatever the target has computed; positions past a row's accepted tokens
-hold rejected inputs until the next step writes over them. The pass's output at a row's position
+newly sampled ones included) and the target's feature there. Every step that proposes gets that
+pass; a request whose positions a step without it missed is not drafted again (the features there
+are gone: the worker's Drafter keeps count). Positions past a row's accepted tokens hold rejected
+inputs until the next step writes over them. The pass's output at a row's position
 n-2 (n: its tokens) predicts its first draft; each further draft is one one-token step of the head
 on its own feature. A prefix-cache hit brings the head's K/V of the request that computed the block,
 whose last position holds the token that followed it there: where the new request goes on
