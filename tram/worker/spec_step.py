@@ -109,18 +109,16 @@ class Drafter:
         it too, or keeps the features, if this step proposes; else its requests miss the step."""
         if not self.batched:
             return
-        n = batch.num_reqs
+        n, ids = batch.num_reqs, batch.req_ids
         start = batch.num_computed_tokens[:n].astype(np.int64)
-        end = start + np.fromiter((sched.num_scheduled_tokens[r] for r in batch.req_ids), dtype=np.int64, count=n)
+        end = start + np.fromiter((sched.num_scheduled_tokens[r] for r in ids), dtype=np.int64, count=n)
         # A request first seen: a draft model trusts nothing (a prefix-cache hit may hold blocks it
         # never ran); an EAGLE head trusts the hit, which it cannot recompute.
         fresh = 0 if self.proposer.catches_up else start
-        valid = np.minimum(
-            np.fromiter((self.valid.get(rid, -1) for rid in batch.req_ids), dtype=np.int64, count=n), start
-        )
+        valid = np.minimum(np.fromiter((self.valid.get(rid, -1) for rid in ids), dtype=np.int64, count=n), start)
         valid = np.where(valid < 0, fresh, valid)
         if not self.proposing:  # the step's positions are missed: the valid counts stay where they are
-            self.valid.update(zip(batch.req_ids, valid.tolist()))
+            self.valid.update(zip(ids, valid.tolist()))
             return
         missed = valid < start
         catch_up = None
@@ -128,8 +126,7 @@ class Drafter:
             catch_up = _spans(batch, valid, end)
             missed[:] = False
         self.proposer.run_step(inputs.input_ids, inputs.positions, inputs.meta, hidden, catch_up)
-        for i, rid in enumerate(batch.req_ids):
-            self.valid[rid] = int(valid[i] if missed[i] else end[i])
+        self.valid.update(zip(ids, np.where(missed, valid, end).tolist()))
 
     def after_step(self, batch: InputBatch, inputs: StepInputs) -> None:
         """The step's tokens sampled and appended: an EAGLE head's pass over them."""

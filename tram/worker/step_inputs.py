@@ -87,7 +87,7 @@ class StepInputs:
     sample_rows: np.ndarray
     prompt_logprobs_jobs: list[PromptLogprobsJob]
     token_rows: np.ndarray  # [T] each token's batch row (ascending)
-    token_positions: np.ndarray  # [T] each token's position (a copy: the buffer is the next step's)
+    token_positions: np.ndarray  # [T] each token's position (a view of the buffer: valid for this step)
 
 
 def prepare_inputs(
@@ -144,7 +144,7 @@ def prepare_inputs(
         sample_rows=(seq if num_drafts is None else seq - num_drafts) == batch.num_tokens[:num_reqs],
         prompt_logprobs_jobs=_prompt_logprobs_jobs(batch, cu - q, q),
         token_rows=rows,
-        token_positions=positions.copy(),
+        token_positions=positions,
     )
     buffers.copies_queued()
     return inputs
