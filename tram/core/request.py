@@ -116,11 +116,11 @@ class Request:
         max_tokens (the step's last token is always sampled) and the context."""
         return max(0, min(self.max_tokens - self.num_output_tokens - 1, self.max_model_len - self.num_tokens))
 
-    def check_stop(self) -> RequestStatus | None:
-        """Stop on eos / stop_token_ids (after min_tokens), at the grammar's end, or on length;
-        None to keep going."""
+    def check_stop(self, grammar: bool = True) -> RequestStatus | None:
+        """Stop on eos / stop_token_ids (after min_tokens), at the grammar's end (where `grammar`: the
+        grammar's state is this token's), or on length; None to keep going."""
         n_out = len(self.output_token_ids)
-        if self.structured_output is not None and self.structured_output.is_terminated():
+        if grammar and self.structured_output is not None and self.structured_output.is_terminated():
             return RequestStatus.FINISHED_STOPPED
         if n_out >= self.sampling_params.min_tokens:
             last = self.output_token_ids[-1]

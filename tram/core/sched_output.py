@@ -40,11 +40,14 @@ class CachedRequestData(msgspec.Struct, **_STRUCT):
 
 class GrammarBitmask(msgspec.Struct, **_STRUCT):
     """The step's token bitmask for constrained requests: row i (int32 words, bit j of word w allows
-    token 32*w + j) belongs to req_ids[i]. Raw bytes, so it crosses a process boundary as one frame."""
+    token 32*w + j) belongs to req_ids[i]. Raw bytes, so it crosses a process boundary as one frame.
+    With speculative decoding a request that verifies drafts has a row per draft position and one
+    for the position after its last draft: `num_rows` per request (empty: one row each)."""
 
     req_ids: list[str]
     words: int
     data: bytes
+    num_rows: list[int] = []
 
 
 class SchedulerOutput(msgspec.Struct, **_STRUCT):

@@ -282,7 +282,9 @@ class Scheduler:
         """Append the step's tokens until one stops the request: (the stop, how many were kept)."""
         for i, token in enumerate(tokens):
             req.append_output_token(token)
-            status = req.check_stop()  # the engine core has already advanced a constrained request's grammar
+            # The engine core has advanced a constrained request's grammar over all the step's tokens
+            # (and cut them where it ended): its end is the last token's.
+            status = req.check_stop(grammar=i == len(tokens) - 1)
             if status is not None:
                 return status, i + 1
         return None, len(tokens)

@@ -150,13 +150,17 @@ class EngineCore:
     def _update(
         self, sched: SchedulerOutput, result: ModelRunnerOutput, errors: list[RequestError]
     ) -> EngineCoreOutputs:
-        """The sampled tokens into the grammars, then into the requests (whose stop check reads the grammar)."""
+        """The sampled tokens into the grammars, then into the requests (whose stop check reads the
+        grammar); the drafts for the next step cut to what the grammars accept."""
         if self.structured_output is not None:
             broken = self.structured_output.advance(sched, result, self.scheduler.requests)
             if broken:  # a grammar the engine gave up on fails its request (the update skips it)
                 self.scheduler.finish_requests([rid for rid, _ in broken], RequestStatus.FINISHED_ABORTED)
                 errors = errors + [RequestError(rid, str(e), e.param, client_error=True) for rid, e in broken]
-        return self._with_errors_and_stats(self.scheduler.update_from_output(sched, result), errors)
+        outputs = self.scheduler.update_from_output(sched, result)
+        if self.structured_output is not None and result.spec_token_ids:
+            self.structured_output.trim_drafts(self.scheduler.requests)
+        return self._with_errors_and_stats(outputs, errors)
 
     def _with_errors_and_stats(self, outputs: EngineCoreOutputs, errors: list[RequestError]) -> EngineCoreOutputs:
         outputs.request_errors = errors

@@ -62,6 +62,14 @@ class Matcher(ABC):
         """The grammar is complete and has accepted its stop token."""
 
     @abstractmethod
+    def count_valid(self, tokens: list[int]) -> int:
+        """How many of `tokens`, from the first, the grammar would accept in turn (it is left as it was)."""
+
+    @abstractmethod
+    def rollback(self, num_tokens: int) -> None:
+        """Back over the last `num_tokens` accepted tokens."""
+
+    @abstractmethod
     def refusal(self) -> str | None:
         """Asked after accept_token refused a token. None when the text before it was a whole
         sentence of the grammar, so the output may end there (the token was one that something

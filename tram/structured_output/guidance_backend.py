@@ -21,16 +21,30 @@ class GuidanceMatcher(Matcher):
     def __init__(self, matcher: llguidance.LLMatcher) -> None:
         self.matcher = matcher
         self.could_end = False  # before the last token: a refused token leaves the matcher in error
+        self.unrecorded = 0  # stop tokens taken after the matcher stopped (always the last ones)
 
     def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
         llguidance.numpy.fill_next_token_bitmask(self.matcher, bitmask, row)
 
     def accept_token(self, token_id: int) -> bool:
         self.could_end = self.matcher.is_accepting()
-        return bool(self.matcher.consume_token(token_id)) and not self.matcher.is_error()
+        stopped = self.matcher.is_stopped()
+        ok = bool(self.matcher.consume_token(token_id)) and not self.matcher.is_error()
+        # A stopped matcher takes its stop token without recording it: rollback must not count it.
+        self.unrecorded += ok and stopped
+        return ok
 
     def is_terminated(self) -> bool:
         return self.matcher.is_stopped()
+
+    def count_valid(self, tokens: list[int]) -> int:
+        return int(self.matcher.validate_tokens(tokens)) if tokens else 0
+
+    def rollback(self, num_tokens: int) -> None:
+        skip = min(num_tokens, self.unrecorded)
+        self.unrecorded -= skip
+        if num_tokens > skip:
+            self.matcher.rollback(num_tokens - skip)
 
     def refusal(self) -> str | None:
         if self.could_end:

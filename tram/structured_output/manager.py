@@ -190,6 +190,8 @@ class StructuredOutputManager:
         """After the step ran: move each constrained request's grammar past the tokens it sampled.
         Called before the scheduler's update, whose stop check asks the grammar if it has ended.
         Requests finished while the step ran are gone from `requests` and skipped, as there.
+        A grammar that ends (or refuses a token) partway through a step's tokens, as a verified run
+        of drafts can, cuts the request's tokens there: the stop check then ends it at that token.
         Returns the requests whose grammar broke off (their ids, and why): the caller fails them."""
         broken = []
         for rid in self.live:
@@ -198,11 +200,19 @@ class StructuredOutputManager:
                 continue
             req = requests.get(rid)
             state = req.structured_output if req is not None else None
-            for token in tokens if state is not None else ():
+            if state is None:
+                continue
+            taken = 0
+            for token in tokens:
+                taken += 1
                 if not state.accept_token(token):
                     if state.error is not None:
                         broken.append((rid, state.error))
                     break
+                if state.is_terminated():
+                    break
+            if taken < len(tokens):  # the request ends within the step: the tokens after are not its
+                result.sampled_token_ids[rid] = tokens[:taken]
         return broken
 
     def grammar_bitmask(self, sched: SchedulerOutput, requests: dict[str, Request]) -> GrammarBitmask | None:
@@ -212,6 +222,8 @@ class StructuredOutputManager:
         if not self.live:
             return None
         ids: list[str] = []
+        num_rows: list[int] = []
+        row = 0
         for rid in list(self.live):
             req = requests.get(rid)
             if req is None:
@@ -223,19 +235,58 @@ class StructuredOutputManager:
             assert req.structured_output is not None
             if req.structured_output.thinking:
                 continue  # its grammar applies once the model's thinking has ended
-            req.structured_output.fill_bitmask(self.bitmask, len(ids))
-            self._close_in_time(req, self.bitmask[len(ids)])
+            drafts = sched.scheduled_spec_decode_tokens.get(rid, ())
+            self._reserve(row + len(drafts) + 1)
+            req.structured_output.fill_bitmask(self.bitmask, row, drafts)
+            if not drafts:  # a request in its closing window is never drafted (trim_drafts)
+                self._close_in_time(req, self.bitmask[row])
             ids.append(rid)
+            num_rows.append(len(drafts) + 1)
+            row += len(drafts) + 1
         if not ids:
             return None
-        return GrammarBitmask(ids, self.words, self.bitmask[: len(ids)].tobytes())
+        drafted = row > len(ids)
+        return GrammarBitmask(ids, self.words, self.bitmask[:row].tobytes(), num_rows if drafted else [])
+
+    def trim_drafts(self, requests: dict[str, Request]) -> None:
+        """After the step's update: each constrained request's drafts for its next step cut to those
+        its grammar accepts (vLLM validates them the same way), and none near a JSON request's closing
+        window, where the mask narrows with the text so far."""
+        for rid in self.live:
+            req = requests.get(rid)
+            if req is None or not req.spec_token_ids or req.structured_output is None:
+                continue
+            state = req.structured_output
+            if not state.is_ready():
+                req.spec_token_ids = []
+                continue
+            drafts = req.spec_token_ids
+            if (
+                state.params.kind in ("json", "json_object")
+                and self._budget_left(req) <= CLOSING_WINDOW + len(drafts) + 1
+            ):
+                req.spec_token_ids = []
+                continue
+            req.spec_token_ids = drafts[: state.valid_drafts(drafts)]
+
+    def _reserve(self, rows: int) -> None:
+        """The bitmask buffer holds at least `rows` rows (draft positions make a step's rows more
+        than max_num_seqs)."""
+        if rows > len(self.bitmask):
+            grown = np.full((max(rows, 2 * len(self.bitmask)), self.words), -1, dtype=np.int32)
+            grown[: len(self.bitmask)] = self.bitmask
+            self.bitmask = grown
+
+    @staticmethod
+    def _budget_left(req: Request) -> int:
+        return min(req.max_tokens - req.num_output_tokens, req.max_model_len - req.num_tokens)
 
     def _close_in_time(self, req: Request, row: np.ndarray) -> None:
         """JSON that would be cut off by max_tokens (or the context) closes instead (json_closing.py)."""
         assert req.structured_output is not None
         if req.structured_output.params.kind not in ("json", "json_object"):
             return
-        left = min(req.max_tokens - req.num_output_tokens, req.max_model_len - req.num_tokens)
+        left = self._budget_left(req)
         if left <= CLOSING_WINDOW:
             text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
             closing = req.request_id in self.closing_ids

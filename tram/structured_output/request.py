@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -64,9 +65,37 @@ class StructuredOutputRequest:
     def field(self) -> str:
         return self.params.source_field or "structured_outputs"
 
-    def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
+    def fill_bitmask(self, bitmask: np.ndarray, row: int, drafts: Sequence[int] = ()) -> None:
+        """Row `row` for the next token; with drafts, a row more for the position after each (the
+        matcher steps over them and back). Rows past a draft the grammar refuses, or past a stop
+        token, repeat the one before: the verification never reads them (the request cannot go on)."""
         assert self.matcher is not None
         self.matcher.fill_bitmask(bitmask, row)
+        valid = self.matcher.count_valid(list(drafts)) if drafts else 0
+        for j, token in enumerate(drafts[:valid], 1):
+            self.matcher.accept_token(token)
+            # Past a stop token nothing is allowed (xgrammar will not even fill the row): never read.
+            stopped = self.matcher.is_terminated() and token in self.backend.stop_token_ids
+            if not stopped:
+                self.matcher.fill_bitmask(bitmask, row + j)
+            if stopped or not bitmask[row + j].any():
+                bitmask[row + j] = bitmask[row + j - 1]
+        bitmask[row + valid + 1 : row + len(drafts) + 1] = bitmask[row + valid]
+        self.matcher.rollback(valid)
+
+    def valid_drafts(self, drafts: list[int]) -> int:
+        """How many of the proposer's drafts the request may verify: those its grammar accepts in
+        turn, up to its end; while thinking, those before the one that would end the thinking (the
+        grammar binds every position after it, and verification masks only from the next step)."""
+        assert self.matcher is not None
+        if self.thinking:
+            recent = self._recent
+            for j, token in enumerate(drafts):
+                recent = (recent + [token])[-len(self.reasoning_end) :]
+                if recent == self.reasoning_end:
+                    return j
+            return len(drafts)
+        return self.matcher.count_valid(drafts)
 
     def accept_token(self, token_id: int) -> bool:
         assert self.matcher is not None

@@ -39,6 +39,18 @@ class XgrammarMatcher(Matcher):
     def is_terminated(self) -> bool:
         return self.matcher.is_terminated()
 
+    def count_valid(self, tokens: list[int]) -> int:
+        n = 0  # (a terminated matcher refuses everything, with a warning on stderr: not asked)
+        while n < len(tokens) and not self.matcher.is_terminated() and self.matcher.accept_token(tokens[n]):
+            n += 1
+        if n:
+            self.matcher.rollback(n)
+        return n
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            self.matcher.rollback(num_tokens)
+
     def refusal(self) -> str | None:
         # xgrammar leaves the matcher as it was before the refused token.
         return None if self.matcher.is_completed() else MASKED_OUT

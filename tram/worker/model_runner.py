@@ -29,7 +29,15 @@ from tram.worker.memory_profiler import MemoryProfile, profile_cuda_memory, run_
 from tram.worker.rejection_sampler import DraftRows, verify_drafts
 from tram.worker.sampler import LogprobsTensors, Sampler, compute_token_logprobs
 from tram.worker.sampling_metadata import SamplingMetadata
-from tram.worker.spec_step import Drafter, chunk_ends, draft_rows, logits_rows, roll_back, write_drafts
+from tram.worker.spec_step import (
+    Drafter,
+    chunk_ends,
+    draft_rows,
+    grammar_masked,
+    logits_rows,
+    roll_back,
+    write_drafts,
+)
 from tram.worker.step_inputs import PromptLogprobsJob, StepBuffers, StepInputs, prepare_inputs
 
 if TYPE_CHECKING:
@@ -249,7 +257,8 @@ class ModelRunner:
             processor.set_step(None)
             return
         rows = [self.input_batch.row_of[rid] for rid in bm.req_ids]
-        processor.set_step(rows, np.frombuffer(bm.data, dtype=np.int32).reshape(len(rows), bm.words))
+        bitmask = np.frombuffer(bm.data, dtype=np.int32).reshape(-1, bm.words)
+        processor.set_step(rows, bitmask, bm.num_rows)
 
     def _sample(
         self,
@@ -287,7 +296,8 @@ class ModelRunner:
         chosen = {i: [tokens[i]] for i in row_list}
         produced: dict[int, list[int]] = {}
         if d is not None:
-            produced = dict(zip(d.rows, verify_drafts(d, [tokens[r] for r in d.rows], meta)))
+            verify = grammar_masked(d, batch.grammar_processor)
+            produced = dict(zip(d.rows, verify_drafts(verify, [tokens[r] for r in d.rows], meta)))
             chosen.update(produced)
         batch.append_tokens(chosen)
         for i in row_list:

@@ -21,7 +21,9 @@ first rejection, so the generator is left where plain decoding would leave it: a
 the same tokens with speculation as without, however many drafts each step verified.
 
 Rows that a logits processor touches are never drafted (the processors' state covers one position per
-row); the ordinary sampler served them.
+row; the ordinary sampler served them), but for the grammar's: its engine core fills a mask for each
+draft position, and the logits here come masked (spec_step.grammar_masked), so every accepted draft
+and every draw is one the grammar allows.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ row's num_tokens, and the computed count moves back over the ones the step rejec
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -20,7 +21,7 @@ from tram.spec_decode import make_proposer
 from tram.spec_decode.budget import DraftSwitch
 from tram.spec_decode.draft_model import Spans
 from tram.worker.input_batch import InputBatch
-from tram.worker.logits_processors import LogitsProcessor
+from tram.worker.logits_processors import GrammarBitmaskProcessor, LogitsProcessor
 from tram.worker.rejection_sampler import DraftRows
 from tram.worker.step_inputs import StepInputs
 
@@ -56,6 +57,20 @@ def draft_rows(batch: InputBatch, spec: dict[str, list[int]], counts: np.ndarray
     rows = np.flatnonzero(counts).tolist()
     drafts = [spec[batch.states[r].req_id] for r in rows]  # type: ignore[union-attr]
     return DraftRows(rows, drafts, logits)
+
+
+def grammar_masked(d: DraftRows, grammar: GrammarBitmaskProcessor) -> DraftRows:
+    """The drafted rows as the rejection sampler must see them: a constrained row's positions under
+    its grammar's mask for each (the raw logits stay in `d` for logprobs)."""
+    counts = [len(x) for x in d.drafts]
+    vocab = d.logits.shape[-1]
+    penalty = grammar.draft_penalty(d.rows, counts, False, vocab)
+    if penalty is None:
+        return d
+    last = None
+    if d.last_logits is not None:
+        last = d.last_logits + grammar.draft_penalty(d.rows, counts, True, vocab)  # type: ignore[operator]
+    return dataclasses.replace(d, logits=d.logits + penalty, last_logits=last)
 
 
 def roll_back(batch: InputBatch, counts: np.ndarray | None, produced: dict[int, int]) -> None:
@@ -136,11 +151,13 @@ class Drafter:
     def propose(
         self, batch: InputBatch, rows: Sequence[int], processors: Sequence[LogitsProcessor]
     ) -> dict[str, list[int]]:
-        """Drafts for the rows that sampled whose sampling no logits processor touches, if this step
-        proposes; with a model, for the rows whose proposer K/V is whole."""
+        """Drafts for the rows that sampled whose sampling no logits processor touches (but one that
+        masks drafts itself: the grammar's), if this step proposes; with a model, for the rows whose
+        proposer K/V is whole."""
         if not self.proposing:
             return {}
-        eligible = [r for r in rows if not any(p.uses(batch.states[r].sampling) for p in processors)]  # type: ignore[union-attr]
+        touch = [p for p in processors if not p.masks_drafts]
+        eligible = [r for r in rows if not any(p.uses(batch.states[r].sampling) for p in touch)]  # type: ignore[union-attr]
         if self.batched:
             ids = batch.req_ids
             whole = [r for r in eligible if self.valid.get(ids[r], -1) >= batch.num_computed_tokens[r]]

@@ -47,6 +47,8 @@ class SamplingRow:
 
 class LogitsProcessor:
     stage: ClassVar[Stage] = Stage.BEFORE_ARGMAX
+    # Whether a row it touches may verify drafts: the processor can mask each draft position itself.
+    masks_drafts: ClassVar[bool] = False
 
     def __init__(self, vocab_size: int, device: torch.device) -> None:
         self.vocab_size = vocab_size
@@ -61,7 +63,8 @@ class LogitsProcessor:
 
     def uses(self, row: SamplingRow) -> bool:
         """Whether apply() may change this row's logits: speculative decoding verifies drafts only
-        for rows that no processor touches (a processor reads the outputs up to one position)."""
+        for rows that no processor touches (a processor reads the outputs up to one position),
+        unless it `masks_drafts`."""
         raise NotImplementedError
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:  # [B, V] float32 -> [B, V]

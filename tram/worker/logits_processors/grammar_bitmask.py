@@ -5,6 +5,10 @@ the bitmask after scheduling (tram/structured_output/manager.py) and the model r
 with `set_step` before sampling. It runs first, so penalties, temperature and top-k/p only ever
 see tokens the grammar allows. Rows without a constraint are untouched and a batch without one
 skips it entirely.
+
+A row that verifies drafts has a mask for each draft position too (the engine core's matcher steps
+over the drafts to fill them): `draft_penalty` gives the rejection sampler those, and the row's own
+mask, the one `apply` uses, is the one for the position after its last draft.
 """
 
 from __future__ import annotations
@@ -19,11 +23,15 @@ from tram.worker.logits_processors.base import LogitsProcessor, SamplingRow
 
 
 class GrammarBitmaskProcessor(LogitsProcessor):
+    masks_drafts = True
+
     def __init__(self, vocab_size: int, device: torch.device) -> None:
         super().__init__(vocab_size, device)
         self.rows: torch.Tensor | None = None  # [R] int64 batch rows with a constraint this step
         self.bitmask: torch.Tensor | None = None  # [R, words] int32
         self.byte_table = byte_penalty_table(device)
+        # Batch row -> its masks [drafts + 1, words]: each draft position's, then the one after.
+        self.drafted: dict[int, np.ndarray] = {}
 
     def uses(self, row: SamplingRow) -> bool:
         return row.params.structured_outputs is not None
@@ -31,13 +39,39 @@ class GrammarBitmaskProcessor(LogitsProcessor):
     def update_rows(self, rows: Sequence[SamplingRow]) -> None:
         """Membership changes do not matter: the bitmask comes with each step, keyed by request."""
 
-    def set_step(self, rows: list[int] | None, bitmask: np.ndarray | None = None) -> None:
+    def set_step(self, rows: list[int] | None, bitmask: np.ndarray | None = None, num_rows: list[int] = ()) -> None:
+        """The step's constrained batch rows and their bitmask rows; `num_rows` per batch row where
+        some verify drafts (their draft positions' rows first, the row `apply` uses last)."""
+        self.drafted = {}
         if not rows or bitmask is None:
             self.rows = self.bitmask = None
             return
+        if num_rows:
+            ends = np.cumsum(num_rows)
+            self.drafted = {r: bitmask[e - n : e] for r, n, e in zip(rows, num_rows, ends) if n > 1}
+            bitmask = bitmask[ends - 1]
         self.rows = to_device(rows, torch.int64, self.device)
         # A copy: the bitmask may be a read-only view of the message's bytes.
         self.bitmask = torch.from_numpy(np.array(bitmask, dtype=np.int32)).to(self.device, non_blocking=True)
+
+    def draft_penalty(self, rows: list[int], counts: list[int], last: bool, vocab_size: int) -> torch.Tensor | None:
+        """For drafted batch rows with `counts` drafts each: 0 / -inf over the vocabulary at every
+        draft position ([sum(counts), V]), or with `last` at the position after each row's last
+        draft ([len(rows), V]). None when no row has a grammar."""
+        if not any(r in self.drafted for r in rows):
+            return None
+        words = next(iter(self.drafted.values())).shape[1]
+        out = np.full((len(rows) if last else sum(counts), words), -1, dtype=np.int32)
+        start = 0
+        for i, (row, n) in enumerate(zip(rows, counts)):
+            masks = self.drafted.get(row)
+            if masks is not None:
+                if last:
+                    out[i] = masks[n]
+                else:
+                    out[start : start + n] = masks[:n]
+            start += n
+        return bitmask_penalty(torch.from_numpy(out).to(self.device), self.byte_table, vocab_size)
 
     @property
     def active(self) -> bool:
