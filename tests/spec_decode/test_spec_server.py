@@ -78,3 +78,44 @@ def test_stream_carries_several_tokens_per_delta_and_the_same_text(client, plain
         want = other.post("/v1/completions", json={**body, "stream": False}).json()["choices"][0]["text"]
     assert "".join(texts) == want
     assert len([t for t in texts if t]) < 60, "accepted drafts arrive together"
+
+
+TOY = {
+    "type": "object",
+    "properties": {"toys": {"type": "array", "items": {"enum": ["ball", "red ball"]}, "maxItems": 5}},
+    "required": ["toys"],
+    "additionalProperties": False,
+}
+TOOL = {"type": "function", "function": {"name": "play", "parameters": TOY}}
+CONSTRAINED = {
+    "schema": {"response_format": {"type": "json_schema", "json_schema": {"name": "toys", "schema": TOY}}},
+    "tool": {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "play"}}},
+}
+
+
+@pytest.mark.parametrize("kind", CONSTRAINED)
+def test_constrained_chat_is_drafted_and_unchanged(client, plain, kind):
+    """A JSON schema and a forced tool call: the grammar's drafts verified under their masks give the
+    plain server's message, greedy and for seeded samples, each valid."""
+    messages = [{"role": "user", "content": "Tom had a red ball. Tom had a red ball. What toys did Tom have?"}]
+    bodies = [
+        {"model": STORIES, "messages": messages, "max_tokens": 80, "temperature": 0, **CONSTRAINED[kind]},
+        {"model": STORIES, "messages": messages, "max_tokens": 80, "n": 4, "seed": 5, **CONSTRAINED[kind]},
+    ]
+    before = _metric(client.get("/metrics").text, "tram:spec_decode_num_accepted_tokens_total")
+    for body in bodies:
+        got = client.post("/v1/chat/completions", json=body).json()["choices"]
+        with httpx.Client(base_url=plain.url, timeout=60) as other:
+            want = other.post("/v1/chat/completions", json=body).json()["choices"]
+        assert [_without_ids(c["message"]) for c in got] == [_without_ids(c["message"]) for c in want]
+        for choice in got:
+            msg = choice["message"]
+            text = msg["content"] if kind == "schema" else msg["tool_calls"][0]["function"]["arguments"]
+            if choice["finish_reason"] != "length":
+                assert set(json.loads(text)) == {"toys"}, text
+    assert _metric(client.get("/metrics").text, "tram:spec_decode_num_accepted_tokens_total") > before
+
+
+def _without_ids(message: dict) -> dict:
+    calls = [{k: v for k, v in call.items() if k != "id"} for call in message.get("tool_calls") or ()]
+    return {**message, "tool_calls": calls}
