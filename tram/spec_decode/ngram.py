@@ -27,21 +27,19 @@ class NgramProposer:
         size = len(context)
         if k <= 0 or size <= self.n_min:
             return []
-        # Earlier positions j holding the last token: each ends a candidate n-gram (j + 1 < size, so
-        # every candidate has a token after it to propose).
-        ends = np.flatnonzero(context[: size - 1] == context[-1])
-        if ends.size == 0:
-            return []
+        # The search runs over the tokens' bytes (bytes.rfind: the latest occurrence, in C); a hit
+        # must start on a token's boundary. An occurrence must end before the last token, so that a
+        # token follows it.
+        tokens = np.ascontiguousarray(context, dtype=np.int32)
+        raw, width = tokens.tobytes(), 4
+        limit = (size - 1) * width
         for n in range(min(self.n_max, size - 1), self.n_min - 1, -1):
-            fits = ends[ends >= n - 1]
-            if fits.size == 0:
-                continue
-            suffix = context[size - n :]
-            # windows[i, t] = context[fits[i] - n + 1 + t]: the n tokens ending at each candidate
-            windows = context[fits[:, None] + np.arange(1 - n, 1)]
-            hits = fits[(windows == suffix).all(axis=1)]
-            if hits.size:
-                start = int(hits[-1]) + 1
+            suffix = raw[(size - n) * width :]
+            end = limit
+            while (hit := raw.rfind(suffix, 0, end)) >= 0 and hit % width:
+                end = hit + len(suffix) - 1  # a match across token boundaries: look further back
+            if hit >= 0:
+                start = hit // width + n
                 period = size - start
-                return context[start + np.arange(k) % period].tolist()
+                return tokens[start + np.arange(k) % period].tolist()
         return []

@@ -31,7 +31,6 @@ from tram.worker.sampler import LogprobsTensors, Sampler, compute_token_logprobs
 from tram.worker.sampling_metadata import SamplingMetadata
 from tram.worker.spec_step import (
     Drafter,
-    chunk_ends,
     draft_rows,
     grammar_masked,
     logits_rows,
@@ -278,15 +277,18 @@ class ModelRunner:
         if num_drafts is None:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [B, V] float32
         else:  # one LM-head call for the rows' last positions and their drafts'
-            rows, last, drafts = logits_rows(num_drafts, chunk_ends(sched, batch))
-            every = self.model.compute_logits(hidden[torch.from_numpy(rows).to(hidden.device)])
+            rows, last, drafts = logits_rows(num_drafts, inputs.chunk_ends)
+            # Rows are ascending and distinct: as many as the hidden rows means all of them.
+            needed = hidden if len(rows) == hidden.shape[0] else hidden[torch.from_numpy(rows).to(hidden.device)]
+            every = self.model.compute_logits(needed)
             logits, draft_logits = every[torch.from_numpy(last)], every[torch.from_numpy(drafts)]
         meta = batch.sampling_metadata()
         sample_rows = inputs.sample_rows
         d = None
         if draft_logits is not None:
             d = draft_rows(batch, sched.scheduled_spec_decode_tokens, num_drafts, draft_logits)
-            d.last_logits = logits[torch.tensor(d.rows)]  # a copy: the sampler may edit `logits` in place
+            if meta.generators or meta.max_num_logprobs is not None:  # read by seeded rows and logprobs
+                d.last_logits = logits[torch.tensor(d.rows)]  # a copy: the sampler may edit `logits` in place
         # A seeded row draws only the positions it keeps (rejection_sampler.py): a drafted one's draw
         # below is discarded, and must not move its generator.
         skip = sample_rows if num_drafts is None else sample_rows & (num_drafts == 0)

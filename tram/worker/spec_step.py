@@ -208,9 +208,3 @@ def _spans(batch: InputBatch, start: np.ndarray, end: np.ndarray) -> Spans:
     rows = np.repeat(np.arange(len(q)), q)
     positions = np.arange(int(cu[-1])) - np.repeat(cu - q - start, q)
     return Spans(batch.token_ids[rows, positions], start, end, batch.block_table.groups[0].np[: len(q)])
-
-
-def chunk_ends(sched: SchedulerOutput, batch: InputBatch) -> np.ndarray:
-    """Each row's last hidden row in the step's flattened batch."""
-    q = np.fromiter((sched.num_scheduled_tokens[r] for r in batch.req_ids), dtype=np.int64, count=batch.num_reqs)
-    return np.cumsum(q) - 1

@@ -88,6 +88,7 @@ class StepInputs:
     prompt_logprobs_jobs: list[PromptLogprobsJob]
     token_rows: np.ndarray  # [T] each token's batch row (ascending)
     token_positions: np.ndarray  # [T] each token's position (a view of the buffer: valid for this step)
+    chunk_ends: np.ndarray  # [B] each batch row's last hidden row (logits_indices on the host)
 
 
 def prepare_inputs(
@@ -145,6 +146,7 @@ def prepare_inputs(
         prompt_logprobs_jobs=_prompt_logprobs_jobs(batch, cu - q, q),
         token_rows=rows,
         token_positions=positions,
+        chunk_ends=cu - 1,
     )
     buffers.copies_queued()
     return inputs
