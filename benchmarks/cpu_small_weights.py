@@ -2,7 +2,7 @@
 measurement behind SMALL_WEIGHT_ELEMENTS (tram/model/layers/linear.py). Warm weights, microseconds
 per call.
 
-    python3 benchmarks/cpu_small_weights.py [--threads 2]
+    python3 benchmarks/cpu_small_weights.py [--threads 2] [--rows 1,3,5,8]
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ def per_call_us(fn, repeat: int) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rows", default="1,3,5,8", help="comma-separated row counts")
     args = p.parse_args()
+    rows = [int(r) for r in args.rows.split(",")]
     torch.set_num_threads(args.threads)
     kernels = load_cpu_kernels()
     print(f"{'weight':>12} {'rows':>4} {'skinny us':>10} {'oneDNN us':>10}")
@@ -40,7 +42,7 @@ def main() -> None:
             w = torch.randn(n, k)
             packed = pack_weight(w)
             repeat = 2000 if n * k < 1_000_000 else 200
-            for m in (1, 3, 5, 8):
+            for m in rows:
                 x = torch.randn(m, k)
                 skinny = per_call_us(lambda: kernels.skinny_linear(x, w, None), repeat)
                 onednn = per_call_us(lambda: packed_linear(x, packed, None), repeat)

@@ -132,3 +132,19 @@ def test_switch_trusts_a_smaller_batch_where_drafting_lost_clearly():
         switch.record_step(64, side, 64, 5e-3 * 64 / 10 if side else 1e-3 * 64 / 10)
     assert not any(choices[:50]), "not tried first"
     assert 0 < sum(choices) and sum(choices) * 4 <= EXPLORE_COST * len(choices) + 4
+
+
+def test_switch_tries_a_clearly_slower_side_at_the_clear_cost():
+    """Plain decoding 2.5 times slower than drafting at one request (n-gram on copies): it is still
+    tried, but its tries cost at most CLEAR_COST of the throughput, not EXPLORE_COST."""
+    from tram.spec_decode.budget import CLEAR_COST, EXPLORE_COST, DraftSwitch
+
+    assert CLEAR_COST < EXPLORE_COST
+    switch = DraftSwitch()
+    plain = 0
+    for step in range(3000):
+        side = switch.should_draft(1)
+        plain += step >= 100 and not side
+        switch.record_step(1, side, 3 if side else 1, 1.2e-3 if side else 1e-3)
+    # Each plain step costs 1.5 drafting steps' worth of tokens lost over 2.5.
+    assert 0 < plain and plain * (2.5 - 1) <= CLEAR_COST * 2900 * 1.1

@@ -29,6 +29,8 @@ SETTLED_STEPS = 16  # until the other side has this many, it is tried more often
 # compute-bound batch costs several plain steps, and trying it often would cost more than it tells.
 CLEAR_LOSS = 0.75
 EXPLORE_COST = 0.03  # the share of the throughput that trying the slower side may cost
+# ... once it is clearly slower: a gap that wide closes only when the workload changes, rarely.
+CLEAR_COST = 0.01
 
 
 class DraftSwitch:
@@ -57,32 +59,40 @@ class DraftSwitch:
         bucket = self._bucket(num_rows)
         asked = self._asked[bucket] = self._asked.get(bucket, 0) + 1
         sides = self._rates.get(bucket)
-        below = self._clearly_slower_below(bucket)
-        if below is not None and (sides is None or sides[True][2] <= WARMUP_STEPS):
-            # Drafting lost clearly at a smaller batch: it loses here too (verification only gets
-            # costlier as the batch grows); it is tried at the pace that ratio allows, not first.
-            period = self._explore_period(below)
-            return asked % period >= period - self.explore_run  # the first try one period in
-        first = self._first_side(bucket)
+        if sides is None or sides[True][2] <= WARMUP_STEPS:
+            below = self._clearly_slower_below(bucket)
+            if below is not None:
+                # Drafting lost clearly at a smaller batch: it loses here too (verification only gets
+                # costlier as the batch grows); it is tried at the pace that ratio allows, not first.
+                period = self._explore_period(below)
+                return asked % period >= period - self.explore_run  # the first try one period in
         if sides is None:
-            return first
-        for side in (first, not first):  # each side a few steps first, unless it is clearly slower
-            if sides[side][2] < WARMUP_STEPS + MIN_STEPS and not self._clearly_slower(sides, side):
-                return side
+            return self._first_side(bucket)
+        # Each side a few steps first, unless it is clearly slower; the first side first.
+        unmeasured = [
+            side
+            for side in (True, False)
+            if sides[side][2] < WARMUP_STEPS + MIN_STEPS and not self._clearly_slower(sides, side)
+        ]
+        if unmeasured:
+            return unmeasured[0] if len(unmeasured) == 1 else self._first_side(bucket)
         rates = {side: self._rate(sides[side]) for side in (True, False)}
         better = rates[True] >= rates[False]
         ratio = rates[not better] / rates[better] if rates[better] > 0 else 1.0
-        settled = sides[not better][2] >= WARMUP_STEPS + SETTLED_STEPS or ratio < CLEAR_LOSS
-        every = self._explore_period(ratio, self.explore_every if settled else max(1, self.explore_every // 4))
+        clear = ratio < CLEAR_LOSS
+        settled = sides[not better][2] >= WARMUP_STEPS + SETTLED_STEPS or clear
+        every = self._explore_period(
+            ratio, self.explore_every if settled else max(1, self.explore_every // 4), CLEAR_COST if clear else None
+        )
         run = max(1, min(self.explore_run, every - 1))  # never the whole period
         return not better if asked % every < run else better
 
-    def _explore_period(self, ratio: float, every: int | None = None) -> int:
+    def _explore_period(self, ratio: float, every: int | None = None, cost: float | None = None) -> int:
         """Steps between tries of a side `ratio` times as fast as the other: at least `every`, and
-        enough that the tries cost at most EXPLORE_COST of the throughput."""
+        enough that the tries cost at most `cost` (EXPLORE_COST) of the throughput."""
         every = self.explore_every if every is None else every
         if 0 < ratio < 1:
-            every = max(every, math.ceil(self.explore_run * (1 / ratio - 1) / EXPLORE_COST))
+            every = max(every, math.ceil(self.explore_run * (1 / ratio - 1) / (cost or EXPLORE_COST)))
         return every
 
     def _clearly_slower_below(self, bucket: int) -> float | None:

@@ -156,8 +156,8 @@ class Drafter:
         proposer K/V is whole."""
         if not self.proposing:
             return {}
-        touch = [p for p in processors if not p.masks_drafts]
-        eligible = [r for r in rows if not any(p.uses(batch.states[r].sampling) for p in touch)]  # type: ignore[union-attr]
+        touch = [p for p in processors if p.active and not p.masks_drafts]
+        eligible = [r for r in rows if not any(p.uses(batch.states[r].sampling) for p in touch)] if touch else rows  # type: ignore[union-attr]
         if self.batched:
             ids = batch.req_ids
             whole = [r for r in eligible if self.valid.get(ids[r], -1) >= batch.num_computed_tokens[r]]

@@ -31,12 +31,16 @@ SKINNY_MAX_ROWS_BESIDE_PACKED: dict[torch.dtype, int] = {torch.float32: 3, torch
 # A oneDNN call costs ~13-15 us however small its weight; the skinny kernel reads a weight this small
 # in a few us at any of its rows (docs/benchmarks.md), so beside a packed copy it keeps all of them.
 SMALL_WEIGHT_ELEMENTS = 1 << 17
+# ... up to this many rows in float32 (at 16 it still ran in 0.3-1.0 of oneDNN's time; verifying 8+
+# drafts a row takes that many; benchmarks/cpu_small_weights.py --rows 8,9,12,16).
+SKINNY_MAX_ROWS_SMALL: dict[torch.dtype, int] = {torch.float32: 16}
 
 
 def skinny_rows_beside_packed(dtype: torch.dtype, numel: int) -> int:
     """Most rows the skinny kernel takes from a weight of `numel` elements that also has a packed copy."""
-    limits = SKINNY_MAX_ROWS if numel <= SMALL_WEIGHT_ELEMENTS else SKINNY_MAX_ROWS_BESIDE_PACKED
-    return limits.get(dtype, 0)
+    if numel <= SMALL_WEIGHT_ELEMENTS:
+        return SKINNY_MAX_ROWS_SMALL.get(dtype, SKINNY_MAX_ROWS.get(dtype, 0))
+    return SKINNY_MAX_ROWS_BESIDE_PACKED.get(dtype, 0)
 
 
 def _skinny_kernels(
