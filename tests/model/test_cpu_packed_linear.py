@@ -12,12 +12,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tram.model.kernels.cpu_kernels import load_cpu_kernels
 from tram.model.layers import cpu_packed
 from tram.model.layers.cpu_packed import pack_cpu_linears, pack_weight, packed_linear
 from tram.model.layers.embedding import LMHead, VocabEmbedding
 from tram.model.layers.linear import (
     SKINNY_MAX_ROWS,
     SKINNY_MAX_ROWS_BESIDE_PACKED,
+    SKINNY_MAX_ROWS_SMALL,
     SMALL_WEIGHT_ELEMENTS,
     Linear,
     linear,
@@ -92,12 +94,13 @@ def test_routing_by_rows() -> None:
     with torch.inference_mode():
         assert torch.equal(linear(x[:limit], w, b, packed), linear(x[:limit], w, b))
         assert torch.equal(linear(x, w, b, packed), packed_linear(x, packed, b))
-    small_x, small_w, small_b = make(9, 172, 64, torch.float32, seed=2)
+    small_x, small_w, small_b = make(17, 172, 64, torch.float32, seed=2)
     small = pack_weight(small_w)
     rows = skinny_rows_beside_packed(torch.float32, small_w.numel())
-    assert rows == SKINNY_MAX_ROWS[torch.float32] > limit
+    assert rows == SKINNY_MAX_ROWS_SMALL[torch.float32] > SKINNY_MAX_ROWS[torch.float32] > limit
     with torch.inference_mode():
-        assert torch.equal(linear(small_x[:rows], small_w, small_b, small), linear(small_x[:rows], small_w, small_b))
+        skinny = load_cpu_kernels().skinny_linear(small_x[:rows], small_w, small_b)
+        assert torch.equal(linear(small_x[:rows], small_w, small_b, small), skinny)
         assert torch.equal(linear(small_x, small_w, small_b, small), packed_linear(small_x, small, small_b))
 
 
