@@ -215,3 +215,24 @@ def test_constrained_requests_beside_free_ones_chunked_and_preempted(engines):
     assert stats.num_preemptions > 0 and stats.spec_decoding.num_accepted_tokens > 0
     for g, w in zip(got, want):
         assert g.outputs[0].token_ids == w.outputs[0].token_ids
+
+
+def test_a_draft_model_drafts_constrained_requests_too(stories_llm: LLM):
+    """A draft model's proposals (which know no grammar) are cut to what the grammar accepts too; the
+    draft is the target itself, so every draft the grammar keeps is accepted."""
+    spec = LLM(
+        STORIES,
+        max_num_seqs=8,
+        speculative_config={"method": "draft_model", "model": STORIES, "num_speculative_tokens": 3},
+    )
+    params = [_params(kind, s) for kind, s in CASES]
+    try:
+        got = spec.generate([PROMPT] * len(params), params, use_tqdm=False)
+        drafts, draft_tokens, accepted = _counts(spec)
+        assert_no_leak(spec.llm_engine)
+    finally:
+        spec.llm_engine.engine_core.shutdown()
+    want = stories_llm.generate([PROMPT] * len(params), params, use_tqdm=False)
+    assert drafts > 0 and accepted == draft_tokens > 0
+    for (kind, s), g, w in zip(CASES, got, want):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids and _valid(kind, s, g.outputs[0].text), kind
