@@ -380,6 +380,7 @@ void dispatch_head_dim(const at::Tensor& query, const at::Tensor& kv_cache, cons
   case NV:                                                                                                       \
     return paged_decode_impl<scalar_t, cache_t, NV>(query, kv_cache, block_tables, lens, scale, v_scale, window, \
                                                     cap, sinks, out);
+    TRAM_HEAD_DIM_CASE(1)   // 8 (the smallest models: a draft, stories260K)
     TRAM_HEAD_DIM_CASE(4)   // 32
     TRAM_HEAD_DIM_CASE(6)   // 48
     TRAM_HEAD_DIM_CASE(8)   // 64
