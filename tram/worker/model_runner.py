@@ -17,7 +17,7 @@ from tram.core.kv_cache_groups import KVCacheLayout, plan_kv_cache_groups
 from tram.core.sched_output import LogprobsLists, ModelRunnerOutput, SchedulerOutput
 from tram.distributed import get_pp, pp_recv, pp_send
 from tram.model.attention.kv_quant import kv_cache_torch_dtype
-from tram.model.kernels.cpu_kernels import load_cpu_kernels
+from tram.model.kernels.cpu_kernels import argmax_rows, load_cpu_kernels
 from tram.model.loader import load_model
 from tram.model.pipeline import layer_range
 from tram.model.registry import kv_cache_shape_info
@@ -26,7 +26,7 @@ from tram.worker.cuda_graph import DecodeGraphRunner
 from tram.worker.input_batch import CachedRequestState, InputBatch, advance_computed, apply_scheduler_output
 from tram.worker.kv_cache import allocate_kv_caches, bind_kv_cache_groups
 from tram.worker.memory_profiler import MemoryProfile, profile_cuda_memory, run_dummy_step
-from tram.worker.rejection_sampler import DraftRows, verify_drafts
+from tram.worker.rejection_sampler import DraftRows, accept_drafts, verify_drafts
 from tram.worker.sampler import LogprobsTensors, Sampler, compute_token_logprobs
 from tram.worker.sampling_metadata import SamplingMetadata
 from tram.worker.spec_step import (
@@ -273,6 +273,7 @@ class ModelRunner:
         (rejection_sampler.py), the draw serving as the token past the last draft. Returns how many
         tokens each drafted row got."""
         batch = self.input_batch
+        meta = batch.sampling_metadata()
         draft_logits = None
         if num_drafts is None:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [B, V] float32
@@ -281,8 +282,9 @@ class ModelRunner:
             # Rows are ascending and distinct: as many as the hidden rows means all of them.
             needed = hidden if len(rows) == hidden.shape[0] else hidden[torch.from_numpy(rows).to(hidden.device)]
             every = self.model.compute_logits(needed)
+            if meta.plain_greedy:
+                return self._verify_greedy(every, last, drafts, inputs, out, sched, num_drafts, meta)
             logits, draft_logits = every[torch.from_numpy(last)], every[torch.from_numpy(drafts)]
-        meta = batch.sampling_metadata()
         sample_rows = inputs.sample_rows
         d = None
         if draft_logits is not None:
@@ -301,17 +303,55 @@ class ModelRunner:
             verify = grammar_masked(d, batch.grammar_processor)
             produced = dict(zip(d.rows, verify_drafts(verify, [tokens[r] for r in d.rows], meta)))
             chosen.update(produced)
+        self._emit(chosen, row_list, inputs, out, meta)
+        if result.logprobs is not None:
+            self._logprobs(result.logprobs, row_list, out)
+            if d is not None:
+                self._draft_logprobs(d, produced, meta.max_num_logprobs or 0, out)
+        return {row: len(got) for row, got in produced.items()}
+
+    def _verify_greedy(
+        self,
+        every: torch.Tensor,
+        last: np.ndarray,
+        drafts: np.ndarray,
+        inputs: StepInputs,
+        out: ModelRunnerOutput,
+        sched: SchedulerOutput,
+        num_drafts: np.ndarray,
+        meta: SamplingMetadata,
+    ) -> dict[int, int]:
+        """A verification step of greedy rows that nothing else touches (`SamplingMetadata.plain_greedy`): one argmax
+        over every position gives each row's last draw and the draws its drafts must equal."""
+        batch = self.input_batch
+        best = argmax_rows(every).tolist()
+        tokens = [best[i] for i in last.tolist()]
+        drawn = [best[i] for i in np.flatnonzero(drafts).tolist()]
+        drafted = np.flatnonzero(num_drafts).tolist()
+        spec = sched.scheduled_spec_decode_tokens
+        got = accept_drafts([spec[batch.states[r].req_id] for r in drafted], drawn, [tokens[r] for r in drafted])  # type: ignore[union-attr]
+        row_list = inputs.sample_rows.nonzero()[0].tolist()
+        chosen = {i: [tokens[i]] for i in row_list}
+        chosen.update(zip(drafted, got))
+        self._emit(chosen, row_list, inputs, out, meta)
+        return {row: len(g) for row, g in zip(drafted, got)}
+
+    def _emit(
+        self,
+        chosen: dict[int, list[int]],
+        row_list: list[int],
+        inputs: StepInputs,
+        out: ModelRunnerOutput,
+        meta: SamplingMetadata,
+    ) -> None:
+        """The step's tokens into the batch and the output; the proposer's drafts for the next step."""
+        batch = self.input_batch
         batch.append_tokens(chosen)
         for i in row_list:
             out.sampled_token_ids[batch.states[i].req_id] = chosen[i]  # type: ignore[union-attr]
         if self.drafter is not None:
             self.drafter.after_step(batch, inputs)
             out.spec_token_ids = self.drafter.propose(batch, row_list, meta.processors)
-        if result.logprobs is not None:
-            self._logprobs(result.logprobs, row_list, out)
-            if d is not None:
-                self._draft_logprobs(d, produced, meta.max_num_logprobs or 0, out)
-        return {row: len(got) for row, got in produced.items()}
 
     def _draft_logprobs(self, d: DraftRows, produced: dict[int, list[int]], num: int, out: ModelRunnerOutput) -> None:
         """A drafted row's logprobs: a row per token it got, from the raw logits of that token's position

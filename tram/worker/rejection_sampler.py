@@ -53,7 +53,7 @@ def verify_drafts(d: DraftRows, bonus: list[int], meta: SamplingMetadata) -> lis
     """Per drafted row: its accepted drafts and one token more. `bonus`: the sampler's draw past
     each row's last draft, used where all were accepted (seeded rows draw their own, in order)."""
     if meta.all_greedy:
-        return _accept(d.drafts, argmax_rows(d.logits).tolist(), bonus)
+        return accept_drafts(d.drafts, argmax_rows(d.logits).tolist(), bonus)
     counts = [len(x) for x in d.drafts]
     owner = torch.repeat_interleave(torch.tensor(d.rows), torch.tensor(counts))  # [D] batch row of each position
     probs = target_probs(d.logits, meta, owner)
@@ -63,16 +63,16 @@ def verify_drafts(d: DraftRows, bonus: list[int], meta: SamplingMetadata) -> lis
         if any(greedy):
             best = argmax_rows(d.logits).tolist()
             drawn = [b if g else x for b, g, x in zip(best, greedy, drawn)]
-    out = _accept(d.drafts, drawn, bonus)
+    out = accept_drafts(d.drafts, drawn, bonus)
     seeded = [i for i, row in enumerate(d.rows) if row in meta.generators]
     if seeded:
         _seeded_draws(d, meta, probs, counts, seeded, out)
     return out
 
 
-def _accept(drafts: list[list[int]], drawn: list[int], bonus: list[int]) -> list[list[int]]:
-    """Each row's drafts kept while they equal the draws at their positions, then the first draw that
-    differs, or the bonus token."""
+def accept_drafts(drafts: list[list[int]], drawn: list[int], bonus: list[int]) -> list[list[int]]:
+    """Each row's drafts kept while they equal the draws at their positions (`drawn`: every row's in
+    order), then the first draw that differs, or the bonus token."""
     out, start = [], 0
     for row_drafts, last in zip(drafts, bonus):
         draws = drawn[start : start + len(row_drafts)]

@@ -47,6 +47,11 @@ class SamplingMetadata:
     max_num_logprobs: int | None
     processors: Sequence[LogitsProcessor]  # in the order they run
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Every row greedy, no logprobs, no processor active: each draw is the raw logits' argmax."""
+        return self.all_greedy and self.max_num_logprobs is None and not any(p.active for p in self.processors)
+
     def _processor(self, kind: type) -> LogitsProcessor | None:
         return next((p for p in self.processors if isinstance(p, kind) and p.active), None)
 
