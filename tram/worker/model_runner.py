@@ -32,6 +32,7 @@ from tram.worker.sampling_metadata import SamplingMetadata
 from tram.worker.spec_step import (
     Drafter,
     draft_rows,
+    drafted,
     grammar_masked,
     logits_rows,
     roll_back,
@@ -321,20 +322,17 @@ class ModelRunner:
         num_drafts: np.ndarray,
         meta: SamplingMetadata,
     ) -> dict[int, int]:
-        """A verification step of greedy rows that nothing else touches (`SamplingMetadata.plain_greedy`): one argmax
-        over every position gives each row's last draw and the draws its drafts must equal."""
-        batch = self.input_batch
+        """A verification step of greedy rows that nothing else touches (`SamplingMetadata.plain_greedy`):
+        one argmax over every position gives each row's last draw and the draws its drafts must equal."""
         best = argmax_rows(every).tolist()
         tokens = [best[i] for i in last.tolist()]
-        drawn = [best[i] for i in np.flatnonzero(drafts).tolist()]
-        drafted = np.flatnonzero(num_drafts).tolist()
-        spec = sched.scheduled_spec_decode_tokens
-        got = accept_drafts([spec[batch.states[r].req_id] for r in drafted], drawn, [tokens[r] for r in drafted])  # type: ignore[union-attr]
+        rows, row_drafts = drafted(self.input_batch, sched.scheduled_spec_decode_tokens, num_drafts)
+        got = accept_drafts(row_drafts, [best[i] for i in np.flatnonzero(drafts).tolist()], [tokens[r] for r in rows])
         row_list = inputs.sample_rows.nonzero()[0].tolist()
         chosen = {i: [tokens[i]] for i in row_list}
-        chosen.update(zip(drafted, got))
+        chosen.update(zip(rows, got))
         self._emit(chosen, row_list, inputs, out, meta)
-        return {row: len(g) for row, g in zip(drafted, got)}
+        return {row: len(g) for row, g in zip(rows, got)}
 
     def _emit(
         self,

@@ -52,11 +52,15 @@ def logits_rows(counts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.nd
     return rows, stop - 1, drafts
 
 
+def drafted(batch: InputBatch, spec: dict[str, list[int]], counts: np.ndarray) -> tuple[list[int], list[list[int]]]:
+    """The batch rows that verify drafts this step, and their drafts."""
+    rows = np.flatnonzero(counts).tolist()
+    return rows, [spec[batch.states[r].req_id] for r in rows]  # type: ignore[union-attr]
+
+
 def draft_rows(batch: InputBatch, spec: dict[str, list[int]], counts: np.ndarray, logits: torch.Tensor) -> DraftRows:
     """The drafted rows, their drafts and their verifying logits ([sum of draft counts, V])."""
-    rows = np.flatnonzero(counts).tolist()
-    drafts = [spec[batch.states[r].req_id] for r in rows]  # type: ignore[union-attr]
-    return DraftRows(rows, drafts, logits)
+    return DraftRows(*drafted(batch, spec, counts), logits)
 
 
 def grammar_masked(d: DraftRows, grammar: GrammarBitmaskProcessor) -> DraftRows:
