@@ -34,6 +34,7 @@ CACHE_ENTRIES = 512  # compiled grammars kept (least recently used go first)
 # Steps before its budget ends from which a JSON request is watched for a closing (json_closing.py);
 # a closing longer than this (JSON nested ~30 deep) is not forced.
 CLOSING_WINDOW = 32
+CLOSING_KINDS = ("json", "json_object")  # the constraints whose output is closed in time
 
 
 class StructuredOutputStats:
@@ -261,10 +262,7 @@ class StructuredOutputManager:
                 req.spec_token_ids = []
                 continue
             drafts = req.spec_token_ids
-            if (
-                state.params.kind in ("json", "json_object")
-                and self._budget_left(req) <= CLOSING_WINDOW + len(drafts) + 1
-            ):
+            if state.params.kind in CLOSING_KINDS and self._budget_left(req) <= CLOSING_WINDOW + len(drafts) + 1:
                 req.spec_token_ids = []
                 continue
             req.spec_token_ids = drafts[: state.valid_drafts(drafts)]
@@ -284,7 +282,7 @@ class StructuredOutputManager:
     def _close_in_time(self, req: Request, row: np.ndarray) -> None:
         """JSON that would be cut off by max_tokens (or the context) closes instead (json_closing.py)."""
         assert req.structured_output is not None
-        if req.structured_output.params.kind not in ("json", "json_object"):
+        if req.structured_output.params.kind not in CLOSING_KINDS:
             return
         left = self._budget_left(req)
         if left <= CLOSING_WINDOW:
